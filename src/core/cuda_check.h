@@ -1,0 +1,19 @@
+// Every CUDA runtime call is checked; launchers return cudaError_t, callers turn it into Error.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "core/error.h"
+
+#define TETRA_CUDA_CHECK(expr)                                                          \
+  do {                                                                                  \
+    cudaError_t tetra_err_ = (expr);                                                    \
+    if (tetra_err_ != cudaSuccess)                                                      \
+      ::tetra::detail::throw_error(__FILE__, __LINE__,                                  \
+                                   ::tetra::str("CUDA error in " #expr ": ",            \
+                                                cudaGetErrorString(tetra_err_)));       \
+  } while (0)
+
+namespace tetra {
+// True when a CUDA device is present and usable; never throws (CPU-only machines answer false).
+bool cuda_available();
+}  // namespace tetra
