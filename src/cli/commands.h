@@ -9,5 +9,6 @@ void add_inspect(CLI::App& app);
 void add_quantize(CLI::App& app);
 void add_make_model(CLI::App& app);
 void add_demo(CLI::App& app);
+void add_check(CLI::App& app);
 
 }  // namespace tetra::cli

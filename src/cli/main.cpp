@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   tetra::cli::add_inspect(app);
   tetra::cli::add_quantize(app);
   tetra::cli::add_make_model(app);
+  tetra::cli::add_check(app);
   tetra::cli::add_demo(app);
   try {
     app.parse(argc, argv);
