@@ -1,0 +1,187 @@
+// Decode / small-M W4A16 MoE kernel: weights stream from HBM straight into registers.
+//
+// Out^T = W x X^T with W on the MMA's M side (16 weight rows) and up to 8*NT tokens on its N side.
+// A block owns two 16-row tiles (gate+up pair for GEMM1, 32 output rows for GEMM2) of one expert;
+// its KW warps split k, each keeping U chunks (U x 2 x 16 B of weights per lane) in flight before
+// first use, then the partial sums meet in shared memory for the epilogue.
+#include <cuda_runtime.h>
+
+#include "ops/moe/w4a16_fragment.cuh"
+#include "ops/moe/w4a16_launch.h"
+
+namespace tetra::moe_detail {
+namespace {
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <int NT, int KW, bool GATED, bool OUT_F32>
+__global__ void __launch_bounds__(KW * 32) moe_decode_kernel(const GroupedGemmArgs a) {
+  constexpr int U = 4;  // chunks loaded ahead per warp
+  const int slot = blockIdx.y;
+  const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
+  if (e < 0) return;
+  const int cnt = a.rows.row_count[e];
+  if (cnt <= 0) return;
+  const int start = a.rows.row_start[e];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunks = a.k / kChunkK;
+  const int c_begin = warp * chunks / KW, c_end = (warp + 1) * chunks / KW;
+  const size_t tiles = size_t(a.n) / 16;
+  const size_t tile0 = 2 * size_t(blockIdx.x);
+  // [2 tiles] pointers at this lane's 16 bytes / 2 scale bytes of chunk 0
+  const uint8_t* wp0 = a.w + (size_t(e) * tiles + tile0) * chunks * kTileChunkBytes + lane * 16;
+  const uint8_t* wp1 = wp0 + size_t(chunks) * kTileChunkBytes;
+  const uint8_t* sp0 = a.s + (size_t(e) * tiles + tile0) * chunks * kTileChunkScales + lane * 2;
+  const uint8_t* sp1 = sp0 + size_t(chunks) * kTileChunkScales;
+
+  __shared__ float red[KW][2][NT][4][32];  // per-warp partial sums, lane fastest
+
+  for (int tok0 = 0; tok0 < cnt; tok0 += 8 * NT) {
+    const uint16_t* xp[NT];  // this lane's token row, at k = 16t
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const int token = tok0 + nt * 8 + lane / 4;
+      const int r = start + min(token, cnt - 1);  // past the count: any valid row, result dropped
+      const int src = a.rows.gather ? a.rows.gather[r] : r;
+      xp[nt] = a.x + size_t(src) * a.k + 16 * (lane % 4);
+    }
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.0f;
+
+    for (int c = c_begin; c < c_end; c += U) {
+      uint4 wv[U][2];
+      uint32_t sv[U][2];
+      uint4 xv[U][NT][2];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (c + u < c_end) {
+          const size_t cc = size_t(c + u);
+          wv[u][0] = ld_stream_u4(wp0 + cc * kTileChunkBytes);
+          wv[u][1] = ld_stream_u4(wp1 + cc * kTileChunkBytes);
+          sv[u][0] = ld_stream_u16(sp0 + cc * kTileChunkScales);
+          sv[u][1] = ld_stream_u16(sp1 + cc * kTileChunkScales);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            xv[u][nt][0] = ld_cached_u4(xp[nt] + cc * kChunkK);
+            xv[u][nt][1] = ld_cached_u4(xp[nt] + cc * kChunkK + 8);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (c + u < c_end) {
+          uint32_t sg[2], sg8[2];
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) scale_pair_to_bf16x2(sv[u][mt], sg[mt], sg8[mt]);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              uint32_t A[4];
+              dequant_word(word_of(wv[u][mt], j), sg[mt], sg8[mt], A);
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) {
+                const uint4& xh = xv[u][nt][j >> 1];  // k 16t+8*(j/2) .. +7
+                const uint32_t b0 = (j & 1) ? xh.z : xh.x;
+                const uint32_t b1 = (j & 1) ? xh.w : xh.y;
+                mma_bf16_16816(acc[mt][nt], A, b0, b1);
+              }
+            }
+          }
+        }
+      }
+    }
+
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) red[warp][mt][nt][r][lane] = acc[mt][nt][r];
+    __syncthreads();
+
+    // Epilogue: sum the k-split partials; element (nt, r, l) is row g(+8 for r >= 2) of the tile,
+    // token tok0 + 8nt + 2(l%4) + (r&1).
+    if constexpr (GATED) {
+      const float ag = a.alpha0[e], au = a.alpha1[e];
+      const int out_ld = a.n / 2;
+      for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += KW * 32) {
+        const int nt = idx / 128, r = (idx / 32) % 4, l = idx % 32;
+        float gs = 0.0f, us = 0.0f;
+#pragma unroll
+        for (int w = 0; w < KW; ++w) {
+          gs += red[w][0][nt][r][l];
+          us += red[w][1][nt][r][l];
+        }
+        const int token = tok0 + nt * 8 + 2 * (l % 4) + (r & 1);
+        if (token < cnt) {
+          const int n = blockIdx.x * 16 + l / 4 + (r >= 2 ? 8 : 0);
+          uint16_t* out = static_cast<uint16_t*>(a.out);
+          out[size_t(start + token) * out_ld + n] = f32_to_bf16_bits(silu(gs * ag) * (us * au));
+        }
+      }
+    } else {
+      const float ad = a.alpha0[e];
+      for (int idx = threadIdx.x; idx < 2 * NT * 4 * 32; idx += KW * 32) {
+        const int mt = idx / (NT * 128), nt = (idx / 128) % NT, r = (idx / 32) % 4, l = idx % 32;
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < KW; ++w) s += red[w][mt][nt][r][l];
+        const int token = tok0 + nt * 8 + 2 * (l % 4) + (r & 1);
+        if (token < cnt) {
+          const int n = blockIdx.x * 32 + mt * 16 + l / 4 + (r >= 2 ? 8 : 0);
+          const size_t o = size_t(start + token) * a.n + n;
+          if constexpr (OUT_F32)
+            static_cast<float*>(a.out)[o] = s * ad;
+          else
+            static_cast<uint16_t*>(a.out)[o] = f32_to_bf16_bits(s * ad);
+        }
+      }
+    }
+    __syncthreads();  // red is reused by the next token pass
+  }
+}
+
+template <int NT, int KW>
+cudaError_t launch_decode_nt_kw(const GroupedGemmArgs& a, cudaStream_t stream) {
+  const dim3 grid{unsigned(a.n / 32), unsigned(a.num_slots), 1u};
+  const dim3 block(KW * 32);
+  if (a.gated)
+    moe_decode_kernel<NT, KW, true, false><<<grid, block, 0, stream>>>(a);
+  else if (a.out_f32)
+    moe_decode_kernel<NT, KW, false, true><<<grid, block, 0, stream>>>(a);
+  else
+    moe_decode_kernel<NT, KW, false, false><<<grid, block, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int NT>
+cudaError_t launch_decode_nt(const GroupedGemmArgs& a, int k_warps, cudaStream_t stream) {
+  switch (k_warps) {
+    case 4: return launch_decode_nt_kw<NT, 4>(a, stream);
+    case 8: return launch_decode_nt_kw<NT, 8>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream) {
+  if (a.num_slots <= 0 || a.n <= 0) return cudaSuccess;
+  switch (cfg.token_tiles) {
+    case 1: return launch_decode_nt<1>(a, cfg.k_warps, stream);
+    case 2: return launch_decode_nt<2>(a, cfg.k_warps, stream);
+    case 4: return launch_decode_nt<4>(a, cfg.k_warps, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace tetra::moe_detail

@@ -1,0 +1,84 @@
+// Device helpers shared by the W4A16 MoE kernels: fragment dequant, bf16 MMA, loads.
+// The packed layout they read is described in moe/expert_weights.h.
+#pragma once
+#include <cuda_bf16.h>
+#include <cstdint>
+
+namespace tetra::moe_detail {
+
+constexpr int kChunkK = 64;         // k per chunk: 4 mma k-steps of 16
+constexpr int kLaneBytes = 16;      // weight bytes per lane per (tile, chunk)
+constexpr int kTileChunkBytes = 512;  // weight bytes per (16-row tile, chunk)
+constexpr int kTileChunkScales = 64;  // scale bytes per (16-row tile, chunk)
+
+// ue5m3 scale byte pair (row g in the low byte, row g+8 in the high byte) -> two bf16x2 registers,
+// each holding its row's scale twice, as scale * 2^116 (exact: 4 significant bits, exponent <= 251).
+__device__ __forceinline__ void scale_pair_to_bf16x2(uint32_t s, uint32_t& sg, uint32_t& sg8) {
+  sg = __byte_perm(s, 0u, 0x4040u) * 16u + 0x74807480u;
+  sg8 = __byte_perm(s, 0u, 0x4141u) * 16u + 0x74807480u;
+}
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// One packed word (one k-step) -> the four A registers of mma.m16n8k16, scaled. E2M1 magnitude
+// bits land on bf16 bits 6..8 (so code c reads as value(c) * 2^-126, the e=0 subnormal path
+// included), sign on bit 15; times scale * 2^116 gives value * scale * 2^-10 exactly.
+__device__ __forceinline__ void dequant_word(uint32_t w, uint32_t sg, uint32_t sg8, uint32_t a[4]) {
+  constexpr uint32_t kMag = 0x01C001C0u;
+  constexpr uint32_t kSign = 0x80008000u;
+  a[0] = mul_bf16x2(((w << 6) & kMag) | ((w << 3) & kSign), sg);
+  a[1] = mul_bf16x2(((w << 3) & kMag) | ((w << 2) & kSign), sg8);
+  a[2] = mul_bf16x2((w & kMag) | ((w << 1) & kSign), sg);
+  a[3] = mul_bf16x2(((w >> 3) & kMag) | (w & kSign), sg8);
+}
+
+// d += A(16x16 bf16, row) * B(16x8 bf16, col), fp32 accumulate.
+__device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Weight stream: read once, keep out of L1.
+__device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint32_t ld_stream_u16(const void* p) {
+  unsigned short v;
+  asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  return v;
+}
+// Activations: reused by every weight tile of the expert, so let L1 keep them.
+__device__ __forceinline__ uint4 ld_cached_u4(const void* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+// cp.async 16 bytes global -> shared; src_bytes = 0 zero-fills (rows past an expert's count).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+}  // namespace tetra::moe_detail

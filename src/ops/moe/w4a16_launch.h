@@ -1,0 +1,51 @@
+// Internal: the kernel configurations of the W4A16 MoE GEMMs and their launchers, so the
+// heuristic (w4a16_moe.cu) and the benchmark can name a configuration explicitly.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <ostream>
+
+#include "ops/moe/w4a16_moe.h"
+
+namespace tetra::moe_detail {
+
+// One grouped GEMM as the kernels see it: packed weights W [E][N/16][K/64][32][16] times rows of
+// x [.., K] bf16, written to out [total_rows, N_out].
+struct GroupedGemmArgs {
+  const uint8_t* w = nullptr;      // [E][N/16][K/64][32][16]
+  const uint8_t* s = nullptr;      // [E][N/16][K/64][32][2]
+  const float* alpha0 = nullptr;   // [E] gate (gated) or down alpha
+  const float* alpha1 = nullptr;   // [E] up alpha (gated only)
+  const uint16_t* x = nullptr;     // [.., K] bf16
+  void* out = nullptr;             // gated: bf16 [total_rows, N/2]; else [total_rows, N] f32/bf16
+  MoeRows rows;
+  int n = 0;                       // packed rows (2I for gated, H for down)
+  int k = 0;
+  int num_slots = 0;               // grid.y for decode; slots scanned by the tiled kernel
+  int total_rows = 0;
+  bool gated = false;
+  bool out_f32 = false;
+};
+
+struct DecodeConfig {
+  int token_tiles = 1;  // n8 tiles of tokens per pass (1, 2 or 4)
+  int k_warps = 8;      // warps splitting k inside a block (4 or 8)
+};
+inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
+  return os << "decode(n" << 8 * c.token_tiles << ",kw" << c.k_warps << ")";
+}
+
+cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
+cudaError_t launch_tiled(const GroupedGemmArgs& a, cudaStream_t stream);
+
+// The public launchers with an explicit decode configuration (benchmarks sweep these).
+// decode_cfg == nullptr: the heuristic's choice.
+cudaError_t gemm1_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const MoeRows& rows,
+                       const uint16_t* x, uint16_t* act, cudaStream_t stream, MoeKernel kernel,
+                       const DecodeConfig* decode_cfg);
+cudaError_t gemm2_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const MoeRows& rows,
+                       const uint16_t* act, void* y, bool y_f32, cudaStream_t stream,
+                       MoeKernel kernel, const DecodeConfig* decode_cfg);
+
+}  // namespace tetra::moe_detail

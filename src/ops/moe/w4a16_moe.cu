@@ -1,0 +1,139 @@
+// Public W4A16 MoE GEMM launchers: validate, pick a kernel by rows per expert, launch.
+#include "ops/moe/w4a16_moe.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/error.h"
+
+#include "moe/expert_weights.h"
+#include "ops/moe/w4a16_launch.h"
+
+namespace tetra {
+
+std::ostream& operator<<(std::ostream& os, const MoeGemmProblem& p) {
+  return os << "MoeGemmProblem{E=" << p.num_experts << " H=" << p.hidden << " I=" << p.inter
+            << " rows=" << p.total_rows << " slots=" << p.num_slots
+            << " max_rows_hint=" << p.max_rows_hint << "}";
+}
+
+const char* moe_kernel_name(MoeKernel k) {
+  switch (k) {
+    case MoeKernel::kAuto: return "auto";
+    case MoeKernel::kDecode: return "decode";
+    case MoeKernel::kTiled: return "tiled";
+  }
+  return "?";
+}
+
+std::string moe_gemm_unsupported_reason(const MoeGemmProblem& p) {
+  if (p.num_experts <= 0) return str("num_experts must be positive, got ", p.num_experts);
+  const std::string shape = moe_shape_unsupported_reason(p.hidden, p.inter);
+  if (!shape.empty()) return shape;
+  if (p.total_rows < 0) return str("total_rows must be >= 0, got ", p.total_rows);
+  if (p.num_slots < 0 || p.num_slots > 65535)
+    return str("num_slots must be in [0, 65535], got ", p.num_slots);
+  return "";
+}
+
+namespace {
+
+int slots_of(const MoeGemmProblem& p) { return p.num_slots > 0 ? p.num_slots : p.num_experts; }
+
+// Expected rows per expert: the hint, else rows spread evenly over the slots.
+int rows_per_expert(const MoeGemmProblem& p) {
+  if (p.max_rows_hint > 0) return p.max_rows_hint;
+  const int slots = slots_of(p);
+  return (p.total_rows + slots - 1) / std::max(slots, 1);
+}
+
+moe_detail::DecodeConfig decode_config(const MoeGemmProblem& p) {
+  moe_detail::DecodeConfig c;
+  const int m = rows_per_expert(p);
+  c.token_tiles = m <= 8 ? 1 : m <= 16 ? 2 : 4;
+  c.k_warps = 8;
+  return c;
+}
+
+moe_detail::GroupedGemmArgs base_args(const MoeGemmProblem& p, const MoeRows& rows) {
+  moe_detail::GroupedGemmArgs a;
+  a.rows = rows;
+  a.num_slots = slots_of(p);
+  if (rows.expert_ids == nullptr) a.num_slots = p.num_experts;
+  a.total_rows = p.total_rows;
+  return a;
+}
+
+cudaError_t run(const MoeGemmProblem& p, const moe_detail::GroupedGemmArgs& a, MoeKernel kernel,
+                cudaStream_t stream, const moe_detail::DecodeConfig* cfg) {
+  if (kernel == MoeKernel::kAuto) kernel = moe_pick_kernel(p);
+  if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, stream);
+  return moe_detail::launch_decode(a, cfg ? *cfg : decode_config(p), stream);
+}
+
+}  // namespace
+
+MoeKernel moe_pick_kernel(const MoeGemmProblem& p) {
+  // Below ~32 rows per expert the weights dominate: stream them once (decode kernel). Above, the
+  // tiled kernel reuses each dequantized fragment for up to 128 rows.
+  return rows_per_expert(p) <= 32 ? MoeKernel::kDecode : MoeKernel::kTiled;
+}
+
+namespace moe_detail {
+cudaError_t gemm1_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const MoeRows& rows,
+                       const uint16_t* x, uint16_t* act, cudaStream_t stream, MoeKernel kernel,
+                       const DecodeConfig* cfg) {
+  if (!moe_gemm_unsupported_reason(p).empty()) return cudaErrorInvalidValue;
+  if (rows.row_start == nullptr || rows.row_count == nullptr || w.w13 == nullptr ||
+      w.s13 == nullptr || w.alpha_gate == nullptr || w.alpha_up == nullptr)
+    return cudaErrorInvalidValue;
+  if (p.total_rows == 0) return cudaSuccess;
+  moe_detail::GroupedGemmArgs a = base_args(p, rows);
+  a.w = w.w13;
+  a.s = w.s13;
+  a.alpha0 = w.alpha_gate;
+  a.alpha1 = w.alpha_up;
+  a.x = x;
+  a.out = act;
+  a.n = 2 * p.inter;
+  a.k = p.hidden;
+  a.gated = true;
+  return run(p, a, kernel, stream, cfg);
+}
+
+cudaError_t gemm2_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const MoeRows& rows,
+                       const uint16_t* act, void* y, bool y_f32, cudaStream_t stream,
+                       MoeKernel kernel, const DecodeConfig* cfg) {
+  if (!moe_gemm_unsupported_reason(p).empty()) return cudaErrorInvalidValue;
+  if (rows.row_start == nullptr || rows.row_count == nullptr || w.w2 == nullptr ||
+      w.s2 == nullptr || w.alpha_down == nullptr)
+    return cudaErrorInvalidValue;
+  if (p.total_rows == 0) return cudaSuccess;
+  moe_detail::GroupedGemmArgs a = base_args(p, rows);
+  a.rows.gather = nullptr;  // GEMM2 reads act rows in place
+  a.w = w.w2;
+  a.s = w.s2;
+  a.alpha0 = w.alpha_down;
+  a.x = act;
+  a.out = y;
+  a.out_f32 = y_f32;
+  a.n = p.hidden;
+  a.k = p.inter;
+  a.gated = false;
+  return run(p, a, kernel, stream, cfg);
+}
+}  // namespace moe_detail
+
+cudaError_t moe_w4a16_gemm1(const MoeGemmProblem& p, const MoeWeightsDevice& w,
+                            const MoeRows& rows, const uint16_t* x, uint16_t* act,
+                            cudaStream_t stream, MoeKernel kernel) {
+  return moe_detail::gemm1_with(p, w, rows, x, act, stream, kernel, nullptr);
+}
+
+cudaError_t moe_w4a16_gemm2(const MoeGemmProblem& p, const MoeWeightsDevice& w,
+                            const MoeRows& rows, const uint16_t* act, void* y, bool y_f32,
+                            cudaStream_t stream, MoeKernel kernel) {
+  return moe_detail::gemm2_with(p, w, rows, act, y, y_f32, stream, kernel, nullptr);
+}
+
+}  // namespace tetra

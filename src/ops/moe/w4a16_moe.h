@@ -1,0 +1,72 @@
+// W4A16 grouped MoE GEMMs for SM90: NVFP4 expert weights (fragment order, moe/expert_weights.h)
+// times bf16 activations, fp32 accumulation.
+//   GEMM1: act[r, :] = silu(x[r] . gate_e^T) * (x[r] . up_e^T)     bf16 [rows, I]
+//   GEMM2: y[r, :]   = act[r] . down_e^T                             f32 or bf16 [rows, H]
+// for every row r of expert e, r in [row_start[e], row_start[e] + row_count[e]). Both the
+// contiguous layout (row_start = offsets) and the masked layout (row_start[e] = e * max_m,
+// row_count = masked_m) are this. GEMM1 may read x through a gather index (row -> source row).
+//
+// Two kernel families, picked by a heuristic on rows per expert (moe_pick_kernel in w4a16_moe.cu):
+//   decode: weights stream straight into registers, k split over the warps of a block;
+//   tiled:  128 weight rows x 128 rows per block, cp.async multistage, mma.sync m16n8k16.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace tetra {
+
+// Plain, trivially copyable description of one grouped GEMM launch (host values only).
+struct MoeGemmProblem {
+  int num_experts = 0;   // E: experts in the weight tensors
+  int hidden = 0;        // H
+  int inter = 0;         // I (per expert; gate and up each have I rows)
+  int total_rows = 0;    // rows of the activation/output buffers (upper bound on used rows)
+  int num_slots = 0;     // entries of expert_ids (0: every expert 0..E-1 is a slot)
+  int max_rows_hint = 0; // expected max rows per expert (0: derived from total_rows / slots)
+};
+std::ostream& operator<<(std::ostream& os, const MoeGemmProblem& p);
+
+enum class MoeKernel : int { kAuto = 0, kDecode = 1, kTiled = 2 };
+const char* moe_kernel_name(MoeKernel k);
+
+// Device pointers of one packed layer (see PackedMoeLayer for layouts).
+struct MoeWeightsDevice {
+  const uint8_t* w13 = nullptr;       // [E][2I/16][H/64][32][16] fragment words
+  const uint8_t* s13 = nullptr;       // [E][2I/16][H/64][32][2] ue5m3 scales
+  const uint8_t* w2 = nullptr;        // [E][H/16][I/64][32][16]
+  const uint8_t* s2 = nullptr;        // [E][H/16][I/64][32][2]
+  const float* alpha_gate = nullptr;  // [E]
+  const float* alpha_up = nullptr;    // [E]
+  const float* alpha_down = nullptr;  // [E]
+};
+
+// Row mapping shared by both GEMMs.
+struct MoeRows {
+  const int* row_start = nullptr;   // [E] first row of expert e in x/act/y
+  const int* row_count = nullptr;   // [E] rows of expert e (0 allowed)
+  const int* expert_ids = nullptr;  // [num_slots] experts to run, -1 = skip; null: all experts
+  const int* gather = nullptr;      // [total_rows] GEMM1 source row of x per row; null: identity
+};
+
+// Empty string when the launch can run, else why not (shape, sizes).
+std::string moe_gemm_unsupported_reason(const MoeGemmProblem& p);
+
+// Which kernel kAuto picks for this problem.
+MoeKernel moe_pick_kernel(const MoeGemmProblem& p);
+
+// GEMM1 + SiLU*up. x: [.., H] bf16 rows (via gather if given); act: [total_rows, I] bf16.
+cudaError_t moe_w4a16_gemm1(const MoeGemmProblem& p, const MoeWeightsDevice& w,
+                            const MoeRows& rows, const uint16_t* x, uint16_t* act,
+                            cudaStream_t stream,
+                            MoeKernel kernel = MoeKernel::kAuto);
+
+// GEMM2. act: [total_rows, I] bf16; y: [total_rows, H], f32 when y_f32 else bf16.
+cudaError_t moe_w4a16_gemm2(const MoeGemmProblem& p, const MoeWeightsDevice& w,
+                            const MoeRows& rows, const uint16_t* act, void* y, bool y_f32,
+                            cudaStream_t stream,
+                            MoeKernel kernel = MoeKernel::kAuto);
+
+}  // namespace tetra
