@@ -1,0 +1,210 @@
+// `tetra check` as a user runs it: the real binary, its exit codes, its table and its JSON.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/cuda_check.h"
+#include "format/model_config.h"
+#include "format/quant_config.h"
+#include "moe/backend_caps.h"
+
+using namespace tetra;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunResult {
+  int code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+RunResult run_tetra(const std::string& args) {
+  const std::string cmd = std::string(TETRA_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  EXPECT_NE(pipe, nullptr) << cmd;
+  RunResult r;
+  if (!pipe) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// A checkpoint directory with only the files check reads: config.json and hf_quant_config.json.
+fs::path write_checkpoint(const std::string& preset, QuantAlgo algo) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("tetra_check_" + preset + "_" + std::to_string(int(algo)) + "_" +
+                        std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << model_config_to_json(preset_config(preset)).dump(2);
+  if (algo != QuantAlgo::None) {
+    QuantConfig q;
+    q.algo = algo;
+    q.producer = "modelopt";
+    q.exclude = {"lm_head"};
+    std::ofstream(dir / "hf_quant_config.json") << quant_config_to_hf_json(q).dump(2);
+  }
+  return dir;
+}
+
+}  // namespace
+
+TEST(CliCheck, AutoPicksW4A16OnH200) {
+  const RunResult r = run_tetra("check --preset glm4.5-air --gpu h200");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "auto: cuda-w4a16")) << r.out;
+  EXPECT_TRUE(contains(r.out, "-> fits")) << r.out;
+  // One row per declared backend.
+  for (const std::string& name : backend_names()) EXPECT_TRUE(contains(r.out, "\n" + name + " ")) << name;
+}
+
+TEST(CliCheck, TooBigForOneGpuExitsNonZero) {
+  const RunResult one = run_tetra("check --preset glm5 --gpu h200");
+  EXPECT_EQ(one.code, 3) << one.out;
+  EXPECT_TRUE(contains(one.out, "does NOT fit")) << one.out;
+  EXPECT_TRUE(contains(one.out, "auto: none")) << one.out;
+  const RunResult eight = run_tetra("check --preset glm5 --gpu h200 --tp 8 --ep 8");
+  EXPECT_EQ(eight.code, 0) << eight.out;
+  EXPECT_TRUE(contains(eight.out, "auto: cuda-w4a16")) << eight.out;
+}
+
+TEST(CliCheck, JsonParsesAndAgreesWithTheExitCode) {
+  const RunResult r = run_tetra("check --preset glm4.5-air --gpu h200 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["auto"], "cuda-w4a16");
+  EXPECT_EQ(j["can_run"], true);
+  EXPECT_EQ(j["exit_code"], 0);
+  EXPECT_EQ(j["gpu"]["name"], "h200");
+  EXPECT_TRUE(j["gpu"]["sources"]["bandwidth"].get<std::string>().find("DEVICE.md") != std::string::npos);
+  EXPECT_EQ(j["backends"].size(), backend_names().size());
+  EXPECT_EQ(j["parallel"]["gpus"], 1);
+  EXPECT_EQ(j["memory"]["fits_gpu"], true);
+  for (const auto& b : j["backends"]) {
+    EXPECT_EQ(b["ok"].get<bool>(), b["reasons"].empty()) << b.dump();
+    EXPECT_TRUE(b.contains("declaration"));
+  }
+
+  const RunResult bad = run_tetra("check --preset glm5 --gpu h200 --json");
+  EXPECT_EQ(bad.code, 3);
+  const nlohmann::json jb = nlohmann::json::parse(bad.out);
+  EXPECT_TRUE(jb["auto"].is_null());
+  EXPECT_EQ(jb["exit_code"], 3);
+  EXPECT_EQ(jb["memory"]["fits_gpu"], false);
+}
+
+TEST(CliCheck, NamedBackendRefusedWithItsReasons) {
+  const RunResult w4a4 =
+      run_tetra("check --preset glm4.5-air --quant w4a16_nvfp4 --gpu h200 --backend cuda-w4a4");
+  EXPECT_EQ(w4a4.code, 3) << w4a4.out;
+  EXPECT_TRUE(contains(w4a4.out, "checkpoint is W4A16_NVFP4: no input_scale for W4A4")) << w4a4.out;
+  EXPECT_TRUE(contains(w4a4.out, "cuda-w4a4: cannot run")) << w4a4.out;
+
+  const RunResult sm120 =
+      run_tetra("check --preset qwen3-30b-a3b --gpu rtx-pro-6000 --backend trtllm-gen-fp4-sm100");
+  EXPECT_EQ(sm120.code, 3) << sm120.out;
+  EXPECT_TRUE(contains(sm120.out, "needs SM100 or SM103 (tcgen05); this GPU is SM120")) << sm120.out;
+  EXPECT_TRUE(contains(sm120.out, "not built in this version")) << sm120.out;
+
+  const RunResult ok = run_tetra("check --preset glm4.5-air --gpu h200 --backend cuda-w4a4");
+  EXPECT_EQ(ok.code, 0) << ok.out;
+}
+
+TEST(CliCheck, ParallelProblemsArePrintedOnce) {
+  const RunResult r = run_tetra("check --preset qwen3-30b-a3b --gpu h200 --tp 3");
+  EXPECT_EQ(r.code, 3) << r.out;
+  EXPECT_TRUE(contains(r.out, "shared problems (every GPU backend):")) << r.out;
+  const std::string reason = "tp=3 does not divide 32 attention heads";
+  const size_t first = r.out.find(reason);
+  ASSERT_NE(first, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(reason, first + 1), std::string::npos) << r.out;
+  EXPECT_TRUE(contains(r.out, "shared problems listed above")) << r.out;
+}
+
+TEST(CliCheck, ModelDirectoryReadsTheQuantConfig) {
+  const fs::path w4a16 = write_checkpoint("tiny-qwen3-30b-a3b", QuantAlgo::W4A16_NVFP4);
+  const RunResult refused =
+      run_tetra("check --model " + w4a16.string() + " --gpu h200 --backend cuda-w4a4");
+  EXPECT_EQ(refused.code, 3) << refused.out;
+  EXPECT_TRUE(contains(refused.out, "checkpoint is W4A16_NVFP4: no input_scale for W4A4")) << refused.out;
+  const fs::path nvfp4 = write_checkpoint("tiny-qwen3-30b-a3b", QuantAlgo::NVFP4);
+  const RunResult runs = run_tetra("check --model " + nvfp4.string() + " --gpu h200 --backend cuda-w4a4");
+  EXPECT_EQ(runs.code, 0) << runs.out;
+  const fs::path bf16 = write_checkpoint("tiny-qwen3-30b-a3b", QuantAlgo::None);
+  const RunResult plain = run_tetra("check --model " + bf16.string() + " --gpu h200");
+  EXPECT_EQ(plain.code, 0) << plain.out;
+  EXPECT_TRUE(contains(plain.out, "auto: cuda-bf16")) << plain.out;
+  // Off Hopper the tiny model still runs on the cpu backend.
+  const RunResult a100 = run_tetra("check --model " + nvfp4.string() + " --gpu a100");
+  EXPECT_EQ(a100.code, 0) << a100.out;
+  EXPECT_TRUE(contains(a100.out, "auto: cpu")) << a100.out;
+  EXPECT_TRUE(contains(a100.out, "binary built for sm_90a only; this GPU is SM80")) << a100.out;
+  for (const fs::path& d : {w4a16, nvfp4, bf16}) fs::remove_all(d);
+}
+
+TEST(CliCheck, BadInputIsAClearErrorWithExitOne) {
+  const RunResult backend = run_tetra("check --preset glm5 --backend cuda-fp4");
+  EXPECT_EQ(backend.code, 1) << backend.out;
+  EXPECT_TRUE(contains(backend.out, "unknown backend 'cuda-fp4'")) << backend.out;
+  for (const std::string& name : backend_names()) EXPECT_TRUE(contains(backend.out, name)) << name;
+
+  const RunResult gpu = run_tetra("check --preset glm5 --gpu h300");
+  EXPECT_EQ(gpu.code, 1) << gpu.out;
+  EXPECT_TRUE(contains(gpu.out, "unknown GPU 'h300'")) << gpu.out;
+  EXPECT_TRUE(contains(gpu.out, "rtx-pro-6000")) << gpu.out;
+
+  const RunResult preset = run_tetra("check --preset glm9 --gpu h200");
+  EXPECT_EQ(preset.code, 1) << preset.out;
+  EXPECT_TRUE(contains(preset.out, "glm9")) << preset.out;
+  EXPECT_TRUE(contains(preset.out, "glm4.5-air")) << preset.out;
+
+  const RunResult none = run_tetra("check --gpu h200");
+  EXPECT_EQ(none.code, 1) << none.out;
+  EXPECT_TRUE(contains(none.out, "--model DIR or --preset NAME")) << none.out;
+
+  const RunResult missing = run_tetra("check --model /nonexistent/tetra/model --gpu h200");
+  EXPECT_EQ(missing.code, 1) << missing.out;
+  EXPECT_TRUE(contains(missing.out, "/nonexistent/tetra/model")) << missing.out;
+
+  const RunResult quant = run_tetra("check --preset glm5 --quant int4");
+  EXPECT_EQ(quant.code, 1) << quant.out;
+  EXPECT_TRUE(contains(quant.out, "w4a16_nvfp4")) << quant.out;
+
+  const RunResult tp0 = run_tetra("check --preset glm5 --gpu h200 --tp 0");
+  EXPECT_EQ(tp0.code, 1) << tp0.out;
+}
+
+TEST(CliCheck, AllPrintsEveryDeclarationWithSources) {
+  const RunResult r = run_tetra("check --preset glm5 --gpu rtx-pro-6000 --backend all");
+  EXPECT_EQ(r.code, 3) << r.out;  // nothing runs GLM-5 on one 96 GB card
+  EXPECT_TRUE(contains(r.out, "declarations:")) << r.out;
+  EXPECT_TRUE(contains(r.out, "source: FlashInfer issue #3807")) << r.out;
+  EXPECT_TRUE(contains(r.out, "needs 118,784 B of shared memory per block; SM120 allows 101,376 B"))
+      << r.out;
+}
+
+TEST(CliCheck, AutoGpuOnThisMachine) {
+  const RunResult r = run_tetra("check --preset tiny-glm5");
+  if (cuda_available()) {
+    EXPECT_TRUE(contains(r.out, "(detected)")) << r.out;
+  } else {
+    EXPECT_EQ(r.code, 0) << r.out;  // the cpu backend runs a tiny model anywhere
+    EXPECT_TRUE(contains(r.out, "GPU:     none on this machine")) << r.out;
+    EXPECT_TRUE(contains(r.out, "auto: cpu")) << r.out;
+    EXPECT_TRUE(contains(r.out, "no CUDA GPU on this machine")) << r.out;
+  }
+}
