@@ -1,0 +1,61 @@
+// CPU RoPE: angles in float (as the reference models build them), cos/sin in double.
+#include <cmath>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "ops/rope/rope.h"
+
+namespace tetra::ops {
+
+std::vector<float> rope_inv_freq(double theta, int rotary_dim) {
+  TETRA_CHECK(theta > 1.0, "rope theta ", theta);
+  TETRA_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0, "rotary_dim ", rotary_dim, " must be even");
+  std::vector<float> f(rotary_dim / 2);  // [rotary_dim/2]
+  for (int i = 0; i < rotary_dim / 2; ++i)
+    f[i] = float(std::pow(theta, -2.0 * i / rotary_dim));
+  return f;
+}
+
+void check_rope_shape(const RopeShape& s) {
+  TETRA_CHECK(s.head_dim > 0, "rope: head_dim ", s.head_dim);
+  TETRA_CHECK(s.rotary_dim > 0 && s.rotary_dim % 2 == 0 && s.rotary_dim <= s.head_dim,
+              "rope: rotary_dim ", s.rotary_dim, " must be even and <= head_dim ", s.head_dim);
+  TETRA_CHECK(s.n_q_heads > 0 && s.n_k_heads >= 0, "rope: heads q=", s.n_q_heads, " k=", s.n_k_heads);
+  TETRA_CHECK(s.q_stride >= int64_t(s.n_q_heads) * s.head_dim, "rope: q_stride ", s.q_stride);
+  TETRA_CHECK(s.k_stride >= int64_t(s.n_k_heads) * s.head_dim, "rope: k_stride ", s.k_stride);
+}
+
+namespace {
+
+// Rotates one head in place.
+void rotate_head(uint16_t* x, float pos, const float* inv_freq, const RopeShape& s) {
+  const int half = s.rotary_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const float angle = pos * inv_freq[i];
+    const float c = float(std::cos(double(angle))), sn = float(std::sin(double(angle)));
+    const int ia = s.style == RopeStyle::NeoX ? i : 2 * i;
+    const int ib = s.style == RopeStyle::NeoX ? i + half : 2 * i + 1;
+    const float a = bf16_to_float(x[ia]), b = bf16_to_float(x[ib]);
+    x[ia] = float_to_bf16(a * c - b * sn);
+    x[ib] = float_to_bf16(b * c + a * sn);
+  }
+}
+
+}  // namespace
+
+void apply_rope_cpu(uint16_t* q, uint16_t* k, const int32_t* positions, int T,
+                    const float* inv_freq, const RopeShape& shape) {
+  check_rope_shape(shape);
+  TETRA_CHECK(T >= 0, "rope: T ", T);
+  for (int t = 0; t < T; ++t) {
+    TETRA_CHECK(positions[t] >= 0, "rope: position ", positions[t], " of token ", t);
+    const float pos = float(positions[t]);
+    for (int h = 0; h < shape.n_q_heads; ++h)
+      rotate_head(q + t * shape.q_stride + int64_t(h) * shape.head_dim, pos, inv_freq, shape);
+    if (k != nullptr)
+      for (int h = 0; h < shape.n_k_heads; ++h)
+        rotate_head(k + t * shape.k_stride + int64_t(h) * shape.head_dim, pos, inv_freq, shape);
+  }
+}
+
+}  // namespace tetra::ops

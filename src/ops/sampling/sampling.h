@@ -1,0 +1,51 @@
+// Token sampling, CPU reference. One row of logits per sequence, each row with its own params.
+// Per row, in this order (vLLM's order):
+//   1. penalties (sampling_math::penalised): repetition over prompt and output tokens,
+//      frequency and presence over output tokens;
+//   2. temperature <= 0: greedy, the highest penalised logit (lowest id on ties); stop here;
+//   3. x = logit / temperature;
+//   4. min-p: drop tokens with p < min_p * p_max;
+//   5. top-k: keep tokens whose x is >= the k-th largest kept x (ties at the cut stay);
+//   6. top-p: keep the smallest set of the highest x whose softmax mass reaches top_p (ties at
+//      the cut stay; mass in exact integer units, sampling_math::top_p_weight);
+//   7. draw: argmax over kept tokens of x + Gumbel(seed, step, token), the exact softmax draw
+//      over the kept set. The noise is counter-based (Philox4x32-10 on (token, step) keyed by
+//      the seed), so the CPU and the CUDA kernel draw the same token for the same inputs, and a
+//      request's draws do not depend on which row it occupies or what else is in the batch.
+// NaN and -inf logits are never drawn; a row with nothing drawable gives token -1.
+// The CUDA twin is ops/sampling/sampling_cuda.h.
+#pragma once
+#include <cstdint>
+
+namespace tetra::ops {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // <= 0: greedy
+  int top_k = 0;                    // <= 0 or >= vocab: off
+  float top_p = 1.0f;               // (0, 1]; 1: off
+  float min_p = 0.0f;               // [0, 1]; 0: off
+  float repetition_penalty = 1.0f;  // > 0; 1: off
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  uint64_t seed = 0;  // the request's seed (the engine picks one for unseeded requests)
+  uint64_t step = 0;  // tokens this request has generated so far: a fresh draw each step
+};
+
+// Token history for penalties: row r's prompt tokens are prompt_tokens[prompt_offsets[r] ..
+// prompt_offsets[r+1]) (ids in [0, vocab)); likewise its output (generated) tokens. Null
+// pointers mean empty histories. All int32.
+struct TokenHistory {
+  const int32_t* prompt_tokens = nullptr;   // [prompt_offsets[rows]]
+  const int32_t* prompt_offsets = nullptr;  // [rows + 1]
+  const int32_t* output_tokens = nullptr;   // [output_offsets[rows]]
+  const int32_t* output_offsets = nullptr;  // [rows + 1]
+};
+
+// Refuses out-of-range params with a tetra::Error naming the row and field.
+void check_sampling_params(const SamplingParams& p, int row);
+
+// logits [rows, vocab] f32, params [rows] -> tokens [rows] int32.
+void sample_cpu(const float* logits, int rows, int vocab, const SamplingParams* params,
+                const TokenHistory& history, int32_t* tokens);
+
+}  // namespace tetra::ops
