@@ -201,11 +201,14 @@ TEST(BenchW4a16Moe, Table) {
   const bool full = std::getenv("TETRA_BENCH_FULL") != nullptr;
   const Variant variants[] = {
       {"auto", MoeKernel::kAuto, {}, false},
+      {"bulk kw8", MoeKernel::kDecode, {1, 8, true}, true},
+      {"bulk kw4", MoeKernel::kDecode, {1, 4, true}, true},
       {"decode n8 kw8", MoeKernel::kDecode, {1, 8}, true},
       {"decode n8 kw4", MoeKernel::kDecode, {1, 4}, true},
       {"decode n16 kw8", MoeKernel::kDecode, {2, 8}, true},
       {"decode n32 kw8", MoeKernel::kDecode, {4, 8}, true},
-      {"tiled", MoeKernel::kTiled, {}, false},
+      {"tiled 1/SM", MoeKernel::kTiled, {1, 8, false, 1}, true},
+      {"tiled 2/SM", MoeKernel::kTiled, {1, 8, false, 2}, true},
   };
   if (!full) {
     const Shape s{"smoke", 16, 512, 256, 4};

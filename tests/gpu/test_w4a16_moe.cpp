@@ -7,11 +7,13 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "core/cuda_check.h"
 #include "core/half.h"
 #include "moe/expert_weights.h"
+#include "ops/moe/w4a16_launch.h"
 #include "ops/moe/w4a16_moe.h"
 #include "ops/moe/w4a16_weights.h"
 
@@ -263,10 +265,31 @@ void run_case(const Case& c, uint32_t seed) {
   rows.gather = c.gather ? d_gather.ptr() : nullptr;
   ASSERT_EQ(moe_gemm_unsupported_reason(p), "") << p;
 
-  for (MoeKernel k : {MoeKernel::kDecode, MoeKernel::kTiled, MoeKernel::kAuto}) {
-    SCOPED_TRACE(moe_kernel_name(k));
+  struct Variant {
+    MoeKernel kernel;
+    bool explicit_cfg;
+    moe_detail::DecodeConfig cfg;
+  };
+  const Variant variants[] = {
+      {MoeKernel::kAuto, false, {}},
+      {MoeKernel::kDecode, false, {}},
+      {MoeKernel::kDecode, true, {1, 8, true}},   // bulk-copy kernel, 8 k-warps
+      {MoeKernel::kDecode, true, {1, 4, true}},   // bulk-copy kernel, 4 k-warps
+      {MoeKernel::kDecode, true, {1, 4, false}},  // register kernel, 8 rows per pass
+      {MoeKernel::kDecode, true, {4, 8, false}},  // register kernel, 32 rows per pass
+      {MoeKernel::kTiled, false, {}},
+      {MoeKernel::kTiled, true, {1, 8, false, 1}},  // tiled, one block per SM
+  };
+  for (const Variant& v : variants) {
+    const MoeKernel k = v.kernel;
+    const moe_detail::DecodeConfig* cfg = v.explicit_cfg ? &v.cfg : nullptr;
+    std::ostringstream label;
+    label << moe_kernel_name(k);
+    if (cfg) label << " " << *cfg;
+    SCOPED_TRACE(label.str());
     d_act.poison();
-    ASSERT_EQ(moe_w4a16_gemm1(p, W.view(), rows, d_x.ptr(), d_act.ptr(), nullptr, k), cudaSuccess);
+    ASSERT_EQ(moe_detail::gemm1_with(p, W.view(), rows, d_x.ptr(), d_act.ptr(), nullptr, k, cfg),
+              cudaSuccess);
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
     const Stats s1 = compare(d_act.download_all(), DevBuf<uint16_t>::kGuard, total, I, owned, ref1);
     EXPECT_EQ(s1.bad, 0u);
@@ -275,7 +298,8 @@ void run_case(const Case& c, uint32_t seed) {
 
     if (c.y_f32) {
       d_y32.poison();
-      ASSERT_EQ(moe_w4a16_gemm2(p, W.view(), rows, d_act_in.ptr(), d_y32.ptr(), true, nullptr, k),
+      ASSERT_EQ(moe_detail::gemm2_with(p, W.view(), rows, d_act_in.ptr(), d_y32.ptr(), true, nullptr,
+                                       k, cfg),
                 cudaSuccess);
       TETRA_CUDA_CHECK(cudaDeviceSynchronize());
       const Stats s2 = compare(d_y32.download_all(), DevBuf<float>::kGuard, total, H, owned, ref2);
@@ -284,7 +308,8 @@ void run_case(const Case& c, uint32_t seed) {
       EXPECT_LE(s2.nmse, 1e-5) << "gemm2 f32 " << p;
     } else {
       d_y16.poison();
-      ASSERT_EQ(moe_w4a16_gemm2(p, W.view(), rows, d_act_in.ptr(), d_y16.ptr(), false, nullptr, k),
+      ASSERT_EQ(moe_detail::gemm2_with(p, W.view(), rows, d_act_in.ptr(), d_y16.ptr(), false, nullptr,
+                                       k, cfg),
                 cudaSuccess);
       TETRA_CUDA_CHECK(cudaDeviceSynchronize());
       const Stats s2 = compare(d_y16.download_all(), DevBuf<uint16_t>::kGuard, total, H, owned, ref2);

@@ -176,6 +176,8 @@ cudaError_t launch_decode_nt(const GroupedGemmArgs& a, int k_warps, cudaStream_t
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream) {
   if (a.num_slots <= 0 || a.n <= 0) return cudaSuccess;
+  if (cfg.bulk && cfg.token_tiles == 1 && decode_bulk_supported(a.k, cfg.k_warps))
+    return launch_decode_bulk(a, cfg.k_warps, stream);
   switch (cfg.token_tiles) {
     case 1: return launch_decode_nt<1>(a, cfg.k_warps, stream);
     case 2: return launch_decode_nt<2>(a, cfg.k_warps, stream);

@@ -28,8 +28,8 @@ constexpr int kSmemBytes = kStages * kStageBytes;
 static_assert(kThreads == kTilesM * 32, "one weight cp.async per thread per stage");
 static_assert(kRowsN * 8 == 4 * kThreads, "four activation cp.async per thread per stage");
 
-template <bool GATED, bool OUT_F32>
-__global__ void __launch_bounds__(kThreads, 1) moe_tiled_kernel(const GroupedGemmArgs a) {
+template <bool GATED, bool OUT_F32, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kThreads, MIN_BLOCKS) moe_tiled_kernel(const GroupedGemmArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];  // [kStages][W | S | X]
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
@@ -140,29 +140,30 @@ __global__ void __launch_bounds__(kThreads, 1) moe_tiled_kernel(const GroupedGem
             *reinterpret_cast<const uint16_t*>(st + kWBytes + (2 * wm + mt) * kTileChunkScales + lane * 2);
         scale_pair_to_bf16x2(sv, sg[mt], sg8[mt]);
       }
-      uint4 bx[8][2];  // [n8 tile][half]: token row 64wn + 8nt + g, k 16t .. 16t+15
       const uint8_t* xs = st + kWBytes + kSBytes + (64 * wn + lane / 4) * kXStride + (lane % 4) * 32;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        bx[nt][0] = *reinterpret_cast<const uint4*>(xs + nt * 8 * kXStride);
-        bx[nt][1] = *reinterpret_cast<const uint4*>(xs + nt * 8 * kXStride + 16);
-      }
+      for (int h = 0; h < 2; ++h) {  // halves of the lane's 32 bytes: k-steps 2h, 2h+1
+        uint4 bx[8];  // [n8 tile]: token row 64wn + 8nt + g, k 16t+8h .. +7
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t A[2][4];
+        for (int nt = 0; nt < 8; ++nt)
+          bx[nt] = *reinterpret_cast<const uint4*>(xs + nt * 8 * kXStride + 16 * h);
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const uint32_t w = j == 0 ? wa[mt].x : j == 1 ? wa[mt].y : j == 2 ? wa[mt].z : wa[mt].w;
-          dequant_word(w, sg[mt], sg8[mt], A[mt]);
-        }
+        for (int jj = 0; jj < 2; ++jj) {
+          const int j = 2 * h + jj;
+          uint32_t A[2][4];
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          if (nt < n8_valid) {
-            const uint4& xh = bx[nt][j >> 1];
-            const uint32_t b0 = (j & 1) ? xh.z : xh.x;
-            const uint32_t b1 = (j & 1) ? xh.w : xh.y;
-            mma_bf16_16816(acc[0][nt], A[0], b0, b1);
-            mma_bf16_16816(acc[1][nt], A[1], b0, b1);
+          for (int mt = 0; mt < 2; ++mt) {
+            const uint32_t w = j == 0 ? wa[mt].x : j == 1 ? wa[mt].y : j == 2 ? wa[mt].z : wa[mt].w;
+            dequant_word(w, sg[mt], sg8[mt], A[mt]);
+          }
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            if (nt < n8_valid) {
+              const uint32_t b0 = jj ? bx[nt].z : bx[nt].x;
+              const uint32_t b1 = jj ? bx[nt].w : bx[nt].y;
+              mma_bf16_16816(acc[0][nt], A[0], b0, b1);
+              mma_bf16_16816(acc[1][nt], A[1], b0, b1);
+            }
           }
         }
       }
@@ -208,11 +209,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_tiled_kernel(const GroupedGem
   }
 }
 
-template <bool GATED, bool OUT_F32>
+template <bool GATED, bool OUT_F32, int MIN_BLOCKS>
 cudaError_t launch_tiled_t(const GroupedGemmArgs& a, cudaStream_t stream) {
   static bool attr_set = false;  // per instantiation; setting it twice is harmless
   if (!attr_set) {
-    const cudaError_t err = cudaFuncSetAttribute(moe_tiled_kernel<GATED, OUT_F32>,
+    const cudaError_t err = cudaFuncSetAttribute(moe_tiled_kernel<GATED, OUT_F32, MIN_BLOCKS>,
                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  kSmemBytes);
     if (err != cudaSuccess) return err;
@@ -221,17 +222,22 @@ cudaError_t launch_tiled_t(const GroupedGemmArgs& a, cudaStream_t stream) {
   const int col_blocks = (a.n + kTilesM * 16 - 1) / (kTilesM * 16);
   const int row_blocks = (a.total_rows + kRowsN - 1) / kRowsN + a.num_slots;  // upper bound
   const dim3 grid{unsigned(col_blocks), unsigned(row_blocks), 1u};
-  moe_tiled_kernel<GATED, OUT_F32><<<grid, kThreads, kSmemBytes, stream>>>(a);
+  moe_tiled_kernel<GATED, OUT_F32, MIN_BLOCKS><<<grid, kThreads, kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t launch_tiled(const GroupedGemmArgs& a, cudaStream_t stream) {
+cudaError_t launch_tiled(const GroupedGemmArgs& a, int blocks_per_sm, cudaStream_t stream) {
   if (a.num_slots <= 0 || a.n <= 0 || a.total_rows <= 0) return cudaSuccess;
-  if (a.gated) return launch_tiled_t<true, false>(a, stream);
-  if (a.out_f32) return launch_tiled_t<false, true>(a, stream);
-  return launch_tiled_t<false, false>(a, stream);
+  if (blocks_per_sm == 2) {
+    if (a.gated) return launch_tiled_t<true, false, 2>(a, stream);
+    if (a.out_f32) return launch_tiled_t<false, true, 2>(a, stream);
+    return launch_tiled_t<false, false, 2>(a, stream);
+  }
+  if (a.gated) return launch_tiled_t<true, false, 1>(a, stream);
+  if (a.out_f32) return launch_tiled_t<false, true, 1>(a, stream);
+  return launch_tiled_t<false, false, 1>(a, stream);
 }
 
 }  // namespace tetra::moe_detail
