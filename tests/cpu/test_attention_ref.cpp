@@ -176,6 +176,18 @@ TEST(AttentionRef, CacheWriteSkipsNegativeSlotsAndRefusesOverflow) {
                Error);
 }
 
+TEST(AttentionRef, BlockCopiesDuplicateWholeBlocks) {
+  // 3 blocks of 4 elements; copy 0 -> 2 and 1 -> 0 in that order.
+  std::vector<uint16_t> kc = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, vc = kc;
+  for (auto& x : vc) x += 100;
+  const std::vector<int32_t> pairs = {0, 2, 1, 0};
+  copy_kv_blocks_cpu(kc.data(), vc.data(), pairs.data(), 2, 3, 4);
+  EXPECT_EQ(kc, (std::vector<uint16_t>{5, 6, 7, 8, 5, 6, 7, 8, 1, 2, 3, 4}));
+  EXPECT_EQ(vc, (std::vector<uint16_t>{105, 106, 107, 108, 105, 106, 107, 108, 101, 102, 103, 104}));
+  const std::vector<int32_t> bad = {0, 3};
+  EXPECT_THROW(copy_kv_blocks_cpu(kc.data(), vc.data(), bad.data(), 1, 3, 4), Error);
+}
+
 TEST(AttentionRef, RefusesBadShapes) {
   EXPECT_THROW(check_attention_shape(shape(6, 4, 16)), Error);
   EXPECT_THROW(check_attention_shape(AttentionShape{4, 2, 16, 0.0f, 0, 0}), Error);

@@ -127,4 +127,16 @@ void write_kv_cache_cpu(const uint16_t* k, const uint16_t* v, const int64_t* slo
   }
 }
 
+void copy_kv_blocks_cpu(uint16_t* k_cache, uint16_t* v_cache, const int32_t* pairs, int n,
+                        int num_blocks, int64_t block_elems) {
+  TETRA_CHECK(n >= 0 && block_elems > 0, "kv block copy: n=", n, " block_elems=", block_elems);
+  for (int i = 0; i < n; ++i) {
+    const int32_t src = pairs[2 * i], dst = pairs[2 * i + 1];
+    TETRA_CHECK(src >= 0 && src < num_blocks && dst >= 0 && dst < num_blocks,
+                "kv block copy: pair ", i, " (", src, " -> ", dst, ") outside ", num_blocks, " blocks");
+    std::memcpy(k_cache + dst * block_elems, k_cache + src * block_elems, block_elems * 2);
+    std::memcpy(v_cache + dst * block_elems, v_cache + src * block_elems, block_elems * 2);
+  }
+}
+
 }  // namespace tetra::ops

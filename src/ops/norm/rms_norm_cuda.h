@@ -1,0 +1,23 @@
+// CUDA twins of ops/norm/rms_norm.h: same shapes and semantics, device pointers, one stream.
+// Float accumulation (a different summation order than the CPU's double), one bf16 rounding.
+// Sizes are checked before launch (tetra::Error); the launch's cudaError_t is returned.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tetra::ops::cuda {
+
+// out [T, H] = rms_norm(x [T, H]) * w [H]; out may alias x.
+cudaError_t rms_norm(const uint16_t* x, const uint16_t* w, int T, int H, float eps, uint16_t* out,
+                     cudaStream_t stream);
+
+// residual [T, H] <- bf16(x + residual); out [T, H] = rms_norm(residual) * w; out may alias x.
+cudaError_t fused_add_rms_norm(const uint16_t* x, uint16_t* residual, const uint16_t* w, int T,
+                               int H, float eps, uint16_t* out, cudaStream_t stream);
+
+// In place over T tokens x n_heads heads of head_dim (token t at x + t*token_stride).
+cudaError_t head_rms_norm(uint16_t* x, int T, int n_heads, int head_dim, int64_t token_stride,
+                          const uint16_t* w, float eps, cudaStream_t stream);
+
+}  // namespace tetra::ops::cuda

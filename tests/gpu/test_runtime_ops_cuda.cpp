@@ -1,0 +1,403 @@
+// Every CUDA runtime op against its CPU twin on fresh random data and awkward sizes: RMSNorm
+// (plain, fused residual, per head), RoPE (NeoX partial, full, GPT-J), KV cache write, causal
+// varlen prefill attention, paged split decode attention, sampling. Outputs are poisoned (NaN
+// bytes) before each launch and surrounded by guard bytes that must survive; numeric outputs must
+// be finite and within NMSE 1e-5 of the CPU; sampling must pick the very same token ids.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/half.h"
+#include "ops/attention/attention.h"
+#include "ops/attention/attention_cuda.h"
+#include "ops/norm/rms_norm.h"
+#include "ops/norm/rms_norm_cuda.h"
+#include "ops/rope/rope.h"
+#include "ops/rope/rope_cuda.h"
+#include "ops/sampling/sampling.h"
+#include "ops/sampling/sampling_cuda.h"
+
+namespace tetra::ops {
+namespace {
+
+constexpr unsigned char kGuardByte = 0xA5;
+
+// Device array with guard elements on both sides (checked after every launch).
+template <typename T>
+class Dev {
+ public:
+  static constexpr size_t kGuard = 64;  // elements per side; keeps ptr() 16-byte aligned
+  explicit Dev(size_t n) : n_(n) {
+    TETRA_CUDA_CHECK(cudaMalloc(&base_, bytes_total()));
+    TETRA_CUDA_CHECK(cudaMemset(base_, kGuardByte, bytes_total()));
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) { upload(v); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(base_); }
+  T* ptr() { return base_ + kGuard; }
+  size_t size() const { return n_; }
+  void upload(const std::vector<T>& v) {
+    TETRA_CHECK_EQ(v.size(), n_);
+    TETRA_CUDA_CHECK(cudaMemcpy(ptr(), v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  void poison() { TETRA_CUDA_CHECK(cudaMemset(ptr(), 0xFF, n_ * sizeof(T))); }
+  std::vector<T> download() {
+    std::vector<T> v(n_);
+    TETRA_CUDA_CHECK(cudaMemcpy(v.data(), ptr(), n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  bool guards_intact() {
+    std::vector<unsigned char> all(bytes_total());
+    TETRA_CUDA_CHECK(cudaMemcpy(all.data(), base_, all.size(), cudaMemcpyDeviceToHost));
+    const size_t g = kGuard * sizeof(T);
+    for (size_t i = 0; i < g; ++i)
+      if (all[i] != kGuardByte || all[all.size() - 1 - i] != kGuardByte) return false;
+    return true;
+  }
+
+ private:
+  size_t bytes_total() const { return (n_ + 2 * kGuard) * sizeof(T); }
+  size_t n_;
+  T* base_ = nullptr;
+};
+
+void sync_ok(cudaError_t launch) {
+  TETRA_CUDA_CHECK(launch);
+  TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float a = 1.0f) {
+  std::uniform_real_distribution<float> u(-a, a);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(u(rng));
+  return v;
+}
+
+// NMSE of got vs want (bf16) and no NaN/Inf in got.
+void expect_close_bf16(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want,
+                       const std::string& what, double max_nmse = 1e-5) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);
+    ASSERT_TRUE(std::isfinite(g)) << what << ": element " << i << " is " << g;
+    err += (g - w) * (g - w);
+    ref += w * w;
+  }
+  const double nmse = ref > 0 ? err / ref : err;
+  EXPECT_LE(nmse, max_nmse) << what;
+}
+
+class RuntimeOpsCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+const int kTokenCounts[] = {1, 3, 19, 99, 989};
+
+// ---------------------------------------------------------------- norms
+TEST_F(RuntimeOpsCuda, RmsNormAndFusedAdd) {
+  std::mt19937 rng(101);
+  for (int T : kTokenCounts)
+    for (int H : {64, 333, 2048, 5120}) {
+      const std::string what = "T=" + std::to_string(T) + " H=" + std::to_string(H);
+      auto x = random_bf16(size_t(T) * H, rng, 3.0f), res = random_bf16(x.size(), rng, 3.0f);
+      auto w = random_bf16(H, rng, 1.5f);
+      std::vector<uint16_t> want(x.size());
+      rms_norm_cpu(x.data(), w.data(), T, H, 1e-5f, want.data());
+      Dev<uint16_t> dx(x), dw(w), dout(x.size()), dres(res);
+      dout.poison();
+      sync_ok(cuda::rms_norm(dx.ptr(), dw.ptr(), T, H, 1e-5f, dout.ptr(), nullptr));
+      expect_close_bf16(dout.download(), want, "rms_norm " + what);
+      EXPECT_TRUE(dout.guards_intact()) << what;
+
+      auto res_cpu = res;
+      fused_add_rms_norm_cpu(x.data(), res_cpu.data(), w.data(), T, H, 1e-6f, want.data());
+      dout.poison();
+      sync_ok(cuda::fused_add_rms_norm(dx.ptr(), dres.ptr(), dw.ptr(), T, H, 1e-6f, dout.ptr(), nullptr));
+      EXPECT_EQ(dres.download(), res_cpu) << "residual sum is one bf16 rounding: exact, " << what;
+      expect_close_bf16(dout.download(), want, "fused_add_rms_norm " + what);
+      EXPECT_TRUE(dout.guards_intact() && dres.guards_intact()) << what;
+    }
+}
+
+TEST_F(RuntimeOpsCuda, HeadRmsNormInAStridedBuffer) {
+  std::mt19937 rng(102);
+  for (int T : kTokenCounts)
+    for (int D : {64, 128}) {
+      const int heads = 12, stride = (heads + 4) * D;  // q heads inside a wider qkv row
+      auto buf = random_bf16(size_t(T) * stride, rng, 2.0f);
+      auto w = random_bf16(D, rng, 1.5f);
+      auto want = buf;
+      head_rms_norm_cpu(want.data(), T, heads, D, stride, w.data(), 1e-6f);
+      Dev<uint16_t> dbuf(buf), dw(w);
+      sync_ok(cuda::head_rms_norm(dbuf.ptr(), T, heads, D, stride, dw.ptr(), 1e-6f, nullptr));
+      const auto got = dbuf.download();
+      for (int t = 0; t < T; ++t)  // untouched tail of each row must be bit-identical
+        for (int i = heads * D; i < stride; ++i)
+          ASSERT_EQ(got[size_t(t) * stride + i], buf[size_t(t) * stride + i]);
+      expect_close_bf16(got, want, "head_rms_norm T=" + std::to_string(T) + " D=" + std::to_string(D));
+      EXPECT_TRUE(dbuf.guards_intact());
+    }
+}
+
+// ---------------------------------------------------------------- rope
+TEST_F(RuntimeOpsCuda, RopeAllStyles) {
+  std::mt19937 rng(103);
+  struct Case { int D, R; RopeStyle style; double theta; };
+  const Case cases[] = {{128, 64, RopeStyle::NeoX, 1e6}, {128, 128, RopeStyle::NeoX, 1e6},
+                        {64, 64, RopeStyle::GptJ, 1e4}, {128, 64, RopeStyle::GptJ, 1e4}};
+  for (const Case& c : cases)
+    for (int T : kTokenCounts) {
+      const int hq = 12, hk = 4;
+      RopeShape s{c.D, c.R, hq, hk, int64_t(hq + 2 * hk) * c.D, int64_t(hq + 2 * hk) * c.D, c.style};
+      auto qkv = random_bf16(size_t(T) * s.q_stride, rng, 2.0f);
+      std::vector<int32_t> pos(T);
+      for (auto& p : pos) p = int32_t(rng() % 8192);
+      const auto inv = rope_inv_freq(c.theta, c.R);
+      auto want = qkv;
+      apply_rope_cpu(want.data(), want.data() + hq * c.D, pos.data(), T, inv.data(), s);
+      Dev<uint16_t> d(qkv);
+      Dev<int32_t> dpos(pos);
+      Dev<float> dinv(inv);
+      sync_ok(cuda::apply_rope(d.ptr(), d.ptr() + hq * c.D, dpos.ptr(), T, dinv.ptr(), s, nullptr));
+      const auto got = d.download();
+      for (int t = 0; t < T; ++t)  // v heads are not touched
+        for (int i = (hq + hk) * c.D; i < s.q_stride; ++i)
+          ASSERT_EQ(got[size_t(t) * s.q_stride + i], qkv[size_t(t) * s.q_stride + i]);
+      expect_close_bf16(got, want, "rope D=" + std::to_string(c.D) + " R=" + std::to_string(c.R) +
+                                       " T=" + std::to_string(T));
+      EXPECT_TRUE(d.guards_intact());
+    }
+}
+
+// ---------------------------------------------------------------- prefill attention
+struct GqaCase { int hq, hk; };
+const GqaCase kGqa[] = {{4, 4}, {8, 2}, {12, 1}};  // ratios 1, 4, 12
+
+void run_prefill_case(const std::vector<int>& lens, int D, GqaCase g, bool fused, std::mt19937& rng) {
+  std::vector<int32_t> cu = {0};
+  for (int L : lens) cu.push_back(cu.back() + L);
+  const int T = cu.back(), B = int(lens.size());
+  const int max_len = *std::max_element(lens.begin(), lens.end());
+  AttentionShape s{g.hq, g.hk, D, 1.0f / std::sqrt(float(D)), 0, 0};
+  const int W = (g.hq + 2 * g.hk) * D;
+  if (fused) s.q_stride = s.kv_stride = W;
+  // One [T, W] qkv buffer either way; packed mode reads three separate slices.
+  auto qkv = random_bf16(size_t(T) * W, rng, 2.0f);
+  std::vector<uint16_t> q, k, v;
+  const uint16_t *qp, *kp, *vp;
+  if (fused) {
+    qp = qkv.data(), kp = qkv.data() + g.hq * D, vp = qkv.data() + (g.hq + g.hk) * D;
+  } else {
+    q = random_bf16(size_t(T) * g.hq * D, rng, 2.0f);
+    k = random_bf16(size_t(T) * g.hk * D, rng, 2.0f);
+    v = random_bf16(size_t(T) * g.hk * D, rng);
+    qp = q.data(), kp = k.data(), vp = v.data();
+  }
+  std::vector<uint16_t> want(size_t(T) * g.hq * D);
+  prefill_attention_cpu(qp, kp, vp, cu.data(), B, s, want.data());
+
+  Dev<uint16_t> dqkv(fused ? qkv : std::vector<uint16_t>(1)), dq(fused ? std::vector<uint16_t>(1) : q),
+      dk(fused ? std::vector<uint16_t>(1) : k), dv(fused ? std::vector<uint16_t>(1) : v);
+  Dev<int32_t> dcu(cu);
+  Dev<uint16_t> dout(want.size());
+  dout.poison();
+  const uint16_t* gq = fused ? dqkv.ptr() : dq.ptr();
+  const uint16_t* gk = fused ? dqkv.ptr() + g.hq * D : dk.ptr();
+  const uint16_t* gv = fused ? dqkv.ptr() + (g.hq + g.hk) * D : dv.ptr();
+  sync_ok(cuda::prefill_attention(gq, gk, gv, dcu.ptr(), B, max_len, s, dout.ptr(), nullptr));
+  std::string what = "prefill D=" + std::to_string(D) + " hq=" + std::to_string(g.hq) +
+                     " hk=" + std::to_string(g.hk) + (fused ? " fused" : "") + " lens";
+  for (int L : lens) what += " " + std::to_string(L);
+  expect_close_bf16(dout.download(), want, what);
+  EXPECT_TRUE(dout.guards_intact()) << what;
+}
+
+TEST_F(RuntimeOpsCuda, PrefillAttentionSingleSequences) {
+  std::mt19937 rng(104);
+  for (int D : {64, 128})
+    for (GqaCase g : kGqa)
+      for (int L : kTokenCounts) run_prefill_case({L}, D, g, false, rng);
+}
+
+TEST_F(RuntimeOpsCuda, PrefillAttentionVarlenBatchAndFusedQkv) {
+  std::mt19937 rng(105);
+  for (int D : {64, 128})
+    for (GqaCase g : kGqa) {
+      run_prefill_case({19, 1, 989, 3, 99}, D, g, false, rng);
+      run_prefill_case({99, 19, 3}, D, g, true, rng);
+    }
+}
+
+// ---------------------------------------------------------------- paged cache + decode
+void run_decode_case(const std::vector<int>& ctx, int D, GqaCase g, int block_size, std::mt19937& rng) {
+  const int S = int(ctx.size());
+  const AttentionShape s{g.hq, g.hk, D, 1.0f / std::sqrt(float(D)), 0, 0};
+  const int max_ctx = *std::max_element(ctx.begin(), ctx.end());
+  const int max_blocks = (max_ctx + block_size - 1) / block_size + 1;  // one spare column
+  int total_blocks = 0;
+  for (int L : ctx) total_blocks += (L + block_size - 1) / block_size;
+  const int num_blocks = total_blocks + 7;  // some blocks belong to nobody
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<int32_t> tables(size_t(S) * max_blocks, -1), lens(ctx.begin(), ctx.end());
+  int next = 0;
+  for (int b = 0; b < S; ++b)
+    for (int j = 0; j < (ctx[b] + block_size - 1) / block_size; ++j) tables[b * max_blocks + j] = ids[next++];
+
+  // Fill the cache through the cache-write op, on both sides, from per-token k/v.
+  int T = 0;
+  for (int L : ctx) T += L;
+  auto k = random_bf16(size_t(T) * g.hk * D, rng, 2.0f), v = random_bf16(size_t(T) * g.hk * D, rng);
+  std::vector<int64_t> slots(T);
+  for (int b = 0, t = 0; b < S; ++b)
+    for (int j = 0; j < ctx[b]; ++j, ++t)
+      slots[t] = int64_t(tables[b * max_blocks + j / block_size]) * block_size + j % block_size;
+  slots[0] = -1;  // a padding token: skipped on both sides
+  const size_t cache_elems = size_t(num_blocks) * block_size * g.hk * D;
+  std::vector<uint16_t> kc(cache_elems), vc(cache_elems);
+  {
+    std::mt19937 fill(7);  // unowned slots hold finite junk, identical on both sides
+    for (auto& x : kc) x = float_to_bf16(float(int(fill() % 17) - 8));
+    vc = kc;
+  }
+  Dev<uint16_t> dkc(kc), dvc(vc), dk(k), dv(v);
+  Dev<int64_t> dslots(slots);
+  write_kv_cache_cpu(k.data(), v.data(), slots.data(), T, s, num_blocks, block_size, kc.data(), vc.data());
+  sync_ok(cuda::write_kv_cache(dk.ptr(), dv.ptr(), dslots.ptr(), T, s, num_blocks, block_size,
+                               dkc.ptr(), dvc.ptr(), nullptr));
+  ASSERT_EQ(dkc.download(), kc) << "k cache after write";
+  ASSERT_EQ(dvc.download(), vc) << "v cache after write";
+  EXPECT_TRUE(dkc.guards_intact() && dvc.guards_intact());
+
+  auto q = random_bf16(size_t(S) * g.hq * D, rng, 2.0f);
+  PagedKv kv{kc.data(), vc.data(), tables.data(), lens.data(), num_blocks, block_size, max_blocks};
+  std::vector<uint16_t> want(q.size());
+  paged_decode_attention_cpu(q.data(), kv, S, s, want.data());
+
+  Dev<uint16_t> dq(q), dout(want.size());
+  Dev<int32_t> dtables(tables), dlens(lens);
+  PagedKv dkv{dkc.ptr(), dvc.ptr(), dtables.ptr(), dlens.ptr(), num_blocks, block_size, max_blocks};
+  const size_t ws_bytes = cuda::paged_decode_workspace_bytes(S, s, dkv);
+  Dev<unsigned char> ws(std::max<size_t>(ws_bytes, 1));
+  dout.poison();
+  sync_ok(cuda::paged_decode_attention(dq.ptr(), dkv, S, s, ws.ptr(), ws_bytes, dout.ptr(), nullptr));
+  std::string what = "decode D=" + std::to_string(D) + " hq=" + std::to_string(g.hq) +
+                     " hk=" + std::to_string(g.hk) + " bs=" + std::to_string(block_size) + " ctx";
+  for (int L : ctx) what += " " + std::to_string(L);
+  expect_close_bf16(dout.download(), want, what);
+  EXPECT_TRUE(dout.guards_intact() && ws.guards_intact()) << what;
+}
+
+TEST_F(RuntimeOpsCuda, PagedDecodeShortContextsOneSplit) {
+  std::mt19937 rng(106);
+  for (int D : {64, 128})
+    for (GqaCase g : kGqa) run_decode_case({1, 3, 19, 99, 300}, D, g, 16, rng);
+}
+
+TEST_F(RuntimeOpsCuda, PagedDecodeLongContextsSplitAndMerged) {
+  std::mt19937 rng(107);
+  for (int D : {64, 128})
+    for (GqaCase g : kGqa) {
+      run_decode_case({8192, 1, 989, 4097, 19, 513}, D, g, 16, rng);
+      run_decode_case({3, 2000, 8192}, D, g, 32, rng);
+    }
+}
+
+TEST_F(RuntimeOpsCuda, KvBlockCopies) {
+  std::mt19937 rng(109);
+  const int num_blocks = 40;
+  for (int64_t block_elems : {int64_t(16 * 8 * 128), int64_t(3 * 5)}) {  // aligned and odd
+    auto kc = random_bf16(num_blocks * block_elems, rng), vc = random_bf16(kc.size(), rng);
+    const std::vector<int32_t> pairs = {3, 30, 0, 31, 17, 5, 39, 6};
+    Dev<uint16_t> dk(kc), dv(vc);
+    Dev<int32_t> dp(pairs);
+    copy_kv_blocks_cpu(kc.data(), vc.data(), pairs.data(), 4, num_blocks, block_elems);
+    sync_ok(cuda::copy_kv_blocks(dk.ptr(), dv.ptr(), dp.ptr(), 4, num_blocks, block_elems, nullptr));
+    EXPECT_EQ(dk.download(), kc);
+    EXPECT_EQ(dv.download(), vc);
+    EXPECT_TRUE(dk.guards_intact() && dv.guards_intact());
+  }
+}
+
+// ---------------------------------------------------------------- sampling
+TEST_F(RuntimeOpsCuda, SamplingPicksTheSameTokensAsTheCpu) {
+  std::mt19937 rng(108);
+  const int V = 151936;
+  std::vector<SamplingParams> params;
+  auto add = [&](float temp, int k, float p, float minp, float rep, float freq, float pres) {
+    SamplingParams sp;
+    sp.temperature = temp, sp.top_k = k, sp.top_p = p, sp.min_p = minp;
+    sp.repetition_penalty = rep, sp.frequency_penalty = freq, sp.presence_penalty = pres;
+    sp.seed = rng();
+    sp.step = rng() % 1000;
+    params.push_back(sp);
+  };
+  add(0.0f, 0, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);    // greedy
+  add(0.0f, 0, 1.0f, 0.0f, 1.3f, 0.4f, 0.2f);    // greedy with penalties
+  add(1.0f, 0, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);    // plain sampling
+  add(0.7f, 50, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);   // top-k
+  add(0.8f, 0, 0.9f, 0.0f, 1.0f, 0.0f, 0.0f);    // top-p
+  add(1.2f, 0, 1.0f, 0.05f, 1.0f, 0.0f, 0.0f);   // min-p
+  add(0.9f, 40, 0.8f, 0.02f, 1.1f, 0.5f, 0.5f);  // everything
+  add(1.0f, 1, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f);    // top-k 1
+  add(2.0f, 1000, 0.5f, 0.0f, 1.0f, -0.3f, 0.0f);
+  const int rows = int(params.size());
+  // Logits: a few peaked rows, a few flat ones, some ties and masked (-inf) entries.
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<float> logits(size_t(rows) * V);
+  for (int r = 0; r < rows; ++r)
+    for (int v = 0; v < V; ++v) {
+      float x = n01(rng) * (r % 2 ? 1.0f : 4.0f);
+      if (v % 977 == 0) x = -INFINITY;
+      if (v % 1013 == 0) x = 3.0f;  // ties
+      logits[size_t(r) * V + v] = x;
+    }
+  // Histories: prompt and output tokens per row.
+  std::vector<int32_t> pt, po = {0}, ot, oo = {0};
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < 200; ++i) pt.push_back(int32_t(rng() % V));
+    for (int i = 0; i < 300; ++i) ot.push_back(int32_t(rng() % 64));  // repeats
+    po.push_back(int32_t(pt.size()));
+    oo.push_back(int32_t(ot.size()));
+  }
+  Dev<float> dlogits(logits);
+  Dev<int32_t> dpt(pt), dpo(po), dot(ot), doo(oo), dtok(rows);
+  const TokenHistory host_hist{pt.data(), po.data(), ot.data(), oo.data()};
+  const TokenHistory dev_hist{dpt.ptr(), dpo.ptr(), dot.ptr(), doo.ptr()};
+  Dev<unsigned char> ws(cuda::sampling_workspace_bytes(rows, V));
+  int mismatches = 0;
+  for (int round = 0; round < 8; ++round) {  // new steps: new draws
+    for (auto& p : params) ++p.step;
+    std::vector<unsigned char> raw(sizeof(SamplingParams) * rows);
+    std::memcpy(raw.data(), params.data(), raw.size());
+    Dev<unsigned char> dparams(raw);
+    std::vector<int32_t> want(rows);
+    sample_cpu(logits.data(), rows, V, params.data(), host_hist, want.data());
+    dtok.poison();
+    sync_ok(cuda::sample(dlogits.ptr(), rows, V, reinterpret_cast<const SamplingParams*>(dparams.ptr()),
+                         dev_hist, ws.ptr(), ws.size(), dtok.ptr(), nullptr));
+    const auto got = dtok.download();
+    for (int r = 0; r < rows; ++r) {
+      EXPECT_EQ(got[r], want[r]) << "round " << round << " row " << r;
+      mismatches += got[r] != want[r];
+      EXPECT_GE(want[r], 0);
+    }
+    EXPECT_TRUE(dtok.guards_intact() && ws.guards_intact());
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+}  // namespace
+}  // namespace tetra::ops
