@@ -228,8 +228,9 @@ QuantAlgo QuantConfig::algo_for(std::string_view module) const {
   if (!mixed) return algo;
   if (auto it = quantized_layers.find(std::string(module)); it != quantized_layers.end())
     return it->second;
+  // A pattern, or a parent module listed whole ("model.layers.3.mlp.experts").
   for (const auto& [pattern, a] : quantized_layers)
-    if (wildcard_match(pattern, module)) return a;
+    if (wildcard_match_module(pattern, module)) return a;
   return QuantAlgo::None;
 }
 

@@ -28,8 +28,9 @@ struct QuantConfig {
   std::vector<std::string> exclude;  // wildcard patterns (exclude_modules / ignore)
 
   // The algorithm of one module (e.g. "model.layers.3.mlp.experts.7.gate_proj"): None when
-  // an exclude pattern matches it or one of its parents, or (MIXED_PRECISION) when it is not
-  // listed in quantized_layers; otherwise `algo` or its quantized_layers entry.
+  // an exclude pattern matches it or one of its parents, or (MIXED_PRECISION) when neither it
+  // nor a parent is listed in quantized_layers (exact name first, then patterns); otherwise
+  // `algo` or its quantized_layers entry.
   QuantAlgo algo_for(std::string_view module) const;
   bool quantized() const;  // any module quantized at all
   friend bool operator==(const QuantConfig&, const QuantConfig&) = default;

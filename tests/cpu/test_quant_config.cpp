@@ -153,6 +153,11 @@ TEST(QuantConfig, MixedPrecision) {
   EXPECT_EQ(q.algo_for("model.layers.1.mlp.experts.30.up_proj"), QuantAlgo::NVFP4);
   EXPECT_EQ(q.algo_for("model.layers.0.self_attn.q_proj"), QuantAlgo::None);  // not listed
   EXPECT_EQ(q.algo_for("lm_head"), QuantAlgo::None);
+  // A parent module listed whole covers its linears.
+  QuantConfig parent = q;
+  parent.quantized_layers = {{"model.layers.4.mlp.shared_experts", QuantAlgo::W4A16_NVFP4}};
+  EXPECT_EQ(parent.algo_for("model.layers.4.mlp.shared_experts.down_proj"), QuantAlgo::W4A16_NVFP4);
+  EXPECT_EQ(parent.algo_for("model.layers.4.mlp.shared_experts_x.down_proj"), QuantAlgo::None);
 }
 
 TEST(QuantConfig, ConfigJsonOnly) {
