@@ -8,6 +8,8 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/half.h"
+#include "ops/attention/attention.h"
 #include "runtime/kv_cache.h"
 
 namespace tetra::runtime {
@@ -158,6 +160,68 @@ TEST(KvCache, RandomizedOperationsKeepCountsAndLeakNothing) {
   }
   for (int64_t s : live) c.free_sequence(s);
   EXPECT_EQ(c.free_blocks(), kBlocks);
+}
+
+// The whole decode-side workflow on the CPU: prefill a prompt into the paged cache, fork it,
+// let parent and child append different tokens (copy-on-write of the shared partial block done
+// with copy_kv_blocks_cpu), then paged decode over each block table must equal plain causal
+// attention over that sequence's own token list.
+TEST(KvCache, ForkedSequencesDecodeTheirOwnHistory) {
+  const int Hk = 2, Hq = 4, D = 16, bs = 4, num_blocks = 12;
+  const ops::AttentionShape s{Hq, Hk, D, 0.25f, 0, 0};
+  const int64_t row = int64_t(Hk) * D, block_elems = int64_t(bs) * row;
+  std::vector<uint16_t> kc(num_blocks * block_elems, 0xffff), vc(kc.size(), 0xffff);  // NaN
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> u(-1, 1);
+  auto token_kv = [&](int n) {
+    std::vector<uint16_t> x(n * row);
+    for (auto& e : x) e = float_to_bf16(u(rng));
+    return x;
+  };
+  PagedKvCache c(num_blocks, bs);
+  std::vector<BlockCopy> copies;
+  auto append = [&](int64_t seq, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v) {
+    const int n = int(k.size() / row);
+    copies.clear();
+    const auto slots = c.append(seq, n, &copies);
+    for (const BlockCopy& cp : copies) {
+      const int32_t pair[2] = {cp.src, cp.dst};
+      ops::copy_kv_blocks_cpu(kc.data(), vc.data(), pair, 1, num_blocks, block_elems);
+    }
+    ops::write_kv_cache_cpu(k.data(), v.data(), slots.data(), n, s, num_blocks, bs, kc.data(), vc.data());
+    return copies.size();
+  };
+  const auto pk = token_kv(6), pv = token_kv(6);  // prompt: 6 tokens, block 2 half full
+  c.add_sequence(1);
+  append(1, pk, pv);
+  c.fork(1, 2);
+  const auto ak = token_kv(3), av = token_kv(3), bk = token_kv(5), bv = token_kv(5);
+  EXPECT_EQ(append(2, bk, bv), 1u);  // the child copies the shared partial block
+  EXPECT_EQ(append(1, ak, av), 0u);  // the parent now owns it alone
+  struct Want { int64_t seq; std::vector<uint16_t> k, v; };
+  std::vector<Want> wants = {{1, pk, pv}, {2, pk, pv}};
+  wants[0].k.insert(wants[0].k.end(), ak.begin(), ak.end());
+  wants[0].v.insert(wants[0].v.end(), av.begin(), av.end());
+  wants[1].k.insert(wants[1].k.end(), bk.begin(), bk.end());
+  wants[1].v.insert(wants[1].v.end(), bv.begin(), bv.end());
+  for (const Want& w : wants) {
+    const int n = int(w.k.size() / row);
+    std::vector<uint16_t> q(n * Hq * D);  // only the last query matters
+    for (auto& e : q) e = float_to_bf16(u(rng));
+    const std::vector<int32_t> cu = {0, n};
+    std::vector<uint16_t> ref(q.size());
+    ops::prefill_attention_cpu(q.data(), w.k.data(), w.v.data(), cu.data(), 1, s, ref.data());
+    std::vector<int32_t> table(4), len(1);
+    c.fill_block_tables({w.seq}, 4, table.data(), len.data());
+    ASSERT_EQ(len[0], n);
+    const ops::PagedKv kv{kc.data(), vc.data(), table.data(), len.data(), num_blocks, bs, 4};
+    std::vector<uint16_t> out(Hq * D);
+    ops::paged_decode_attention_cpu(q.data() + (n - 1) * Hq * D, kv, 1, s, out.data());
+    for (int i = 0; i < Hq * D; ++i) ASSERT_EQ(out[i], ref[(n - 1) * Hq * D + i]) << "seq " << w.seq;
+  }
+  c.free_sequence(1);
+  c.free_sequence(2);
+  EXPECT_EQ(c.free_blocks(), num_blocks);
 }
 
 }  // namespace
