@@ -269,16 +269,18 @@ void run_case(const Case& c, uint32_t seed) {
     MoeKernel kernel;
     bool explicit_cfg;
     moe_detail::DecodeConfig cfg;
+    bool pdl = false;
   };
   const Variant variants[] = {
       {MoeKernel::kAuto, false, {}},
+      {MoeKernel::kAuto, false, {}, true},                   // GEMM2 as programmatic dependent
       {MoeKernel::kDecode, false, {}},
-      {MoeKernel::kDecode, true, {1, 8, true}},   // bulk-copy kernel, 8 k-warps
-      {MoeKernel::kDecode, true, {1, 4, true}},   // bulk-copy kernel, 4 k-warps
-      {MoeKernel::kDecode, true, {1, 4, false}},  // register kernel, 8 rows per pass
-      {MoeKernel::kDecode, true, {4, 8, false}},  // register kernel, 32 rows per pass
-      {MoeKernel::kTiled, false, {}},
-      {MoeKernel::kTiled, true, {1, 8, false, 1}},  // tiled, one block per SM
+      {MoeKernel::kDecode, true, {1, 4, 2, true}, true},    // L2 prefetch + PDL GEMM2
+      {MoeKernel::kDecode, true, {1, 8, 2, false}},         // 8 k-warps
+      {MoeKernel::kDecode, true, {2, 8, 2, false}},         // 16 rows per pass
+      {MoeKernel::kDecode, true, {4, 4, 2, false}},         // 32 rows per pass
+      {MoeKernel::kTiled, true, {1, 4, 1, false}},          // tiled, one block per SM
+      {MoeKernel::kTiled, false, {}},                       // tiled, two blocks per SM
   };
   for (const Variant& v : variants) {
     const MoeKernel k = v.kernel;
@@ -286,7 +288,9 @@ void run_case(const Case& c, uint32_t seed) {
     std::ostringstream label;
     label << moe_kernel_name(k);
     if (cfg) label << " " << *cfg;
+    if (v.pdl) label << " pdl";
     SCOPED_TRACE(label.str());
+    p.gemm2_pdl = v.pdl;
     d_act.poison();
     ASSERT_EQ(moe_detail::gemm1_with(p, W.view(), rows, d_x.ptr(), d_act.ptr(), nullptr, k, cfg),
               cudaSuccess);

@@ -16,15 +16,18 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-template <int NT, int KW, bool GATED, bool OUT_F32>
+template <int NT, int KW, bool GATED, bool OUT_F32, bool PREFETCH>
 __global__ void __launch_bounds__(KW * 32) moe_decode_kernel(const GroupedGemmArgs a) {
   constexpr int U = 4;  // chunks loaded ahead per warp
+  constexpr int kPrefetchBatches = 2;
   const int slot = blockIdx.y;
   const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
   if (e < 0) return;
   const int cnt = a.rows.row_count[e];
   if (cnt <= 0) return;
   const int start = a.rows.row_start[e];
+  // Let a dependent launch (GEMM2) start its prologue while this grid finishes.
+  asm volatile("griddepcontrol.launch_dependents;");
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = a.k / kChunkK;
@@ -56,7 +59,27 @@ __global__ void __launch_bounds__(KW * 32) moe_decode_kernel(const GroupedGemmAr
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.0f;
 
+    // L2 prefetch runs kPrefetchBatches batches ahead of the register loads (first pass only:
+    // later passes find the slice in L2 anyway).
+    auto prefetch = [&](int c_lo, int c_hi) {
+      c_hi = min(c_hi, c_end);
+      if (tok0 == 0 && lane == 0 && c_lo < c_hi) {
+        const uint32_t n = uint32_t(c_hi - c_lo);
+        prefetch_l2_bulk(wp0 - lane * 16 + size_t(c_lo) * kTileChunkBytes, n * kTileChunkBytes);
+        prefetch_l2_bulk(wp1 - lane * 16 + size_t(c_lo) * kTileChunkBytes, n * kTileChunkBytes);
+        prefetch_l2_bulk(sp0 - lane * 2 + size_t(c_lo) * kTileChunkScales, n * kTileChunkScales);
+        prefetch_l2_bulk(sp1 - lane * 2 + size_t(c_lo) * kTileChunkScales, n * kTileChunkScales);
+      }
+    };
+    if (tok0 == 0) {
+      if (PREFETCH) prefetch(c_begin, c_begin + U * kPrefetchBatches);
+      // Launched as a programmatic dependent (GEMM2 after GEMM1), this block may start while the
+      // previous grid still runs: wait for its output before reading activations. A no-op for a
+      // normal launch.
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+    }
     for (int c = c_begin; c < c_end; c += U) {
+      if (PREFETCH) prefetch(c + U * (1 + kPrefetchBatches) - U, c + U * (1 + kPrefetchBatches));
       uint4 wv[U][2];
       uint32_t sv[U][2];
       uint4 xv[U][NT][2];
@@ -150,24 +173,41 @@ __global__ void __launch_bounds__(KW * 32) moe_decode_kernel(const GroupedGemmAr
   }
 }
 
-template <int NT, int KW>
+template <int NT, int KW, bool PF>
 cudaError_t launch_decode_nt_kw(const GroupedGemmArgs& a, cudaStream_t stream) {
   const dim3 grid{unsigned(a.n / 32), unsigned(a.num_slots), 1u};
   const dim3 block(KW * 32);
+  if (a.pdl) {  // programmatic dependent launch: the kernel waits before reading activations
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (a.gated) return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, true, false, PF>, a);
+    if (a.out_f32) return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, false, true, PF>, a);
+    return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, false, false, PF>, a);
+  }
   if (a.gated)
-    moe_decode_kernel<NT, KW, true, false><<<grid, block, 0, stream>>>(a);
+    moe_decode_kernel<NT, KW, true, false, PF><<<grid, block, 0, stream>>>(a);
   else if (a.out_f32)
-    moe_decode_kernel<NT, KW, false, true><<<grid, block, 0, stream>>>(a);
+    moe_decode_kernel<NT, KW, false, true, PF><<<grid, block, 0, stream>>>(a);
   else
-    moe_decode_kernel<NT, KW, false, false><<<grid, block, 0, stream>>>(a);
+    moe_decode_kernel<NT, KW, false, false, PF><<<grid, block, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
 template <int NT>
-cudaError_t launch_decode_nt(const GroupedGemmArgs& a, int k_warps, cudaStream_t stream) {
+cudaError_t launch_decode_nt(const GroupedGemmArgs& a, int k_warps, bool prefetch,
+                             cudaStream_t stream) {
+  if (prefetch && k_warps == 4) return launch_decode_nt_kw<NT, 4, true>(a, stream);
+  if (prefetch && k_warps == 8) return launch_decode_nt_kw<NT, 8, true>(a, stream);
   switch (k_warps) {
-    case 4: return launch_decode_nt_kw<NT, 4>(a, stream);
-    case 8: return launch_decode_nt_kw<NT, 8>(a, stream);
+    case 4: return launch_decode_nt_kw<NT, 4, false>(a, stream);
+    case 8: return launch_decode_nt_kw<NT, 8, false>(a, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -176,12 +216,10 @@ cudaError_t launch_decode_nt(const GroupedGemmArgs& a, int k_warps, cudaStream_t
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream) {
   if (a.num_slots <= 0 || a.n <= 0) return cudaSuccess;
-  if (cfg.bulk && cfg.token_tiles == 1 && decode_bulk_supported(a.k, cfg.k_warps))
-    return launch_decode_bulk(a, cfg.k_warps, stream);
   switch (cfg.token_tiles) {
-    case 1: return launch_decode_nt<1>(a, cfg.k_warps, stream);
-    case 2: return launch_decode_nt<2>(a, cfg.k_warps, stream);
-    case 4: return launch_decode_nt<4>(a, cfg.k_warps, stream);
+    case 1: return launch_decode_nt<1>(a, cfg.k_warps, cfg.l2_prefetch, stream);
+    case 2: return launch_decode_nt<2>(a, cfg.k_warps, cfg.l2_prefetch, stream);
+    case 4: return launch_decode_nt<4>(a, cfg.k_warps, cfg.l2_prefetch, stream);
     default: return cudaErrorInvalidValue;
   }
 }

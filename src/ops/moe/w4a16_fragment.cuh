@@ -64,6 +64,12 @@ __device__ __forceinline__ uint4 ld_cached_u4(const void* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
 
+// Asks the copy engine to pull [p, p + bytes) into L2 (sm_90; p and bytes multiples of 16).
+// Costs no registers, so a warp can keep far more bytes in flight than its loads alone.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {

@@ -26,22 +26,19 @@ struct GroupedGemmArgs {
   int total_rows = 0;
   bool gated = false;
   bool out_f32 = false;
+  bool pdl = false;                // launch as a programmatic dependent (see MoeGemmProblem)
 };
 
 struct DecodeConfig {
   int token_tiles = 1;  // n8 tiles of tokens per pass (1, 2 or 4)
   int k_warps = 4;      // warps splitting k inside a block (4 or 8)
-  bool bulk = false;    // bulk-copy variant (token_tiles must be 1; see w4a16_decode_bulk.cu)
   int tiled_blocks_per_sm = 2;  // tiled kernel only: 2 caps registers at 128 for two blocks/SM
+  bool l2_prefetch = false;     // decode: bulk L2 prefetch two batches ahead (measured slower)
 };
 inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
-  return os << (c.bulk ? "decode-bulk(n" : "decode(n") << 8 * c.token_tiles << ",kw" << c.k_warps
-            << ")";
+  return os << "decode(n" << 8 * c.token_tiles << ",kw" << c.k_warps
+            << (c.l2_prefetch ? ",pf" : "") << ")";
 }
-
-// Whether the bulk-copy decode kernel fits this k (its weights must fit in shared memory).
-bool decode_bulk_supported(int k, int k_warps);
-cudaError_t launch_decode_bulk(const GroupedGemmArgs& a, int k_warps, cudaStream_t stream);
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
 cudaError_t launch_tiled(const GroupedGemmArgs& a, int blocks_per_sm, cudaStream_t stream);

@@ -14,7 +14,7 @@ namespace tetra {
 std::ostream& operator<<(std::ostream& os, const MoeGemmProblem& p) {
   return os << "MoeGemmProblem{E=" << p.num_experts << " H=" << p.hidden << " I=" << p.inter
             << " rows=" << p.total_rows << " slots=" << p.num_slots
-            << " max_rows_hint=" << p.max_rows_hint << "}";
+            << " max_rows_hint=" << p.max_rows_hint << " gemm2_pdl=" << p.gemm2_pdl << "}";
 }
 
 const char* moe_kernel_name(MoeKernel k) {
@@ -50,12 +50,12 @@ int rows_per_expert(const MoeGemmProblem& p) {
 moe_detail::DecodeConfig decode_config(const MoeGemmProblem& p) {
   moe_detail::DecodeConfig c;
   const int m = rows_per_expert(p);
-  // Measured on H200 (bench/moe_kernels/RESULTS.md): the register-staged kernel with 4 k-warps
-  // and 8 rows per pass beats 8 k-warps, wider passes and the bulk-copy variant at 1..64 tokens.
+  // Measured on H200 (bench/moe_kernels/RESULTS.md): 4 k-warps and 8 rows per pass, no L2
+  // prefetch, beat 8 k-warps, wider passes, bulk-copy and cp.async-ring variants at 1..64 tokens.
   c.token_tiles = m <= 8 ? 1 : m <= 16 ? 2 : 4;
   c.k_warps = 4;
-  c.bulk = false;
   c.tiled_blocks_per_sm = 2;
+  c.l2_prefetch = false;
   return c;
 }
 
@@ -123,6 +123,7 @@ cudaError_t gemm2_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const
   a.x = act;
   a.out = y;
   a.out_f32 = y_f32;
+  a.pdl = p.gemm2_pdl;
   a.n = p.hidden;
   a.k = p.inter;
   a.gated = false;

@@ -26,6 +26,11 @@ struct MoeGemmProblem {
   int total_rows = 0;    // rows of the activation/output buffers (upper bound on used rows)
   int num_slots = 0;     // entries of expert_ids (0: every expert 0..E-1 is a slot)
   int max_rows_hint = 0; // expected max rows per expert (0: derived from total_rows / slots)
+  // GEMM2 only: launch with programmatic dependent launch so its weight prefetch overlaps the
+  // previous kernel (GEMM1). Only valid when that previous kernel writes nothing GEMM2 reads
+  // before its wait: the row mapping and weights (act is waited for). Decode kernel only; the
+  // tiled kernel ignores it.
+  bool gemm2_pdl = false;
 };
 std::ostream& operator<<(std::ostream& os, const MoeGemmProblem& p);
 
