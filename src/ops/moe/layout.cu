@@ -1,0 +1,303 @@
+// Layout builders: a stable counting sort of the (token, k) pairs by expert.
+//
+// Pairs are processed in chunks of kChunk (one thread per pair). Within a chunk, the rank of a
+// pair among the earlier pairs of its expert is: the expert's running count before the chunk
+// + its count in earlier warps of the chunk (per-warp tallies in shared memory) + its rank among
+// the same-expert lanes of its own warp (__match_any_sync). Ascending pair order in, ascending
+// rows out: the same rows as the CPU builders, deterministically.
+//  - small inputs (<= kFusedMaxPairs pairs): one block counts, scans and places everything;
+//  - larger inputs: per-chunk counts (grid), a one-block scan over chunks, per-chunk placement.
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/moe/moe_ops_cuda.h"
+
+namespace tetra::moe::cuda {
+
+namespace {
+
+constexpr int kChunk = 1024;  // pairs per chunk = threads per block (32 warps)
+constexpr int kWarps = kChunk / 32;
+constexpr int64_t kFusedMaxPairs = 16384;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// The output of either layout, as the kernels see it.
+struct LayoutOut {
+  int E = 0, top_k = 0;
+  int max_m = 0;                   // > 0: masked layout
+  int32_t* offsets = nullptr;      // contiguous [E + 1]
+  int32_t* masked_m = nullptr;     // masked [E]
+  int32_t* row_token = nullptr;    // [rows] token of each row
+  int32_t* slot_of = nullptr;      // [T*top_k]
+  RowRange* expert_rows = nullptr; // [E] optional
+  int32_t* dropped = nullptr;      // [1] optional
+};
+
+// Shared memory of one block: counters, row bases, per-warp tallies (<= 32, so bytes).
+struct Smem {
+  int32_t* count;  // [E] pairs per expert, then the running rank cursor
+  int32_t* base;   // [E] first row of expert e in the output
+  uint8_t* tally;  // [kWarps, E] pairs of expert e in warp w of the current chunk
+  int32_t* scan;   // [kWarps] warp sums for the block scan
+};
+__device__ Smem carve(char* raw, int E) {
+  Smem s;
+  s.count = reinterpret_cast<int32_t*>(raw);
+  s.base = s.count + E;
+  s.scan = s.base + E;
+  s.tally = reinterpret_cast<uint8_t*>(s.scan + kWarps);
+  return s;
+}
+size_t smem_bytes(int E) { return size_t(E) * 8 + kWarps * 4 + size_t(kWarps) * E; }
+
+__device__ __forceinline__ bool valid_expert(int32_t e, int E) { return e >= 0 && e < E; }
+
+// Exclusive prefix sum over the block (kChunk threads, one value each); total to `total`.
+__device__ int block_exclusive_scan(int v, int32_t* scan, int& total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int incl = v;
+  for (int off = 1; off < 32; off *= 2) {
+    const int n = __shfl_up_sync(kFullMask, incl, off);
+    if (lane >= off) incl += n;
+  }
+  if (lane == 31) scan[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int ws = scan[lane];
+    for (int off = 1; off < 32; off *= 2) {
+      const int n = __shfl_up_sync(kFullMask, ws, off);
+      if (lane >= off) ws += n;
+    }
+    scan[lane] = ws;
+  }
+  __syncthreads();
+  total = scan[kWarps - 1];
+  const int before = warp == 0 ? 0 : scan[warp - 1];
+  __syncthreads();  // scan[] is reused by the next call
+  return before + incl - v;
+}
+
+// From s.count (pairs per expert, E <= kChunk): offsets / masked_m, expert_rows, s.base.
+__device__ void write_expert_info(const Smem& s, const LayoutOut& o) {
+  const int e = threadIdx.x;
+  const int cnt = e < o.E ? s.count[e] : 0;
+  if (o.max_m > 0) {
+    if (e < o.E) {
+      const int used = min(cnt, o.max_m);
+      o.masked_m[e] = used;
+      s.base[e] = e * o.max_m;
+      if (o.expert_rows) o.expert_rows[e] = RowRange{e * o.max_m, used};
+    }
+  } else {
+    int total = 0;
+    const int start = block_exclusive_scan(cnt, s.scan, total);
+    if (e < o.E) {
+      o.offsets[e] = start;
+      s.base[e] = start;
+      if (o.expert_rows) o.expert_rows[e] = RowRange{start, cnt};
+    }
+    if (e == 0) o.offsets[o.E] = total;
+  }
+}
+
+// Places pairs [begin, begin + kChunk) of S. s.count holds each expert's rank cursor on entry
+// and is advanced past this chunk; s.tally must be zero on entry and is zero again on exit.
+__device__ void place_chunk(const int32_t* ids, int64_t S, int64_t begin, const Smem& s,
+                            const LayoutOut& o) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t p = begin + threadIdx.x;
+  const bool in = p < S;
+  const int32_t raw = in ? ids[p] : -1;
+  const bool valid = in && valid_expert(raw, o.E);
+  const int key = valid ? raw : -1;
+  const unsigned peers = __match_any_sync(kFullMask, key);
+  const int lane_rank = __popc(peers & ((1u << lane) - 1u));
+  const bool last_peer = lane == 31 - __clz(peers);
+  if (valid && lane_rank == 0) s.tally[warp * o.E + key] = uint8_t(__popc(peers));
+  __syncthreads();
+  int rank = 0;
+  if (valid) {
+    rank = s.count[key] + lane_rank;
+    for (int w = 0; w < warp; ++w) rank += s.tally[w * o.E + key];
+  }
+  __syncthreads();  // every read of count/tally is done before they change
+  if (valid) {
+    if (lane_rank == 0) s.tally[warp * o.E + key] = 0;
+    if (last_peer) atomicMax(&s.count[key], rank + 1);  // the chunk's last pair of `key` wins
+  }
+  if (in) {
+    int row = -1;
+    if (valid) {
+      if (o.max_m == 0) {
+        row = s.base[key] + rank;
+      } else if (rank < o.max_m) {
+        row = s.base[key] + rank;
+      }
+    }
+    o.slot_of[p] = row;
+    if (row >= 0) {
+      o.row_token[row] = int32_t(p / o.top_k);
+    } else if (o.dropped) {
+      atomicAdd(o.dropped, 1);
+    }
+  }
+  __syncthreads();
+}
+
+__device__ void zero_tally(const Smem& s, int E) {
+  for (int i = threadIdx.x; i < kWarps * E; i += kChunk) s.tally[i] = 0;
+}
+
+// Small inputs: everything in one block.
+__global__ void __launch_bounds__(kChunk) layout_fused_kernel(const int32_t* __restrict__ ids,
+                                                              int64_t S, LayoutOut o) {
+  extern __shared__ __align__(16) char raw[];
+  const Smem s = carve(raw, o.E);
+  for (int e = threadIdx.x; e < o.E; e += kChunk) s.count[e] = 0;
+  zero_tally(s, o.E);
+  __syncthreads();
+  for (int64_t p = threadIdx.x; p < S; p += kChunk) {
+    const int32_t e = ids[p];
+    if (valid_expert(e, o.E)) atomicAdd(&s.count[e], 1);
+  }
+  __syncthreads();
+  write_expert_info(s, o);
+  __syncthreads();
+  for (int e = threadIdx.x; e < o.E; e += kChunk) s.count[e] = 0;  // now the rank cursor
+  __syncthreads();
+  for (int64_t begin = 0; begin < S; begin += kChunk) place_chunk(ids, S, begin, s, o);
+}
+
+// Large inputs, step 1: counts[c, e] = pairs of expert e in chunk c.
+__global__ void __launch_bounds__(kChunk) layout_count_kernel(const int32_t* __restrict__ ids,
+                                                              int64_t S, int E,
+                                                              int32_t* __restrict__ counts) {
+  extern __shared__ __align__(16) char raw[];
+  int32_t* count = reinterpret_cast<int32_t*>(raw);  // [E]
+  for (int e = threadIdx.x; e < E; e += kChunk) count[e] = 0;
+  __syncthreads();
+  const int64_t p = int64_t(blockIdx.x) * kChunk + threadIdx.x;
+  if (p < S && valid_expert(ids[p], E)) atomicAdd(&count[ids[p]], 1);
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += kChunk) counts[size_t(blockIdx.x) * E + e] = count[e];
+}
+
+// Step 2 (one block): counts[c, e] becomes the rank of chunk c's first pair of expert e;
+// totals give the per-expert outputs.
+__global__ void __launch_bounds__(kChunk) layout_scan_kernel(int32_t* __restrict__ counts,
+                                                             int chunks, LayoutOut o) {
+  extern __shared__ __align__(16) char raw[];
+  const Smem s = carve(raw, o.E);
+  const int e = threadIdx.x;
+  if (e < o.E) {
+    int run = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const int v = counts[size_t(c) * o.E + e];
+      counts[size_t(c) * o.E + e] = run;
+      run += v;
+    }
+    s.count[e] = run;
+  }
+  __syncthreads();
+  write_expert_info(s, o);
+}
+
+// Step 3: place chunk c, starting from the ranks of step 2.
+__global__ void __launch_bounds__(kChunk) layout_place_kernel(const int32_t* __restrict__ ids,
+                                                              int64_t S,
+                                                              const int32_t* __restrict__ ranks,
+                                                              LayoutOut o) {
+  extern __shared__ __align__(16) char raw[];
+  const Smem s = carve(raw, o.E);
+  for (int e = threadIdx.x; e < o.E; e += kChunk) {
+    s.count[e] = ranks[size_t(blockIdx.x) * o.E + e];
+    s.base[e] = o.max_m > 0 ? e * o.max_m : o.offsets[e];
+  }
+  zero_tally(s, o.E);
+  __syncthreads();
+  place_chunk(ids, S, int64_t(blockIdx.x) * kChunk, s, o);
+}
+
+void check_sizes(const char* what, int T, int top_k, int E) {
+  if (T < 0 || top_k < 1 || E < 1)
+    TETRA_FAIL(what, ": bad sizes T=", T, " top_k=", top_k, " E=", E);
+  if (E > kMaxExperts) TETRA_FAIL(what, ": ", E, " experts, at most ", kMaxExperts, " supported");
+  if (int64_t(T) * top_k > INT32_MAX)
+    TETRA_FAIL(what, ": T*top_k = ", int64_t(T) * top_k, " rows do not fit int32");
+}
+
+int64_t chunk_count(int T, int top_k) { return (int64_t(T) * top_k + kChunk - 1) / kChunk; }
+
+// Runs the fused or the three-step path; row_token / dropped are pre-set by the caller.
+cudaError_t run_layout(const int32_t* ids, int T, const LayoutOut& o, void* workspace,
+                       size_t workspace_bytes, cudaStream_t stream) {
+  const int64_t S = int64_t(T) * o.top_k;
+  const size_t smem = smem_bytes(o.E);
+  if (S <= kFusedMaxPairs) {
+    layout_fused_kernel<<<1, kChunk, smem, stream>>>(ids, S, o);
+    return cudaGetLastError();
+  }
+  const size_t need = layout_workspace_bytes(T, o.top_k, o.E);
+  if (!workspace || workspace_bytes < need)
+    TETRA_FAIL("cuda layout: workspace of ", workspace_bytes, " bytes, ", need, " needed");
+  const int chunks = int(chunk_count(T, o.top_k));
+  int32_t* counts = static_cast<int32_t*>(workspace);  // [chunks, E]
+  layout_count_kernel<<<chunks, kChunk, size_t(o.E) * 4, stream>>>(ids, S, o.E, counts);
+  layout_scan_kernel<<<1, kChunk, smem, stream>>>(counts, chunks, o);
+  layout_place_kernel<<<chunks, kChunk, smem, stream>>>(ids, S, counts, o);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t layout_workspace_bytes(int T, int top_k, int E) {
+  if (int64_t(T) * top_k <= kFusedMaxPairs) return 0;
+  return size_t(chunk_count(T, top_k)) * size_t(E) * sizeof(int32_t);
+}
+
+cudaError_t build_contiguous(const int32_t* ids, int T, int top_k, int E, void* workspace,
+                             size_t workspace_bytes, const ContiguousLayoutView& out,
+                             cudaStream_t stream) {
+  check_sizes("cuda build_contiguous", T, top_k, E);
+  if (!out.expert_offsets || !out.slot_token || !out.slot_of)
+    TETRA_FAIL("cuda build_contiguous: output pointers are missing");
+  LayoutOut o;
+  o.E = E;
+  o.top_k = top_k;
+  o.offsets = out.expert_offsets;
+  o.row_token = out.slot_token;
+  o.slot_of = out.slot_of;
+  o.expert_rows = out.expert_rows;
+  o.dropped = out.dropped;
+  const size_t S = size_t(T) * top_k;
+  cudaError_t err = cudaMemsetAsync(out.slot_token, 0xff, S * sizeof(int32_t), stream);  // -1
+  if (err == cudaSuccess && out.dropped) err = cudaMemsetAsync(out.dropped, 0, 4, stream);
+  if (err != cudaSuccess) return err;
+  return run_layout(ids, T, o, workspace, workspace_bytes, stream);
+}
+
+cudaError_t build_masked(const int32_t* ids, int T, int top_k, int E, void* workspace,
+                         size_t workspace_bytes, const MaskedLayoutView& out, cudaStream_t stream) {
+  check_sizes("cuda build_masked", T, top_k, E);
+  if (out.max_m < 1) TETRA_FAIL("cuda build_masked: max_m must be >= 1, got ", out.max_m);
+  if (int64_t(E) * out.max_m > INT32_MAX)
+    TETRA_FAIL("cuda build_masked: E*max_m = ", int64_t(E) * out.max_m, " rows do not fit int32");
+  if (!out.masked_m || !out.row_token || !out.slot_of)
+    TETRA_FAIL("cuda build_masked: output pointers are missing");
+  LayoutOut o;
+  o.E = E;
+  o.top_k = top_k;
+  o.max_m = out.max_m;
+  o.masked_m = out.masked_m;
+  o.row_token = out.row_token;
+  o.slot_of = out.slot_of;
+  o.expert_rows = out.expert_rows;
+  o.dropped = out.dropped;
+  const size_t rows = size_t(E) * out.max_m;
+  cudaError_t err = cudaMemsetAsync(out.row_token, 0xff, rows * sizeof(int32_t), stream);  // -1
+  if (err == cudaSuccess && out.dropped) err = cudaMemsetAsync(out.dropped, 0, 4, stream);
+  if (err != cudaSuccess) return err;
+  return run_layout(ids, T, o, workspace, workspace_bytes, stream);
+}
+
+}  // namespace tetra::moe::cuda

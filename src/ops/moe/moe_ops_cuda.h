@@ -1,0 +1,77 @@
+// CUDA MoE token path: router logits, routing, layout building, permute and combine.
+// Device pointers, one stream, each returns the launch's cudaError_t. Bad sizes or parameters are
+// refused with a tetra::Error before anything is launched. Every op is bit-identical to its CPU
+// twin (moe/router.h, moe/token_layout.h, moe/token_movement.h), which the gpu tests check.
+// bf16 tensors are passed as uint16_t bits. No op allocates or synchronises: all are capturable in
+// a CUDA graph (the layouts' shapes depend only on T, top_k, E, max_m).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+#include "moe/router.h"
+#include "moe/token_layout.h"
+
+namespace tetra::moe::cuda {
+
+// Routing keeps a per-lane bitmask of E/32 experts; layouts keep ~40*E bytes of shared memory.
+inline constexpr int kMaxExperts = 1024;
+
+// logits [T, E] f32 = x [T, H] (x_dtype BF16 or F32) @ w_gate [E, H] bf16 ^T, float accumulation
+// in router_logits_cpu's order (so the result is bit-identical).
+cudaError_t router_logits(const void* x, DType x_dtype, const uint16_t* w_gate_bf16, int T, int H,
+                          int E, float* logits, cudaStream_t stream);
+
+// One warp per token. logits [T, E] f32, bias [E] f32 or nullptr -> ids [T, top_k] int32,
+// weights [T, top_k] f32; same ids and weights as route_cpu (bit for bit).
+cudaError_t route(const float* logits, const float* bias, int T, const RouterParams& p,
+                  int32_t* ids, float* weights, cudaStream_t stream);
+
+// Scratch for the layout builders (0 when T*top_k is small enough for the one-block path).
+size_t layout_workspace_bytes(int T, int top_k, int E);
+
+// Where build_contiguous writes; pair p = t*top_k + k.
+struct ContiguousLayoutView {
+  int32_t* expert_offsets = nullptr;  // [E + 1]
+  int32_t* slot_token = nullptr;      // [T*top_k] token of each row; -1 past the placed rows
+  int32_t* slot_of = nullptr;         // [T*top_k] row of pair p, -1 if dropped
+  RowRange* expert_rows = nullptr;    // [E] {offsets[e], count}, or nullptr
+  int32_t* dropped = nullptr;         // [1] pairs not placed (id outside [0, E)), or nullptr
+};
+
+// Where build_masked writes.
+struct MaskedLayoutView {
+  int max_m = 0;                    // rows per expert
+  int32_t* masked_m = nullptr;      // [E] rows used, min(count, max_m)
+  int32_t* row_token = nullptr;     // [E * max_m] token of each row, -1 where empty
+  int32_t* slot_of = nullptr;       // [T*top_k] row e*max_m + r of pair p, -1 if dropped
+  RowRange* expert_rows = nullptr;  // [E] {e*max_m, masked_m[e]}, or nullptr
+  int32_t* dropped = nullptr;       // [1] pairs not placed (beyond max_m or bad id), or nullptr
+};
+
+// Stable counting sort of the pairs by expert; the same rows as build_contiguous_cpu /
+// build_masked_cpu. ids [T, top_k] int32. The CPU builders raise errors where these drop pairs
+// (an expert over max_m, an id outside [0, E)): the device cannot throw, so it counts them in
+// `dropped` for the caller to check, and never writes out of bounds.
+cudaError_t build_contiguous(const int32_t* ids, int T, int top_k, int E, void* workspace,
+                             size_t workspace_bytes, const ContiguousLayoutView& out,
+                             cudaStream_t stream);
+cudaError_t build_masked(const int32_t* ids, int T, int top_k, int E, void* workspace,
+                         size_t workspace_bytes, const MaskedLayoutView& out, cudaStream_t stream);
+
+// rows[slot_of[p]] = x[p / top_k] for slot_of[p] >= 0; other rows untouched (as permute_rows_cpu).
+//   x [T, H] bf16, rows [num_rows, H] bf16 (contiguous [S, H] or masked [E*max_m, H])
+cudaError_t permute_bf16(const uint16_t* x, int T, int H, int top_k, const int32_t* slot_of,
+                         uint16_t* rows, cudaStream_t stream);
+
+// out [T, H] bf16 = sum_j weights[t,j] * rows[slot_of[t,j]] (+ shared[t]) (+ residual[t]) as
+// combine_bf16_cpu: float32 FMAs in j order, one rounding. Gather, no atomics: deterministic.
+//   rows [num_rows, H] (rows_dtype BF16 or F32), weights [T, top_k] f32 or nullptr (= 1),
+//   shared [T, H] bf16 or nullptr, residual [T, H] bf16 or nullptr
+cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int top_k,
+                         const int32_t* slot_of, const float* weights, const uint16_t* shared,
+                         const uint16_t* residual, uint16_t* out, cudaStream_t stream);
+
+}  // namespace tetra::moe::cuda
