@@ -46,7 +46,10 @@ std::vector<BackendCaps> declare() {
     b.sm_note = kSm90aOnly;
     b.smem = {hopper_smem()};
     b.layouts = {TokenLayout::Masked, TokenLayout::Contiguous};
-    b.hidden_align = 16;  // one NVFP4 block along K; the kernel author may tighten it
+    b.hidden_align = 16;  // one NVFP4 block along K
+    // The GEMMs (w4a16_moe.cu) refuse an intermediate that is not a multiple of 64; the tiny
+    // presets (I = 32) still pass here because the runtime does not call those GEMMs yet.
+    // Tighten to 64 when the layer runner lands (and grow the tiny presets' width to 64).
     b.inter_align = 16;
     b.multi_gpu = true;
     b.supports_ep = true;
@@ -59,8 +62,9 @@ std::vector<BackendCaps> declare() {
     BackendCaps b;
     b.name = "cuda-w4a4";
     b.summary = "NVFP4 activation quantization + the same GEMMs (Blackwell numerics on Hopper)";
-    b.origin = "Tetra";
-    b.built = true;
+    // The activation quantizer exists (ops/nvfp4); the FP4 x FP4 grouped GEMM does not yet.
+    b.origin = "a later Tetra version: the W4A4 grouped GEMM is not written yet";
+    b.built = false;
     b.weight_formats = {WeightFormat::NVFP4};
     b.act_formats = {ActFormat::NVFP4};
     b.needs_input_scale = true;
@@ -81,8 +85,8 @@ std::vector<BackendCaps> declare() {
     BackendCaps b;
     b.name = "cuda-bf16";
     b.summary = "BF16 expert weights, bf16 tensor-core GEMMs";
-    b.origin = "Tetra";
-    b.built = true;
+    b.origin = "a later Tetra version: the BF16 grouped GEMM is not written yet";
+    b.built = false;
     b.weight_formats = {WeightFormat::BF16};
     b.act_formats = {ActFormat::BF16};
     b.sms = {90};

@@ -84,11 +84,15 @@ TEST(BackendCaps, DeclarationsAreComplete) {
 TEST(BackendCaps, W4A16CheckpointRefusedByW4A4) {
   const Verdict v = verdict("cuda-w4a4", workload("glm4.5-air", QuantAlgo::W4A16_NVFP4), on("h200"));
   EXPECT_FALSE(v.ok);
-  EXPECT_EQ(v.reasons, std::vector<std::string>{"checkpoint is W4A16_NVFP4: no input_scale for W4A4"})
+  EXPECT_NE(std::find(v.reasons.begin(), v.reasons.end(),
+                      "checkpoint is W4A16_NVFP4: no input_scale for W4A4"), v.reasons.end())
       << dump(v);
-  // The same checkpoint runs W4A16, and an NVFP4 checkpoint runs W4A4.
+  // The same checkpoint runs W4A16; an NVFP4 checkpoint is refused by W4A4 only because the
+  // W4A4 GEMM is not built in this version.
   EXPECT_TRUE(verdict("cuda-w4a16", workload("glm4.5-air", QuantAlgo::W4A16_NVFP4), on("h200")).ok);
-  EXPECT_TRUE(verdict("cuda-w4a4", workload("glm4.5-air", QuantAlgo::NVFP4), on("h200")).ok);
+  const Verdict nvfp4 = verdict("cuda-w4a4", workload("glm4.5-air", QuantAlgo::NVFP4), on("h200"));
+  ASSERT_EQ(nvfp4.reasons.size(), 1u) << dump(nvfp4);
+  EXPECT_EQ(nvfp4.reasons[0].rfind("not built in this version", 0), 0u) << dump(nvfp4);
 }
 
 TEST(BackendCaps, Tcgen05BackendOnSm120) {
@@ -136,7 +140,7 @@ TEST(BackendCaps, SharedMemoryBound) {
 TEST(BackendCaps, ExpertParallelUnsupported) {
   const MoeWorkload w = workload("qwen3-30b-a3b", QuantAlgo::None, 1, 8);
   const Verdict bf16 = verdict("cuda-bf16", w, on("h200"));
-  EXPECT_EQ(bf16.reasons, std::vector<std::string>{"no expert parallelism (ep=8 asked)"}) << dump(bf16);
+  EXPECT_TRUE(has_reason(bf16, "no expert parallelism (ep=8 asked)")) << dump(bf16);
   const MoeWorkload fp4 = workload("qwen3-30b-a3b", QuantAlgo::NVFP4, 1, 8);
   EXPECT_TRUE(verdict("cuda-w4a16", fp4, on("h200")).ok);
   const Verdict cpu = verdict("cpu", fp4, on("h200"));
@@ -180,7 +184,8 @@ TEST(BackendCaps, ModelTooBigForOneGpu) {
 TEST(BackendCaps, AutoPicksW4A16ForNvfp4OnH200) {
   EXPECT_EQ(auto_backend(workload("glm4.5-air", QuantAlgo::NVFP4), on("h200")), "cuda-w4a16");
   EXPECT_EQ(auto_backend(workload("glm4.5-air", QuantAlgo::W4A16_NVFP4), on("h200")), "cuda-w4a16");
-  EXPECT_EQ(auto_backend(workload("tiny-glm4.5-air", QuantAlgo::None), on("h200")), "cuda-bf16");
+  // No BF16 GPU MoE backend is built yet: a BF16 checkpoint falls back to the cpu reference.
+  EXPECT_EQ(auto_backend(workload("tiny-glm4.5-air", QuantAlgo::None), on("h200")), "cpu");
 }
 
 TEST(BackendCaps, AutoFallsBackToCpuWhenNoCudaBackendFits) {
@@ -239,8 +244,8 @@ TEST(BackendCaps, WeightFormatMismatch) {
   EXPECT_EQ(v.reasons,
             std::vector<std::string>{"takes NVFP4 expert weights; the checkpoint's experts are None (bf16)"});
   const Verdict bf16 = verdict("cuda-bf16", workload("tiny-glm4.5-air", QuantAlgo::NVFP4), on("h200"));
-  EXPECT_EQ(bf16.reasons,
-            std::vector<std::string>{"takes BF16 expert weights; the checkpoint's experts are NVFP4"});
+  EXPECT_TRUE(has_reason(bf16, "takes BF16 expert weights; the checkpoint's experts are NVFP4"))
+      << dump(bf16);
   const Verdict fp8 = verdict("cpu", workload("tiny-deepseek-v3", QuantAlgo::FP8), on("h200"));
   EXPECT_TRUE(has_reason(fp8, "takes NVFP4, BF16 expert weights; the checkpoint's experts are FP8"))
       << dump(fp8);

@@ -120,7 +120,7 @@ TEST(CliCheck, NamedBackendRefusedWithItsReasons) {
   EXPECT_TRUE(contains(sm120.out, "needs SM100 or SM103 (tcgen05); this GPU is SM120")) << sm120.out;
   EXPECT_TRUE(contains(sm120.out, "not built in this version")) << sm120.out;
 
-  const RunResult ok = run_tetra("check --preset glm4.5-air --gpu h200 --backend cuda-w4a4");
+  const RunResult ok = run_tetra("check --preset glm4.5-air --gpu h200 --backend cuda-w4a16");
   EXPECT_EQ(ok.code, 0) << ok.out;
 }
 
@@ -142,12 +142,16 @@ TEST(CliCheck, ModelDirectoryReadsTheQuantConfig) {
   EXPECT_EQ(refused.code, 3) << refused.out;
   EXPECT_TRUE(contains(refused.out, "checkpoint is W4A16_NVFP4: no input_scale for W4A4")) << refused.out;
   const fs::path nvfp4 = write_checkpoint("tiny-qwen3-30b-a3b", QuantAlgo::NVFP4);
-  const RunResult runs = run_tetra("check --model " + nvfp4.string() + " --gpu h200 --backend cuda-w4a4");
+  const RunResult runs = run_tetra("check --model " + nvfp4.string() + " --gpu h200 --backend cuda-w4a16");
   EXPECT_EQ(runs.code, 0) << runs.out;
+  const RunResult w4a4 = run_tetra("check --model " + nvfp4.string() + " --gpu h200 --backend cuda-w4a4");
+  EXPECT_EQ(w4a4.code, 3) << w4a4.out;
+  EXPECT_TRUE(contains(w4a4.out, "not built in this version")) << w4a4.out;
+  EXPECT_FALSE(contains(w4a4.out, "no input_scale")) << w4a4.out;
   const fs::path bf16 = write_checkpoint("tiny-qwen3-30b-a3b", QuantAlgo::None);
   const RunResult plain = run_tetra("check --model " + bf16.string() + " --gpu h200");
   EXPECT_EQ(plain.code, 0) << plain.out;
-  EXPECT_TRUE(contains(plain.out, "auto: cuda-bf16")) << plain.out;
+  EXPECT_TRUE(contains(plain.out, "auto: cpu")) << plain.out;
   // Off Hopper the tiny model still runs on the cpu backend.
   const RunResult a100 = run_tetra("check --model " + nvfp4.string() + " --gpu a100");
   EXPECT_EQ(a100.code, 0) << a100.out;
