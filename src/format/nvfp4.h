@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#include "core/float_rn.h"
 #include <string_view>
 
 #include "core/dtype.h"
@@ -31,38 +33,10 @@ inline constexpr float kE4M3MinSubnormal = 1.0f / 512.0f;  // 2^-9, byte 0x01
 inline constexpr float kGlobalScaleDivisor = 2688.0f;      // 6 * 448
 
 // ---- float32 helpers that round the same way on host and device ----------------------------
-TETRA_NVFP4_HD uint32_t f32_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-TETRA_NVFP4_HD float f32_from_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
-TETRA_NVFP4_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-TETRA_NVFP4_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+using fp::f32_bits;
+using fp::f32_from_bits;
+using fp::mul_rn;
+using fp::div_rn;
 TETRA_NVFP4_HD float abs_f32(float x) { return f32_from_bits(f32_bits(x) & 0x7fffffffu); }
 // Max that ignores NaN in `a` (a comparison with NaN is false), the same on both sides.
 TETRA_NVFP4_HD float max_abs_step(float running, float x) {

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/float_rn.h"
+
 #if defined(__CUDACC__)
 #define TETRA_MOE_HD __host__ __device__ __forceinline__
 #else
@@ -21,39 +23,10 @@ namespace tetra::moe::math {
 
 inline constexpr int kLanes = 32;  // warp width; also the CPU's emulated reduction width
 
-TETRA_MOE_HD uint32_t f32_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-TETRA_MOE_HD float f32_from_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
-// A rounded multiply that the compiler may not contract with a following add.
-TETRA_MOE_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-TETRA_MOE_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+using fp::f32_bits;
+using fp::f32_from_bits;
+using fp::mul_rn;
+using fp::div_rn;
 TETRA_MOE_HD bool is_nan_f32(float x) { return (f32_bits(x) & 0x7fffffffu) > 0x7f800000u; }
 
 // exp(x) in float32, within about 1 ulp, bit-identical on host and device.
