@@ -120,32 +120,34 @@ void quantize_weight(const void* src, DType dtype, int64_t rows, int64_t cols, f
   });
 }
 
-void dequantize_weight(const uint8_t* packed, const uint8_t* scales, float s2, int64_t rows,
-                       int64_t cols, float* out) {
-  check_quant_input(DType::F32, rows, cols, "dequantize_weight");
+namespace {
+// Walks the blocks once; `store(i, value)` writes element i in the caller's output type.
+template <typename Store>
+void dequantize_blocks(const uint8_t* packed, const uint8_t* scales, float s2, int64_t rows,
+                       int64_t cols, Store store) {
   const size_t n_blocks = size_t(rows) * size_t(cols / kBlock);
   for (size_t b = 0; b < n_blocks; ++b) {
     const float scale = e4m3_to_float(scales[b]);
     for (int j = 0; j < kBlock / 2; ++j) {
-      const uint8_t byte = packed[b * (kBlock / 2) + size_t(j)];
-      out[b * kBlock + size_t(2 * j)] = dequant_value(byte & 0xf, scale, s2);
-      out[b * kBlock + size_t(2 * j + 1)] = dequant_value(byte >> 4, scale, s2);
+      const uint8_t byte = packed[b * (kBlock / 2) + size_t(j)];  // low nibble = even element
+      store(b * kBlock + size_t(2 * j), dequant_value(byte & 0xf, scale, s2));
+      store(b * kBlock + size_t(2 * j + 1), dequant_value(byte >> 4, scale, s2));
     }
   }
+}
+}  // namespace
+
+void dequantize_weight(const uint8_t* packed, const uint8_t* scales, float s2, int64_t rows,
+                       int64_t cols, float* out) {
+  check_quant_input(DType::F32, rows, cols, "dequantize_weight");
+  dequantize_blocks(packed, scales, s2, rows, cols, [out](size_t i, float v) { out[i] = v; });
 }
 
 void dequantize_weight_bf16(const uint8_t* packed, const uint8_t* scales, float s2, int64_t rows,
                             int64_t cols, uint16_t* out) {
   check_quant_input(DType::F32, rows, cols, "dequantize_weight_bf16");
-  const size_t n_blocks = size_t(rows) * size_t(cols / kBlock);
-  for (size_t b = 0; b < n_blocks; ++b) {
-    const float scale = e4m3_to_float(scales[b]);
-    for (int j = 0; j < kBlock / 2; ++j) {
-      const uint8_t byte = packed[b * (kBlock / 2) + size_t(j)];
-      out[b * kBlock + size_t(2 * j)] = bf16_bits_rne(dequant_value(byte & 0xf, scale, s2));
-      out[b * kBlock + size_t(2 * j + 1)] = bf16_bits_rne(dequant_value(byte >> 4, scale, s2));
-    }
-  }
+  dequantize_blocks(packed, scales, s2, rows, cols,
+                    [out](size_t i, float v) { out[i] = bf16_bits_rne(v); });
 }
 
 void quantize_activation(const void* src, DType dtype, int64_t rows, int64_t cols,
