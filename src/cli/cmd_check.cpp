@@ -95,7 +95,7 @@ int run_check(const CheckOptions& o) {
 
 }  // namespace
 
-void add_check(CLI::App& app) {
+static void add_check(CLI::App& app) {
   auto opts = std::make_shared<CheckOptions>();
   CLI::App* cmd = app.add_subcommand(
       "check",
@@ -128,5 +128,7 @@ void add_check(CLI::App& app) {
     if (code != 0) throw CLI::RuntimeError(code);
   });
 }
+
+static const CommandRegistration kRegistration{"check", 40, &add_check};
 
 }  // namespace tetra::cli

@@ -13,7 +13,7 @@
 
 namespace tetra::cli {
 
-void add_demo(CLI::App& app) {
+static void add_demo(CLI::App& app) {
   auto* cmd = app.add_subcommand("demo", "Make (and cache) a tiny NVFP4 model and show what Tetra "
                                          "sees in it");
   auto cache = std::make_shared<std::string>();
@@ -46,5 +46,7 @@ void add_demo(CLI::App& app) {
                 "timing (the model runtime issue).\n");
   });
 }
+
+static const CommandRegistration kRegistration{"demo", 90, &add_demo};
 
 }  // namespace tetra::cli

@@ -8,7 +8,7 @@
 
 namespace tetra::cli {
 
-void add_inspect(CLI::App& app) {
+static void add_inspect(CLI::App& app) {
   auto* cmd = app.add_subcommand("inspect", "Describe a Hugging Face checkpoint: architecture, "
                                             "quantization, total and active bytes per token");
   auto dir = std::make_shared<std::string>();
@@ -27,5 +27,7 @@ void add_inspect(CLI::App& app) {
                  " problems, listed above)");
   });
 }
+
+static const CommandRegistration kRegistration{"inspect", 10, &add_inspect};
 
 }  // namespace tetra::cli

@@ -8,7 +8,7 @@
 
 namespace tetra::cli {
 
-void add_make_model(CLI::App& app) {
+static void add_make_model(CLI::App& app) {
   auto* cmd = app.add_subcommand("make-model",
                                  "Write a random-weight checkpoint with a real architecture's config");
   struct Args {
@@ -35,5 +35,7 @@ void add_make_model(CLI::App& app) {
                 (long long)r.tensors_written, r.bytes_out / 1e9, a->opt.dtype.c_str(), r.seconds);
   });
 }
+
+static const CommandRegistration kRegistration{"make-model", 30, &add_make_model};
 
 }  // namespace tetra::cli

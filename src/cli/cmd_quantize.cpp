@@ -7,7 +7,7 @@
 
 namespace tetra::cli {
 
-void add_quantize(CLI::App& app) {
+static void add_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "quantize", "Quantize a BF16/FP16/FP32 Hugging Face checkpoint to ModelOpt NVFP4 "
                   "(W4A16_NVFP4: weights only)");
@@ -38,5 +38,7 @@ void add_quantize(CLI::App& app) {
                 r.bytes_in / 1e9 / std::max(r.quantize_seconds, 1e-9));
   });
 }
+
+static const CommandRegistration kRegistration{"quantize", 20, &add_quantize};
 
 }  // namespace tetra::cli

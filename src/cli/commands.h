@@ -1,14 +1,19 @@
-// Each subcommand lives in its own file and registers itself on the root app.
+// Each subcommand lives in its own file and registers itself, so adding a command touches no
+// other file:   static const CommandRegistration kReg{"inspect", 10, &add_inspect};
+// main() adds the registered commands in `order` (the order `tetra --help` lists them).
 // Handlers throw tetra::Error on bad input; main() prints it as one line and exits 1.
 #pragma once
 #include <CLI/CLI.hpp>
 
 namespace tetra::cli {
 
-void add_inspect(CLI::App& app);
-void add_quantize(CLI::App& app);
-void add_make_model(CLI::App& app);
-void add_demo(CLI::App& app);
-void add_check(CLI::App& app);
+using AddCommand = void (*)(CLI::App& app);
+
+struct CommandRegistration {
+  CommandRegistration(const char* name, int order, AddCommand add);
+};
+
+// Calls every registered AddCommand on `app`, lowest order first.
+void add_registered_commands(CLI::App& app);
 
 }  // namespace tetra::cli

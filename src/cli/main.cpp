@@ -10,11 +10,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Tetra: an inference engine for NVFP4 Mixture-of-Experts models", "tetra"};
   app.set_version_flag("--version", std::string("tetra 0.1.0 (") + tetra::git_commit() + ")");
   app.require_subcommand(1);
-  tetra::cli::add_inspect(app);
-  tetra::cli::add_quantize(app);
-  tetra::cli::add_make_model(app);
-  tetra::cli::add_check(app);
-  tetra::cli::add_demo(app);
+  tetra::cli::add_registered_commands(app);
   // CLI11 answers an unknown first word with "a subcommand is required": name it instead.
   std::string names;
   bool known = false;
