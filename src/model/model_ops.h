@@ -1,0 +1,119 @@
+// The backend of the model runtime. The forward pass (model/forward.cpp) is written once
+// against this interface; each backend (CPU reference here: model/cpu_model_ops.*, CUDA in
+// model/cuda/) owns
+//   - its prepared weights (prepare(): the CPU dequantizes to float32, CUDA packs/uploads),
+//   - its activation buffers, one per Buf, each [limits.max_tokens, buf_width(buf)] bf16,
+//   - its paged KV cache storage: per layer k/v [kv_num_blocks, kv_block_size, n_kv, head_dim]
+//     bf16 (runtime/kv_cache.h does the block bookkeeping on the host),
+//   - the logits of the current step, f32 [R, vocab] for the step's logit_rows.
+// Every op works on the first T = step.num_tokens() rows of its buffers (decode: T = S).
+// Ops may run asynchronously (one stream); read_logits and sample return host data and so
+// synchronise. Ops never allocate after prepare() (CUDA graph capture of decode steps).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/model_weights.h"
+#include "model/step_batch.h"
+#include "ops/sampling/sampling.h"
+#include "runtime/kv_cache.h"
+
+namespace tetra::model {
+
+// Named activation buffers, bf16 row-major [max_tokens, width]:
+enum class Buf : int {
+  Residual,  // [T, H] residual stream
+  Normed,    // [T, H] RMSNorm output: attention / MLP input, final hidden state
+  Q,         // [T, n_heads * head_dim]
+  K,         // [T, n_kv_heads * head_dim]
+  V,         // [T, n_kv_heads * head_dim]
+  Attn,      // [T, n_heads * head_dim] attention output (o_proj input)
+  Gate,      // [T, intermediate_size] dense MLP gate, then silu(gate) * up
+  Up,        // [T, intermediate_size] dense MLP up
+  Out,       // [T, H] block output (o_proj, MLP, MoE) before it joins the residual
+  Count
+};
+const char* buf_name(Buf b);
+// Width (elements per row) of a buffer for a model. Gate/Up: intermediate_size (dense layers).
+int64_t buf_width(Buf b, const ModelConfig& c);
+
+// Which of a layer's linears (lm_head has its own op, logits()).
+enum class LinearId { Q, K, V, O, DenseGate, DenseUp, DenseDown };
+const char* linear_id_name(LinearId id);
+// Which RMSNorm weight: per layer Input / PostAttention / QHead / KHead, or the model's Final.
+enum class NormId { Input, PostAttention, QHead, KHead, Final };
+
+class ModelOps {
+ public:
+  virtual ~ModelOps() = default;
+  virtual std::string name() const = 0;  // "cpu", "cuda"
+
+  // Once, before any step: prepares the weights (which may be dropped afterwards: a backend
+  // keeps what it needs) and sizes buffers, KV cache and logits for `limits`. Throws
+  // tetra::Error when the model or limits cannot be served (e.g. MoE backend refused).
+  virtual void prepare(const ModelWeights& weights, const OpsLimits& limits) = 0;
+
+  // Starts a step: takes the step's tokens, positions, slots, cu_seqlens, block tables,
+  // seq_lens and logit rows (already validated by the caller).
+  virtual void begin_step(const StepBatch& step) = 0;
+
+  // out [T, H] = embedding[tokens[t]].
+  virtual void embed(Buf out) = 0;
+  // out [T, H] = rms_norm(in) * w, w = norm `which` of `layer` (layer ignored for Final).
+  virtual void rms_norm(NormId which, int layer, Buf in, Buf out) = 0;
+  // residual [T, H] <- bf16(x + residual); out [T, H] = rms_norm(residual) * w (out may be x).
+  virtual void add_rms_norm(NormId which, int layer, Buf x, Buf residual, Buf out) = 0;
+  // out [T, N] = in [T, K] . W^T (+ bias), W = linear `which` of `layer`, rounded to bf16.
+  virtual void linear(LinearId which, int layer, Buf in, Buf out) = 0;
+  // In place per-head RMSNorm of x ([T, heads, head_dim]; which = QHead on Q, KHead on K).
+  virtual void head_norm(NormId which, int layer, Buf x) = 0;
+  // In place RoPE of q [T, n_heads, head_dim] and k [T, n_kv_heads, head_dim] at the step's
+  // positions: config rope theta, partial rotary factor, NeoX or GPT-J pairing.
+  virtual void rope(Buf q, Buf k) = 0;
+  // Writes k, v [T, n_kv_heads, head_dim] into layer's cache at the step's slots.
+  virtual void write_kv(int layer, Buf k, Buf v) = 0;
+  // Prefill: causal attention of each sequence over its own tokens (cu_seqlens), GQA,
+  // scale head_dim^-0.5. q [T, n_heads, hd], k/v [T, n_kv, hd] -> out [T, n_heads, hd].
+  virtual void prefill_attention(Buf q, Buf k, Buf v, Buf out) = 0;
+  // Decode: each sequence's one query attends to its seq_lens[s] cached tokens of `layer`
+  // (block tables of the step). q [S, n_heads, hd] -> out [S, n_heads, hd].
+  virtual void decode_attention(int layer, Buf q, Buf out) = 0;
+  // out [T, width] = silu(gate) * up (out may be gate).
+  virtual void silu_mul(Buf gate, Buf up, int64_t width, Buf out) = 0;
+  // The whole MoE block of `layer`: route, routed experts, + shared expert.
+  // in [T, H] -> out [T, H].
+  virtual void moe(int layer, Buf in, Buf out) = 0;
+  // logits [R, vocab] f32 = in[logit_rows[r]] . lm_head^T, kept in the backend.
+  virtual void logits(Buf in) = 0;
+  // Copies the step's logits to host: out [R, vocab] f32.
+  virtual void read_logits(float* out) = 0;
+  // Samples one token per logit row: params [R], history rows as in ops/sampling/sampling.h;
+  // tokens [R] int32 on the host.
+  virtual void sample(const ops::SamplingParams* params, const ops::TokenHistory& history,
+                      int32_t* tokens) = 0;
+  // Copy-on-write after a fork: every layer's block src becomes a copy into dst.
+  virtual void copy_kv_blocks(const std::vector<runtime::BlockCopy>& copies) = 0;
+};
+
+// ---- backend registry: backends register themselves, the runtime creates them by name ----
+using ModelOpsFactory = std::unique_ptr<ModelOps> (*)();
+
+// In the backend's .cpp:  static const ModelOpsRegistration kReg{"cuda", &make_cuda_ops};
+// NOTE: tetra_lib is a static archive: an object file nothing references is not linked in,
+// so a backend that only registers itself must also be referenced from the binary (the CPU
+// backend is referenced by the registry itself).
+struct ModelOpsRegistration {
+  ModelOpsRegistration(const char* name, ModelOpsFactory factory);
+};
+
+// "cpu", "cuda", ...: a new backend. "auto": cuda when registered and a GPU is present, else cpu.
+// Unknown or unavailable names throw tetra::Error listing the registered backends.
+std::unique_ptr<ModelOps> make_model_ops(std::string_view name);
+std::vector<std::string> model_ops_names();  // registered backends, sorted
+// The name "auto" resolves to on this machine.
+std::string resolve_model_ops_name(std::string_view name);
+
+}  // namespace tetra::model

@@ -1,0 +1,85 @@
+// A checkpoint's tensors organised the way the forward pass reads them: per layer, as borrowed
+// views into the memory-mapped Checkpoint (zero copy). Loading checks every tensor the GQA
+// architectures (Glm4Moe, Qwen3Moe) need, names the missing or malformed one, and refuses NaN
+// block scales and non-finite global scales. MLA models (GLM-5, DeepSeek-V3) are refused: their
+// attention is not built.
+//
+// Lifetime: every view points into the Checkpoint passed to load(); keep it alive (Model does).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "format/checkpoint.h"
+#include "format/model_config.h"
+#include "format/tensor_view.h"
+#include "moe/router.h"
+
+namespace tetra::model {
+
+// One linear layer y[M, N] = x[M, K] . W^T (+ b), either ModelOpt NVFP4 or high precision.
+struct LinearWeight {
+  std::string module;  // HF module name, e.g. "model.layers.3.self_attn.q_proj"
+  int64_t out_features = 0;  // N
+  int64_t in_features = 0;   // K
+  bool quantized = false;
+  TensorView weight;  // NVFP4: [N, K/2] U8 e2m1 pairs, low nibble = even k; else [N, K] BF16/F16/F32
+  std::optional<TensorView> weight_scale;  // NVFP4 only: [N, K/16] F8_E4M3 block scales, row-major
+  float weight_scale_2 = 1.0f;             // NVFP4 only: per-tensor global scale (finite, > 0)
+  std::optional<float> input_scale;        // NVFP4 (W4A4) only: activation global scale
+  std::optional<TensorView> bias;          // [N] BF16/F16/F32
+};
+
+// silu(gate(x)) * up(x) -> down. gate/up [I, H], down [H, I].
+struct MlpWeights {
+  LinearWeight gate, up, down;
+  int64_t inter() const { return gate.out_features; }  // I
+};
+
+struct AttentionWeights {
+  LinearWeight q;  // [n_heads * head_dim, H]
+  LinearWeight k;  // [n_kv_heads * head_dim, H]
+  LinearWeight v;  // [n_kv_heads * head_dim, H]
+  LinearWeight o;  // [H, n_heads * head_dim]
+  std::optional<TensorView> q_norm;  // [head_dim] per-head RMSNorm weight (use_qk_norm / Qwen3)
+  std::optional<TensorView> k_norm;  // [head_dim]
+};
+
+struct MoeWeights {
+  TensorView router;                          // [E, H] BF16/F16/F32 (mlp.gate.weight)
+  std::optional<TensorView> correction_bias;  // [E] F32 e_score_correction_bias (choice only)
+  moe::RouterParams router_params;            // from the config's routing fields
+  std::vector<MlpWeights> experts;            // [E] routed experts, gate/up [I, H], down [H, I]
+  std::optional<MlpWeights> shared;           // shared expert(s), fused width n_shared * I
+};
+
+struct LayerWeights {
+  int index = 0;
+  TensorView input_norm;           // [H] input_layernorm.weight
+  TensorView post_attention_norm;  // [H] post_attention_layernorm.weight
+  AttentionWeights attn;
+  bool is_moe = false;
+  std::optional<MlpWeights> dense;  // dense layers
+  std::optional<MoeWeights> moe;    // MoE layers
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  TensorView embedding;  // [vocab, H] model.embed_tokens.weight
+  std::vector<LayerWeights> layers;  // [num_layers]
+  TensorView final_norm;  // [H] model.norm.weight
+  // [vocab, H]; with tie_word_embeddings it views the embedding (module "model.embed_tokens").
+  LinearWeight lm_head;
+
+  // Builds the views from a Checkpoint (which must outlive the result). Throws tetra::Error
+  // naming the checkpoint directory and tensor for: an MLA architecture, a missing tensor, a
+  // wrong dtype or shape, a NaN block scale, a non-finite or non-positive global scale.
+  // Runs Checkpoint::validate() first, so shape/dtype errors come as one list.
+  static ModelWeights load(const Checkpoint& ckpt);
+};
+
+// Refuses architectures the model runtime cannot run, with the reason (MLA attention).
+void check_runtime_supports(const ModelConfig& config, const std::string& source_label);
+
+}  // namespace tetra::model

@@ -1,0 +1,115 @@
+// The generation engine: requests in, streamed tokens out. Each step() first prefills every
+// waiting request that fits (one varlen batch, up to max_batch running sequences and the
+// prefill token budget), then runs one decode step for all running requests that did not just
+// prefill. Sampling is per request (ops/sampling/sampling.h); the KV cache is paged
+// (runtime/kv_cache.h bookkeeping, storage in the backend).
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "ops/sampling/sampling.h"
+#include "runtime/kv_cache.h"
+
+namespace tetra::runtime {
+
+struct EngineOptions {
+  std::string backend = "cpu";        // "cpu", "cuda", "auto" (model/model_ops.h registry)
+  std::string moe_backend = "auto";   // MoE runner for the backend
+  int max_batch = 8;                  // running sequences at once
+  int max_context = 2048;             // prompt + generated tokens per sequence
+  int max_prefill_tokens = 0;         // tokens per prefill step; 0: max(max_context, 256)
+  int kv_block_size = 16;
+  int kv_num_blocks = 0;              // 0: enough for max_batch full contexts
+  uint64_t seed = 0;                  // seeds requests that give none (seed 0 in SamplingParams)
+};
+
+enum class FinishReason { None, Length, Stop, Error };
+const char* finish_reason_name(FinishReason r);  // "", "length", "stop", "error"
+
+// One generated token of one request, in the order step() produced them.
+struct TokenEvent {
+  int64_t request = 0;
+  int32_t token = 0;
+  FinishReason finish = FinishReason::None;  // set on the request's last token
+};
+
+struct RequestState {
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;  // generated tokens so far
+  FinishReason finish = FinishReason::None;
+  bool done() const { return finish != FinishReason::None; }
+};
+
+struct EngineStats {
+  int64_t prefill_tokens = 0;
+  double prefill_seconds = 0;
+  int64_t decode_steps = 0;
+  int64_t decode_tokens = 0;  // tokens produced by decode steps (sum of their batch sizes)
+  double decode_seconds = 0;
+  double prefill_tokens_per_s() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0; }
+  double decode_ms_per_step() const { return decode_steps ? 1e3 * decode_seconds / decode_steps : 0; }
+};
+
+class Engine {
+ public:
+  // Loads the checkpoint at `dir` on the chosen backend. Throws tetra::Error for bad input and
+  // unsupported architectures (MLA: GLM-5, DeepSeek-V3).
+  static std::unique_ptr<Engine> load(const std::filesystem::path& dir, const EngineOptions& opt);
+
+  const ModelConfig& config() const { return model_->config(); }
+  const EngineOptions& options() const { return opt_; }
+  std::string backend_name() { return model_->ops().name(); }
+
+  // Queues a request; returns its id. Prompt ids must be in [0, vocab), the prompt non-empty and
+  // prompt + max_new_tokens <= max_context (else tetra::Error). Generation stops after
+  // max_new_tokens (finish "length") or when a token in stop_ids is produced (finish "stop";
+  // the stop token is reported).
+  int64_t add_request(std::vector<int32_t> prompt, const ops::SamplingParams& params,
+                      int max_new_tokens, std::vector<int32_t> stop_ids = {});
+
+  // One scheduling step (a prefill batch and/or one decode step); the tokens it produced.
+  std::vector<TokenEvent> step();
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  // Runs step() until every request is done.
+  void run_to_completion();
+
+  const RequestState& request(int64_t id) const;
+  const EngineStats& stats() const { return stats_; }
+
+  // Test/reference hook: logits of every prompt position plus `decode_steps` greedy decode
+  // steps, for each prompt (prefilled together as one batch, decoded together).
+  // Returns per prompt [len + decode_steps, vocab] f32 row-major, and in *generated (if not
+  // null) per prompt the decode_steps tokens fed back (argmax of the row before). Needs an
+  // idle engine (no running requests); leaves the cache empty.
+  std::vector<std::vector<float>> score(const std::vector<std::vector<int32_t>>& prompts,
+                                        int decode_steps,
+                                        std::vector<std::vector<int32_t>>* generated = nullptr);
+
+ private:
+  struct Running {
+    int64_t id = 0;
+    ops::SamplingParams params;
+    int max_new_tokens = 0;
+    std::vector<int32_t> stop_ids;
+  };
+  Engine() = default;
+  std::vector<TokenEvent> prefill_waiting();
+  std::vector<TokenEvent> decode_running(const std::vector<int64_t>& skip);
+  void finish_if_done(Running& r, TokenEvent& ev);
+
+  EngineOptions opt_;
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<PagedKvCache> cache_;
+  int64_t next_id_ = 1;
+  std::vector<Running> waiting_;
+  std::vector<Running> running_;
+  std::map<int64_t, RequestState> requests_;
+  EngineStats stats_;
+};
+
+}  // namespace tetra::runtime
