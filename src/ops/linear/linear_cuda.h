@@ -1,0 +1,108 @@
+// Dense linear layers on the GPU. Device pointers, one stream, nothing allocates or synchronises
+// in the launchers (CUDA-graph capturable); shapes are checked on the host (tetra::Error).
+//
+// NVFP4 (W4A16): the W4A16 MoE kernels (ops/moe/w4a16_moe.h) run as a one-expert problem:
+//   y[M, N] = x[M, K] . W^T is GEMM2 with "H" = N and "I" = K;
+//   act[M, I] = silu(x . gate^T) * (x . up^T) is GEMM1 with gate/up packed together.
+// The kernels read K in chunks of 64 and write 32 output rows per block: K % 64 == 0 and
+// N % 32 == 0 (gated: I % 16 == 0, i.e. 2I % 32 == 0). Other shapes are refused by name.
+// The row count lives in device memory (the kernels read it there), so a RowCountTable holds
+// 0..max_rows once and each call points into it: no per-call writes, graph-friendly.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "moe/expert_weights.h"
+
+namespace tetra::ops::cuda {
+
+// Device table t[i] = i for i in [0, max_rows]: row_start = &t[0], row_count = &t[M].
+class RowCountTable {
+ public:
+  explicit RowCountTable(int max_rows);
+  ~RowCountTable();
+  RowCountTable(const RowCountTable&) = delete;
+  RowCountTable& operator=(const RowCountTable&) = delete;
+  int max_rows() const { return max_rows_; }
+  const int* zero() const { return table_; }
+  const int* count(int m) const;  // checks 0 <= m <= max_rows
+
+ private:
+  int* table_ = nullptr;  // [max_rows + 1] int32, device
+  int max_rows_ = 0;
+};
+
+// One packed NVFP4 matrix on the device (fragment order, moe/expert_weights.h).
+struct Nvfp4LinearDevice {
+  const uint8_t* w = nullptr;      // [N/16][K/64][32][16] fragment words
+  const uint8_t* s = nullptr;      // [N/16][K/64][32][2] ue5m3 scales
+  const float* alpha = nullptr;    // [1] plain, [2] gated (gate, up): weight_scale_2 * 2^10
+  int n = 0;                       // packed rows (gated: 2I, gate/up tiles interleaved)
+  int k = 0;
+  bool gated = false;
+};
+
+// Why this dense NVFP4 shape cannot run ("" when it can). n = out features (gated: I), k = in.
+std::string nvfp4_linear_unsupported_reason(int n, int k, bool gated);
+
+// Owns the device copy of one packed linear (or of a gate/up pair). Upload is synchronous.
+class Nvfp4LinearBuffer {
+ public:
+  Nvfp4LinearBuffer() = default;
+  explicit Nvfp4LinearBuffer(const Nvfp4MatrixView& w);                            // plain
+  Nvfp4LinearBuffer(const Nvfp4MatrixView& gate, const Nvfp4MatrixView& up);       // gated
+  // Uninitialised storage of a given shape (random-weight benchmarks fill it on the GPU).
+  static Nvfp4LinearBuffer allocate(int n, int k, bool gated);
+  ~Nvfp4LinearBuffer();
+  Nvfp4LinearBuffer(Nvfp4LinearBuffer&& o) noexcept;
+  Nvfp4LinearBuffer& operator=(Nvfp4LinearBuffer&& o) noexcept;
+  Nvfp4LinearBuffer(const Nvfp4LinearBuffer&) = delete;
+  Nvfp4LinearBuffer& operator=(const Nvfp4LinearBuffer&) = delete;
+
+  const Nvfp4LinearDevice& view() const { return view_; }
+  size_t bytes() const { return bytes_; }  // weights + scales + alphas on the device
+  // Mutable pointers for GPU-side fill (random weights).
+  uint8_t* weight_mut() { return const_cast<uint8_t*>(view_.w); }
+  uint8_t* scale_mut() { return const_cast<uint8_t*>(view_.s); }
+  float* alpha_mut() { return const_cast<float*>(view_.alpha); }
+
+ private:
+  void allocate_storage(int n, int k, bool gated);
+  void upload(const PackedNvfp4Matrix& p, const float* alphas, int n_alpha);
+  void* mem_ = nullptr;
+  size_t bytes_ = 0;
+  Nvfp4LinearDevice view_;
+};
+
+// y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T. M <= rows.max_rows().
+cudaError_t linear_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,
+                         const RowCountTable& rows, void* y, DType out_dtype,
+                         cudaStream_t stream);
+
+// act [M, I] bf16 = silu(x . gate^T) * (x . up^T); w gated (n = 2I).
+cudaError_t gate_up_silu_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,
+                               const RowCountTable& rows, uint16_t* act, cudaStream_t stream);
+
+// BF16 linear through cuBLASLt: y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T, W [N, K] bf16.
+// Owns the cuBLASLt handle and a fixed workspace (so capture never allocates); not thread safe.
+class Bf16Linear {
+ public:
+  Bf16Linear();
+  ~Bf16Linear();
+  Bf16Linear(const Bf16Linear&) = delete;
+  Bf16Linear& operator=(const Bf16Linear&) = delete;
+  // Throws tetra::Error on a cuBLASLt failure (cuBLASLt status named).
+  void run(const uint16_t* w, int N, int K, const uint16_t* x, int M, void* y, DType out_dtype,
+           cudaStream_t stream);
+
+ private:
+  void* handle_ = nullptr;     // cublasLtHandle_t
+  void* workspace_ = nullptr;  // device
+  size_t workspace_bytes_ = 0;
+};
+
+}  // namespace tetra::ops::cuda

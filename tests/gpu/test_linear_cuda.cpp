@@ -1,0 +1,255 @@
+// CUDA dense linears and elementwise ops against their CPU twins, fresh random data each case:
+// NVFP4 linear (one-expert W4A16 GEMM, decode and tiled kernels by M), gated gate/up + SiLU,
+// BF16 linear (cuBLASLt), bias add, embedding gather, silu_mul, add. Odd M, outputs poisoned
+// (NaN bytes) before each launch, guard bytes around every output that must survive.
+// Bound: NMSE <= 1e-5 (NMSE = sum (a-b)^2 / sum b^2). Both sides accumulate in float from the
+// same exactly-representable products (E2M1 * E4M3 is exact in bf16), so they differ by the
+// summation order (~1e-7 relative) and by bf16 output rounding flips of 1 ulp (2^-8 relative,
+// rare), far below 1e-5 in NMSE; a wrong tile, row or scale gives NMSE of order 1.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/half.h"
+#include "ops/elementwise/elementwise.h"
+#include "ops/elementwise/elementwise_cuda.h"
+#include "ops/linear/linear.h"
+#include "ops/linear/linear_cuda.h"
+
+namespace tetra::ops {
+namespace {
+
+constexpr unsigned char kGuardByte = 0xA5;
+
+template <typename T>
+class Dev {
+ public:
+  static constexpr size_t kGuard = 64;
+  explicit Dev(size_t n) : n_(n) {
+    TETRA_CUDA_CHECK(cudaMalloc(&base_, bytes_total()));
+    TETRA_CUDA_CHECK(cudaMemset(base_, kGuardByte, bytes_total()));
+  }
+  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
+    TETRA_CUDA_CHECK(cudaMemcpy(ptr(), v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(base_); }
+  T* ptr() { return base_ + kGuard; }
+  void poison() { TETRA_CUDA_CHECK(cudaMemset(ptr(), 0xFF, n_ * sizeof(T))); }
+  std::vector<T> download() {
+    std::vector<T> v(n_);
+    TETRA_CUDA_CHECK(cudaMemcpy(v.data(), ptr(), n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  bool guards_intact() {
+    std::vector<unsigned char> all(bytes_total());
+    TETRA_CUDA_CHECK(cudaMemcpy(all.data(), base_, all.size(), cudaMemcpyDeviceToHost));
+    const size_t g = kGuard * sizeof(T);
+    for (size_t i = 0; i < g; ++i)
+      if (all[i] != kGuardByte || all[all.size() - 1 - i] != kGuardByte) return false;
+    return true;
+  }
+
+ private:
+  size_t bytes_total() const { return (n_ + 2 * kGuard) * sizeof(T); }
+  size_t n_;
+  T* base_ = nullptr;
+};
+
+void sync_ok(cudaError_t e) {
+  TETRA_CUDA_CHECK(e);
+  TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float a) {
+  std::uniform_real_distribution<float> u(-a, a);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(u(rng));
+  return v;
+}
+
+struct HostNvfp4 {
+  std::vector<uint8_t> weight, scale;  // [n, k/2], [n, k/16]
+  Nvfp4MatrixView view;
+};
+HostNvfp4 random_nvfp4(int n, int k, std::mt19937& rng, float s2, const std::string& name) {
+  HostNvfp4 h;
+  h.weight.resize(size_t(n) * k / 2);
+  h.scale.resize(size_t(n) * k / 16);
+  std::uniform_int_distribution<int> byte(0, 255), sc(0x18, 0x40);
+  for (auto& b : h.weight) b = uint8_t(byte(rng));
+  for (auto& b : h.scale) b = uint8_t(sc(rng));
+  h.scale[0] = 0;  // one all-zero block
+  h.view = {h.weight.data(), h.scale.data(), s2, n, k, name};
+  return h;
+}
+
+template <typename G, typename W>
+double nmse(const std::vector<G>& got, const std::vector<W>& want, double (*to_d)(G),
+            double (*to_dw)(W), const std::string& what) {
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = to_d(got[i]), w = to_dw(want[i]);
+    EXPECT_TRUE(std::isfinite(g)) << what << " element " << i;
+    if (!std::isfinite(g)) return 1e30;
+    err += (g - w) * (g - w);
+    ref += w * w;
+  }
+  return ref > 0 ? err / ref : err;
+}
+double from_bf16(uint16_t h) { return bf16_to_float(h); }
+double from_f32(float f) { return f; }
+
+class LinearCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_F(LinearCuda, Nvfp4MatchesCpu) {
+  std::mt19937 rng(21);
+  cuda::RowCountTable rows(1100);
+  struct Shape { int n, k; };
+  for (Shape s : {Shape{32, 64}, Shape{96, 192}, Shape{1024, 4096}, Shape{4096, 1408}})
+    for (int M : {1, 3, 19, 64, 99, 989}) {
+      if (size_t(M) * s.n * s.k > size_t(2) << 30) continue;  // keep the CPU side quick
+      if (M > 99 && s.k > 1408) continue;
+      const std::string what = "N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
+                                " M=" + std::to_string(M);
+      auto w = random_nvfp4(s.n, s.k, rng, 0.013f, "test.q_proj");
+      auto x = random_bf16(size_t(M) * s.k, rng, 2.0f);
+      auto bias = random_bf16(s.n, rng, 0.5f);
+      std::vector<uint16_t> want(size_t(M) * s.n);
+      std::vector<float> want_f(size_t(M) * s.n);
+      linear_nvfp4_cpu(x.data(), M, w.view, bias.data(), want.data(), DType::BF16);
+      linear_nvfp4_cpu(x.data(), M, w.view, nullptr, want_f.data(), DType::F32);
+
+      cuda::Nvfp4LinearBuffer dw(w.view);
+      Dev<uint16_t> dx(x), dy(want.size()), dbias(bias);
+      Dev<float> dyf(want_f.size());
+      dy.poison();
+      dyf.poison();
+      sync_ok(cuda::linear_nvfp4(dw.view(), dx.ptr(), M, rows, dy.ptr(), DType::BF16, nullptr));
+      sync_ok(cuda::add_bias(dy.ptr(), false, M, s.n, dbias.ptr(), nullptr));
+      sync_ok(cuda::linear_nvfp4(dw.view(), dx.ptr(), M, rows, dyf.ptr(), DType::F32, nullptr));
+      EXPECT_LE(nmse(dy.download(), want, from_bf16, from_bf16, what), 1e-5) << what << " bf16+bias";
+      EXPECT_LE(nmse(dyf.download(), want_f, from_f32, from_f32, what), 1e-5) << what << " f32";
+      EXPECT_TRUE(dy.guards_intact()) << what;
+      EXPECT_TRUE(dyf.guards_intact()) << what;
+    }
+}
+
+TEST_F(LinearCuda, GateUpSiluMatchesCpu) {
+  std::mt19937 rng(22);
+  cuda::RowCountTable rows(1000);
+  struct Shape { int i, k; };
+  for (Shape s : {Shape{16, 64}, Shape{64, 128}, Shape{1408, 4096}})
+    for (int M : {1, 7, 33, 99, 989}) {
+      if (M > 99 && s.k > 128) continue;
+      const std::string what = "I=" + std::to_string(s.i) + " K=" + std::to_string(s.k) +
+                                " M=" + std::to_string(M);
+      auto g = random_nvfp4(s.i, s.k, rng, 0.02f, "gate"), u = random_nvfp4(s.i, s.k, rng, 0.03f, "up");
+      auto x = random_bf16(size_t(M) * s.k, rng, 1.0f);
+      std::vector<uint16_t> want(size_t(M) * s.i);
+      gate_up_silu_nvfp4_cpu(x.data(), M, g.view, u.view, want.data());
+      cuda::Nvfp4LinearBuffer dw(g.view, u.view);
+      Dev<uint16_t> dx(x), da(want.size());
+      da.poison();
+      sync_ok(cuda::gate_up_silu_nvfp4(dw.view(), dx.ptr(), M, rows, da.ptr(), nullptr));
+      EXPECT_LE(nmse(da.download(), want, from_bf16, from_bf16, what), 1e-5) << what;
+      EXPECT_TRUE(da.guards_intact()) << what;
+    }
+}
+
+TEST_F(LinearCuda, RefusesUnalignedShapes) {
+  EXPECT_NE(cuda::nvfp4_linear_unsupported_reason(32, 96, false), "");   // K % 64
+  EXPECT_NE(cuda::nvfp4_linear_unsupported_reason(48, 64, false), "");   // N % 32
+  EXPECT_EQ(cuda::nvfp4_linear_unsupported_reason(48, 64, true), "");    // gated: 2I = 96
+  std::mt19937 rng(23);
+  auto w = random_nvfp4(48, 64, rng, 1.0f, "model.layers.0.self_attn.k_proj");
+  try {
+    cuda::Nvfp4LinearBuffer b(w.view);
+    FAIL() << "48 rows accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k_proj"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LinearCuda, Bf16MatchesCpu) {
+  std::mt19937 rng(24);
+  cuda::Bf16Linear lin;
+  struct Shape { int n, k; };
+  for (Shape s : {Shape{8, 64}, Shape{151, 96}, Shape{4096, 1024}})
+    for (int M : {1, 3, 19, 99}) {
+      const std::string what = "N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
+                                " M=" + std::to_string(M);
+      auto w = random_bf16(size_t(s.n) * s.k, rng, 0.1f), x = random_bf16(size_t(M) * s.k, rng, 1.0f);
+      std::vector<uint16_t> want(size_t(M) * s.n);
+      std::vector<float> want_f(want.size());
+      linear_bf16_cpu(x.data(), M, s.k, w.data(), s.n, nullptr, want.data(), DType::BF16);
+      linear_bf16_cpu(x.data(), M, s.k, w.data(), s.n, nullptr, want_f.data(), DType::F32);
+      Dev<uint16_t> dw(w), dx(x), dy(want.size());
+      Dev<float> dyf(want.size());
+      dy.poison();
+      dyf.poison();
+      lin.run(dw.ptr(), s.n, s.k, dx.ptr(), M, dy.ptr(), DType::BF16, nullptr);
+      lin.run(dw.ptr(), s.n, s.k, dx.ptr(), M, dyf.ptr(), DType::F32, nullptr);
+      TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_LE(nmse(dy.download(), want, from_bf16, from_bf16, what), 1e-5) << what;
+      EXPECT_LE(nmse(dyf.download(), want_f, from_f32, from_f32, what), 1e-5) << what;
+      EXPECT_TRUE(dy.guards_intact() && dyf.guards_intact()) << what;
+    }
+}
+
+TEST_F(LinearCuda, ElementwiseMatchCpu) {
+  std::mt19937 rng(25);
+  for (int T : {1, 3, 19, 99}) {
+    const int V = 1000, H = 136, I = 77;
+    auto table = random_bf16(size_t(V) * H, rng, 1.0f);
+    std::vector<int32_t> ids(T);
+    for (auto& id : ids) id = int32_t(rng() % V);
+    std::vector<uint16_t> want(size_t(T) * H);
+    embedding_gather_cpu(table.data(), V, H, ids.data(), T, want.data());
+    Dev<uint16_t> dt(table), dout(want.size());
+    Dev<int32_t> di(ids);
+    dout.poison();
+    sync_ok(cuda::embedding_gather(dt.ptr(), V, H, di.ptr(), T, dout.ptr(), nullptr));
+    EXPECT_EQ(dout.download(), want) << "gather T=" << T;
+    EXPECT_TRUE(dout.guards_intact());
+
+    auto gu = random_bf16(size_t(T) * 2 * I, rng, 4.0f);
+    std::vector<uint16_t> act(size_t(T) * I);
+    silu_mul_cpu(gu.data(), T, I, act.data());
+    Dev<uint16_t> dgu(gu), dact(act.size());
+    dact.poison();
+    sync_ok(cuda::silu_mul(dgu.ptr(), T, I, dact.ptr(), nullptr));
+    EXPECT_LE(nmse(dact.download(), act, from_bf16, from_bf16, "silu_mul"), 1e-5);
+    EXPECT_TRUE(dact.guards_intact());
+
+    auto a = random_bf16(size_t(T) * H, rng, 1.0f), b = random_bf16(a.size(), rng, 1.0f);
+    std::vector<uint16_t> sum(a.size());
+    add_cpu(a.data(), b.data(), int64_t(a.size()), sum.data());
+    Dev<uint16_t> da(a), db(b), ds(a.size());
+    ds.poison();
+    sync_ok(cuda::add(da.ptr(), db.ptr(), int64_t(a.size()), ds.ptr(), nullptr));
+    EXPECT_EQ(ds.download(), sum) << "add is exact float math with one rounding on both sides";
+    EXPECT_TRUE(ds.guards_intact());
+
+    auto bias = random_bf16(H, rng, 1.0f);
+    std::vector<uint16_t> yb = a;
+    add_bias_cpu(yb.data(), T, H, bias.data());
+    Dev<uint16_t> dyb(a), dbias(bias);
+    sync_ok(cuda::add_bias(dyb.ptr(), false, T, H, dbias.ptr(), nullptr));
+    EXPECT_EQ(dyb.download(), yb);
+    EXPECT_TRUE(dyb.guards_intact());
+  }
+}
+
+}  // namespace
+}  // namespace tetra::ops
