@@ -57,7 +57,8 @@ class ModelOps {
   virtual void prepare(const ModelWeights& weights, const OpsLimits& limits) = 0;
 
   // Starts a step: takes the step's tokens, positions, slots, cu_seqlens, block tables,
-  // seq_lens and logit rows (already validated by the caller).
+  // seq_lens and logit rows (already validated by the caller). The step stays alive and
+  // unchanged until the step's last op (a backend may keep a pointer to it).
   virtual void begin_step(const StepBatch& step) = 0;
 
   // out [T, H] = embedding[tokens[t]].

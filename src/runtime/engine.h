@@ -100,6 +100,7 @@ class Engine {
   Engine() = default;
   std::vector<TokenEvent> prefill_waiting();
   std::vector<TokenEvent> decode_running(const std::vector<int64_t>& skip);
+  std::vector<TokenEvent> sample_and_record(const std::vector<Running*>& rows);
   void finish_if_done(Running& r, TokenEvent& ev);
 
   EngineOptions opt_;

@@ -1,0 +1,344 @@
+#include "model/cpu_model_ops.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/parallel.h"
+#include "model/tensor_to_float.h"
+#include "moe/moe_reference.h"
+#include "ops/attention/attention.h"
+#include "ops/norm/rms_norm.h"
+#include "ops/rope/rope.h"
+
+namespace tetra::model {
+namespace {
+
+// A linear prepared for the CPU: float32 weight and bias.
+struct CpuLinear {
+  int64_t n = 0, k = 0;
+  std::vector<float> w;     // [n, k]
+  std::vector<float> bias;  // [n] or empty
+};
+
+CpuLinear prepare_linear(const LinearWeight& lw) {
+  CpuLinear l;
+  l.n = lw.out_features;
+  l.k = lw.in_features;
+  l.w = linear_to_float(lw);
+  if (lw.bias) l.bias = tensor_to_float(*lw.bias);
+  return l;
+}
+
+// One MoE layer: the float32 stacks moe_layer_cpu reads.
+struct CpuMoe {
+  std::vector<float> gate;    // [E, H] router weight
+  std::vector<float> bias;    // [E] correction bias or empty
+  std::vector<float> w13;     // [E, 2I, H] gate rows then up rows per expert
+  std::vector<float> w2;      // [E, H, I]
+  std::vector<float> sw13;    // [1, 2I_s, H] shared expert or empty
+  std::vector<float> sw2;     // [1, H, I_s]
+  moe::MoeLayerF32 layer;     // pointers into the vectors above
+};
+
+// Appends gate then up rows of one MLP to w13 and its down rows to w2.
+void append_mlp(const MlpWeights& m, std::vector<float>& w13, std::vector<float>& w2) {
+  for (const LinearWeight* lw : {&m.gate, &m.up}) {
+    const std::vector<float> f = linear_to_float(*lw);
+    w13.insert(w13.end(), f.begin(), f.end());
+  }
+  const std::vector<float> d = linear_to_float(m.down);
+  w2.insert(w2.end(), d.begin(), d.end());
+}
+
+struct CpuLayer {
+  std::vector<uint16_t> input_norm, post_norm;  // [H] bf16
+  std::vector<uint16_t> q_norm, k_norm;         // [head_dim] bf16 or empty
+  CpuLinear q, k, v, o;
+  CpuLinear gate, up, down;  // dense layers only
+  std::unique_ptr<CpuMoe> moe;
+  std::vector<uint16_t> k_cache, v_cache;  // [num_blocks, block_size, n_kv, head_dim] bf16
+};
+
+class CpuModelOps final : public ModelOps {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  void prepare(const ModelWeights& w, const OpsLimits& lim) override {
+    if (lim.moe_backend != "auto" && lim.moe_backend != "cpu")
+      TETRA_FAIL("the cpu model backend runs its MoE blocks on the cpu; --moe-backend '",
+                 lim.moe_backend, "' needs another backend (use auto or cpu)");
+    TETRA_CHECK(lim.max_tokens > 0 && lim.max_seqs > 0 && lim.kv_block_size > 0 &&
+                lim.kv_num_blocks > 0 && lim.max_blocks_per_seq > 0, "OpsLimits must be positive");
+    c_ = w.config;
+    lim_ = lim;
+    H_ = int(c_.hidden_size);
+    hd_ = int(c_.head_dim);
+    nh_ = int(c_.num_attention_heads);
+    nkv_ = int(c_.num_key_value_heads);
+    embedding_ = tensor_to_bf16(w.embedding);
+    final_norm_ = tensor_to_bf16(w.final_norm);
+    lm_head_ = prepare_linear(w.lm_head);
+    const int64_t cache_elems = int64_t(lim.kv_num_blocks) * lim.kv_block_size * nkv_ * hd_;
+    layers_.clear();
+    layers_.resize(w.layers.size());
+    for (size_t L = 0; L < w.layers.size(); ++L) {
+      const LayerWeights& lw = w.layers[L];
+      CpuLayer& cl = layers_[L];
+      cl.input_norm = tensor_to_bf16(lw.input_norm);
+      cl.post_norm = tensor_to_bf16(lw.post_attention_norm);
+      if (lw.attn.q_norm) cl.q_norm = tensor_to_bf16(*lw.attn.q_norm);
+      if (lw.attn.k_norm) cl.k_norm = tensor_to_bf16(*lw.attn.k_norm);
+      cl.q = prepare_linear(lw.attn.q);
+      cl.k = prepare_linear(lw.attn.k);
+      cl.v = prepare_linear(lw.attn.v);
+      cl.o = prepare_linear(lw.attn.o);
+      if (lw.dense) {
+        cl.gate = prepare_linear(lw.dense->gate);
+        cl.up = prepare_linear(lw.dense->up);
+        cl.down = prepare_linear(lw.dense->down);
+      }
+      if (lw.moe) cl.moe = prepare_moe(*lw.moe);
+      cl.k_cache.assign(size_t(cache_elems), 0);
+      cl.v_cache.assign(size_t(cache_elems), 0);
+    }
+    const int rotary = int(std::lround(double(hd_) * c_.rope.partial_rotary_factor));
+    inv_freq_ = ops::rope_inv_freq(c_.rope.theta, rotary);
+    rope_.head_dim = hd_;
+    rope_.rotary_dim = rotary;
+    rope_.n_q_heads = nh_;
+    rope_.n_k_heads = nkv_;
+    rope_.q_stride = int64_t(nh_) * hd_;
+    rope_.k_stride = int64_t(nkv_) * hd_;
+    rope_.style = c_.rope.interleave ? ops::RopeStyle::GptJ : ops::RopeStyle::NeoX;
+    ops::check_rope_shape(rope_);
+    attn_.n_heads = nh_;
+    attn_.n_kv_heads = nkv_;
+    attn_.head_dim = hd_;
+    attn_.scale = float(1.0 / std::sqrt(double(hd_)));
+    ops::check_attention_shape(attn_);
+    for (int b = 0; b < int(Buf::Count); ++b)
+      bufs_[size_t(b)].assign(size_t(lim.max_tokens) * size_t(buf_width(Buf(b), c_)), 0);
+    logits_.assign(size_t(lim.max_tokens) * size_t(c_.vocab_size), 0.0f);
+  }
+
+  void begin_step(const StepBatch& step) override {
+    step_ = &step;
+    T_ = step.num_tokens();
+  }
+
+  void embed(Buf out) override {
+    uint16_t* o = buf(out);
+    for (int t = 0; t < T_; ++t)
+      std::memcpy(o + size_t(t) * H_, embedding_.data() + size_t(step_->tokens[size_t(t)]) * H_,
+                  size_t(H_) * 2);
+  }
+
+  void rms_norm(NormId which, int layer, Buf in, Buf out) override {
+    ops::rms_norm_cpu(buf(in), norm_weight(which, layer), T_, H_, eps(), buf(out));
+  }
+
+  void add_rms_norm(NormId which, int layer, Buf x, Buf residual, Buf out) override {
+    ops::fused_add_rms_norm_cpu(buf(x), buf(residual), norm_weight(which, layer), T_, H_, eps(),
+                                buf(out));
+  }
+
+  void linear(LinearId which, int layer, Buf in, Buf out) override {
+    const CpuLinear& l = get_linear(which, layer);
+    TETRA_CHECK(l.n > 0, "layer ", layer, " has no ", linear_id_name(which));
+    TETRA_CHECK_LE(l.k, buf_width(in, c_), "input buffer ", buf_name(in), " too narrow");
+    TETRA_CHECK_LE(l.n, buf_width(out, c_), "output buffer ", buf_name(out), " too narrow");
+    matmul_bf16(buf(in), buf_width(in, c_), l, buf(out), buf_width(out, c_));
+  }
+
+  void head_norm(NormId which, int layer, Buf x) override {
+    const bool q = which == NormId::QHead;
+    TETRA_CHECK(q || which == NormId::KHead, "head_norm takes QHead or KHead");
+    const std::vector<uint16_t>& w = q ? layers_[size_t(layer)].q_norm : layers_[size_t(layer)].k_norm;
+    TETRA_CHECK(!w.empty(), "layer ", layer, " has no q/k norm");
+    const int heads = q ? nh_ : nkv_;
+    ops::head_rms_norm_cpu(buf(x), T_, heads, hd_, int64_t(heads) * hd_, w.data(), eps());
+  }
+
+  void rope(Buf q, Buf k) override {
+    ops::apply_rope_cpu(buf(q), buf(k), step_->positions.data(), T_, inv_freq_.data(), rope_);
+  }
+
+  void write_kv(int layer, Buf k, Buf v) override {
+    CpuLayer& l = layers_[size_t(layer)];
+    ops::write_kv_cache_cpu(buf(k), buf(v), step_->slots.data(), T_, attn_, lim_.kv_num_blocks,
+                            lim_.kv_block_size, l.k_cache.data(), l.v_cache.data());
+  }
+
+  void prefill_attention(Buf q, Buf k, Buf v, Buf out) override {
+    ops::prefill_attention_cpu(buf(q), buf(k), buf(v), step_->cu_seqlens.data(),
+                               step_->num_seqs(), attn_, buf(out));
+  }
+
+  void decode_attention(int layer, Buf q, Buf out) override {
+    const CpuLayer& l = layers_[size_t(layer)];
+    ops::PagedKv kv;
+    kv.k_cache = l.k_cache.data();
+    kv.v_cache = l.v_cache.data();
+    kv.block_tables = step_->block_tables.data();
+    kv.seq_lens = step_->seq_lens.data();
+    kv.num_blocks = lim_.kv_num_blocks;
+    kv.block_size = lim_.kv_block_size;
+    kv.max_blocks_per_seq = step_->max_blocks_per_seq;
+    ops::paged_decode_attention_cpu(buf(q), kv, step_->num_seqs(), attn_, buf(out));
+  }
+
+  void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
+    const int64_t gw = buf_width(gate, c_), uw = buf_width(up, c_), ow = buf_width(out, c_);
+    TETRA_CHECK(width <= gw && width <= uw && width <= ow, "silu_mul width ", width, " too wide");
+    const uint16_t* g = buf(gate);
+    const uint16_t* u = buf(up);
+    uint16_t* o = buf(out);
+    for (int t = 0; t < T_; ++t)
+      for (int64_t i = 0; i < width; ++i) {
+        const float a = bf16_to_float(g[t * gw + i]);
+        const float b = bf16_to_float(u[t * uw + i]);
+        o[t * ow + i] = float_to_bf16(a / (1.0f + std::exp(-a)) * b);
+      }
+  }
+
+  void moe(int layer, Buf in, Buf out) override {
+    const CpuMoe* m = layers_[size_t(layer)].moe.get();
+    TETRA_CHECK(m != nullptr, "layer ", layer, " is not a MoE layer");
+    std::vector<float> x(size_t(T_) * H_), y(size_t(T_) * H_);  // [T, H]
+    const uint16_t* src = buf(in);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(src[i]);
+    moe::moe_layer_cpu(x.data(), T_, m->layer, y.data());
+    uint16_t* dst = buf(out);
+    for (size_t i = 0; i < y.size(); ++i) dst[i] = float_to_bf16(y[i]);
+  }
+
+  void logits(Buf in) override {
+    const int R = step_->num_logit_rows();
+    const int64_t K = lm_head_.k, iw = buf_width(in, c_);
+    std::vector<float> x(size_t(R) * K);  // [R, K] selected rows
+    const uint16_t* src = buf(in);
+    for (int r = 0; r < R; ++r)
+      for (int64_t k = 0; k < K; ++k)
+        x[size_t(r) * K + k] = bf16_to_float(src[step_->logit_rows[size_t(r)] * iw + k]);
+    matmul_f32(x.data(), R, lm_head_, logits_.data());
+  }
+
+  void read_logits(float* out) override {
+    std::memcpy(out, logits_.data(),
+                size_t(step_->num_logit_rows()) * size_t(c_.vocab_size) * sizeof(float));
+  }
+
+  void sample(const ops::SamplingParams* params, const ops::TokenHistory& history,
+              int32_t* tokens) override {
+    ops::sample_cpu(logits_.data(), step_->num_logit_rows(), int(c_.vocab_size), params, history,
+                    tokens);
+  }
+
+  void copy_kv_blocks(const std::vector<runtime::BlockCopy>& copies) override {
+    if (copies.empty()) return;
+    std::vector<int32_t> pairs;  // [n, 2] (src, dst)
+    for (const runtime::BlockCopy& c : copies) {
+      pairs.push_back(c.src);
+      pairs.push_back(c.dst);
+    }
+    const int64_t block_elems = int64_t(lim_.kv_block_size) * nkv_ * hd_;
+    for (CpuLayer& l : layers_)
+      ops::copy_kv_blocks_cpu(l.k_cache.data(), l.v_cache.data(), pairs.data(), int(copies.size()),
+                              lim_.kv_num_blocks, block_elems);
+  }
+
+ private:
+  std::unique_ptr<CpuMoe> prepare_moe(const MoeWeights& mw) {
+    auto m = std::make_unique<CpuMoe>();
+    m->gate = tensor_to_float(mw.router);
+    if (mw.correction_bias) m->bias = tensor_to_float(*mw.correction_bias);
+    for (const MlpWeights& e : mw.experts) append_mlp(e, m->w13, m->w2);
+    if (mw.shared) append_mlp(*mw.shared, m->sw13, m->sw2);
+    moe::MoeLayerF32& L = m->layer;
+    L.gate = m->gate.data();
+    L.bias = m->bias.empty() ? nullptr : m->bias.data();
+    L.router = mw.router_params;
+    L.experts = {m->w13.data(), m->w2.data(), int(mw.experts.size()), H_,
+                 int(mw.experts.front().inter())};
+    if (mw.shared) L.shared = {m->sw13.data(), m->sw2.data(), 1, H_, int(mw.shared->inter())};
+    return m;
+  }
+
+  const CpuLinear& get_linear(LinearId which, int layer) const {
+    const CpuLayer& l = layers_.at(size_t(layer));
+    switch (which) {
+      case LinearId::Q: return l.q;
+      case LinearId::K: return l.k;
+      case LinearId::V: return l.v;
+      case LinearId::O: return l.o;
+      case LinearId::DenseGate: return l.gate;
+      case LinearId::DenseUp: return l.up;
+      case LinearId::DenseDown: return l.down;
+    }
+    TETRA_FAIL("unknown linear");
+  }
+
+  const uint16_t* norm_weight(NormId which, int layer) const {
+    switch (which) {
+      case NormId::Input: return layers_.at(size_t(layer)).input_norm.data();
+      case NormId::PostAttention: return layers_.at(size_t(layer)).post_norm.data();
+      case NormId::Final: return final_norm_.data();
+      default: TETRA_FAIL("rms_norm takes Input, PostAttention or Final (head norms: head_norm)");
+    }
+  }
+
+  // y [T, n] (row stride ys) = bf16(x [T, k] (row stride xs) . W^T + b).
+  void matmul_bf16(const uint16_t* x, int64_t xs, const CpuLinear& l, uint16_t* y, int64_t ys) {
+    std::vector<float> xf(size_t(T_) * l.k);  // [T, k]
+    for (int t = 0; t < T_; ++t)
+      for (int64_t i = 0; i < l.k; ++i) xf[size_t(t * l.k + i)] = bf16_to_float(x[t * xs + i]);
+    std::vector<float> yf(size_t(T_) * l.n);  // [T, n]
+    matmul_f32(xf.data(), T_, l, yf.data());
+    for (int t = 0; t < T_; ++t)
+      for (int64_t j = 0; j < l.n; ++j) y[t * ys + j] = float_to_bf16(yf[size_t(t * l.n + j)]);
+  }
+
+  // y [rows, n] = x [rows, k] . W^T + b, float32, parallel over output features.
+  static void matmul_f32(const float* x, int rows, const CpuLinear& l, float* y) {
+    const int64_t per_feature = std::max<int64_t>(1, int64_t(rows) * l.k);
+    parallel_for(l.n, std::max<int64_t>(1, 200000 / per_feature), [&](int64_t n0, int64_t n1) {
+      for (int r = 0; r < rows; ++r) {
+        const float* xr = x + size_t(r) * l.k;
+        for (int64_t j = n0; j < n1; ++j) {
+          const float* wr = l.w.data() + size_t(j) * l.k;
+          float acc = 0.0f;
+          for (int64_t i = 0; i < l.k; ++i) acc += xr[i] * wr[i];
+          y[size_t(r) * l.n + j] = acc + (l.bias.empty() ? 0.0f : l.bias[size_t(j)]);
+        }
+      }
+    });
+  }
+
+  uint16_t* buf(Buf b) { return bufs_[size_t(b)].data(); }
+  float eps() const { return float(c_.rms_norm_eps); }
+
+  ModelConfig c_;
+  OpsLimits lim_;
+  int H_ = 0, hd_ = 0, nh_ = 0, nkv_ = 0;
+  std::vector<uint16_t> embedding_;   // [vocab, H] bf16
+  std::vector<uint16_t> final_norm_;  // [H] bf16
+  CpuLinear lm_head_;                 // [vocab, H]
+  std::vector<CpuLayer> layers_;
+  std::vector<float> inv_freq_;       // [rotary_dim / 2]
+  ops::RopeShape rope_;
+  ops::AttentionShape attn_;
+  std::array<std::vector<uint16_t>, size_t(Buf::Count)> bufs_;  // each [max_tokens, width] bf16
+  std::vector<float> logits_;         // [max_tokens, vocab] f32, first R rows valid
+  const StepBatch* step_ = nullptr;
+  int T_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<ModelOps> make_cpu_model_ops() { return std::make_unique<CpuModelOps>(); }
+
+}  // namespace tetra::model

@@ -1,0 +1,15 @@
+// The CPU backend of the model runtime: the reference every other backend is compared with.
+// Weights are dequantized to float32 once (NVFP4 through format/nvfp4.h), activations are bf16
+// between ops like on the GPU, every op computes in float32 and rounds its output to bf16 once
+// (logits stay float32). The MoE block runs the float32 reference layer (moe/moe_reference.h).
+// Slow on purpose: plain loops, parallel over output features for the linears.
+#pragma once
+#include <memory>
+
+#include "model/model_ops.h"
+
+namespace tetra::model {
+
+std::unique_ptr<ModelOps> make_cpu_model_ops();
+
+}  // namespace tetra::model

@@ -1,0 +1,102 @@
+// Buffer names/widths and the backend registry.
+#include "model/model_ops.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "model/cpu_model_ops.h"
+
+namespace tetra::model {
+
+const char* buf_name(Buf b) {
+  switch (b) {
+    case Buf::Residual: return "residual";
+    case Buf::Normed: return "normed";
+    case Buf::Q: return "q";
+    case Buf::K: return "k";
+    case Buf::V: return "v";
+    case Buf::Attn: return "attn";
+    case Buf::Gate: return "gate";
+    case Buf::Up: return "up";
+    case Buf::Out: return "out";
+    case Buf::Count: break;
+  }
+  return "?";
+}
+
+int64_t buf_width(Buf b, const ModelConfig& c) {
+  switch (b) {
+    case Buf::Residual:
+    case Buf::Normed:
+    case Buf::Out: return c.hidden_size;
+    case Buf::Q:
+    case Buf::Attn: return c.num_attention_heads * c.head_dim;
+    case Buf::K:
+    case Buf::V: return c.num_key_value_heads * c.head_dim;
+    case Buf::Gate:
+    case Buf::Up: return c.intermediate_size;
+    case Buf::Count: break;
+  }
+  TETRA_FAIL("buf_width: not a buffer");
+}
+
+const char* linear_id_name(LinearId id) {
+  switch (id) {
+    case LinearId::Q: return "q_proj";
+    case LinearId::K: return "k_proj";
+    case LinearId::V: return "v_proj";
+    case LinearId::O: return "o_proj";
+    case LinearId::DenseGate: return "mlp.gate_proj";
+    case LinearId::DenseUp: return "mlp.up_proj";
+    case LinearId::DenseDown: return "mlp.down_proj";
+  }
+  return "?";
+}
+
+namespace {
+
+std::map<std::string, ModelOpsFactory>& registry() {
+  // The CPU reference is always there: it is named here, so it is always linked.
+  static std::map<std::string, ModelOpsFactory> r = {{"cpu", &make_cpu_model_ops}};
+  return r;
+}
+
+std::string names_list() {
+  std::string s;
+  for (const std::string& n : model_ops_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+}  // namespace
+
+ModelOpsRegistration::ModelOpsRegistration(const char* name, ModelOpsFactory factory) {
+  registry()[name] = factory;
+}
+
+std::vector<std::string> model_ops_names() {
+  std::vector<std::string> out;
+  for (const auto& [n, f] : registry()) out.push_back(n);
+  return out;
+}
+
+std::string resolve_model_ops_name(std::string_view name) {
+  if (name != "auto") return std::string(name);
+  return registry().count("cuda") && cuda_available() ? "cuda" : "cpu";
+}
+
+std::unique_ptr<ModelOps> make_model_ops(std::string_view name) {
+  const std::string resolved = resolve_model_ops_name(name);
+  const auto it = registry().find(resolved);
+  if (it == registry().end()) {
+    if (resolved == "cuda")
+      TETRA_FAIL("backend 'cuda' is not built into this binary; available backends: ", names_list());
+    TETRA_FAIL("unknown backend '", resolved, "'; available: auto, ", names_list());
+  }
+  if (resolved == "cuda" && !cuda_available())
+    TETRA_FAIL("backend 'cuda' needs a CUDA GPU and none is available on this machine");
+  return it->second();
+}
+
+}  // namespace tetra::model

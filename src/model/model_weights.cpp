@@ -1,0 +1,162 @@
+#include "model/model_weights.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace tetra::model {
+namespace {
+
+// A 0-d or [1] F32 tensor's value.
+float read_f32_scalar(const TensorView& v, const std::string& where) {
+  if (v.dtype != DType::F32 || v.nbytes != 4)
+    TETRA_FAIL("tensor ", v.name, " in ", where, " must be one F32 value, got ", dtype_name(v.dtype),
+               " with ", v.nbytes, " bytes");
+  float f;
+  std::memcpy(&f, v.data, 4);
+  return f;
+}
+
+class Loader {
+ public:
+  explicit Loader(const Checkpoint& ck) : ck_(ck), where_(ck.dir().string()) {}
+
+  TensorView tensor(const std::string& name) const {
+    if (!ck_.tensors().contains(name))
+      TETRA_FAIL("checkpoint ", where_, " has no tensor ", name);
+    return ck_.tensors().view(name);
+  }
+  std::optional<TensorView> optional_tensor(const std::string& name) const {
+    if (!ck_.tensors().contains(name)) return std::nullopt;
+    return ck_.tensors().view(name);
+  }
+
+  LinearWeight linear(const std::string& module) const {
+    const LinearTensors t = ck_.linear(module);
+    LinearWeight w;
+    w.module = module;
+    w.out_features = t.spec->out_features;
+    w.in_features = t.spec->in_features;
+    w.quantized = t.quantized;
+    w.weight = t.weight;
+    w.bias = t.bias;
+    if (t.spec->bias && !t.bias) TETRA_FAIL("checkpoint ", where_, " has no tensor ", module, ".bias");
+    if (!t.quantized) {
+      if (!is_float_dtype(t.weight.dtype))
+        TETRA_FAIL("tensor ", t.weight.name, " in ", where_, " has dtype ", dtype_name(t.weight.dtype),
+                   ", expected BF16, F16 or F32 (or U8 with weight_scale for NVFP4)");
+      return w;
+    }
+    ck_.check_scales_finite(t);
+    w.weight_scale = t.weight_scale;
+    w.weight_scale_2 = read_f32_scalar(*t.weight_scale_2, where_);
+    if (!std::isfinite(w.weight_scale_2) || w.weight_scale_2 <= 0.0f)
+      TETRA_FAIL("tensor ", t.weight_scale_2->name, " in ", where_, " is ", w.weight_scale_2,
+                 "; a global scale must be finite and > 0");
+    if (t.input_scale) {
+      const float s = read_f32_scalar(*t.input_scale, where_);
+      if (!std::isfinite(s) || s <= 0.0f)
+        TETRA_FAIL("tensor ", t.input_scale->name, " in ", where_, " is ", s,
+                   "; an input scale must be finite and > 0");
+      w.input_scale = s;
+    }
+    return w;
+  }
+
+  MlpWeights mlp(const std::string& prefix) const {
+    return MlpWeights{linear(prefix + "gate_proj"), linear(prefix + "up_proj"),
+                      linear(prefix + "down_proj")};
+  }
+
+ private:
+  const Checkpoint& ck_;
+  std::string where_;
+};
+
+moe::RouterParams router_params(const ModelConfig& c) {
+  moe::RouterParams p;
+  p.scoring = c.routing.scoring == RouterScoring::Sigmoid ? moe::Scoring::Sigmoid
+                                                          : moe::Scoring::Softmax;
+  p.num_experts = int(c.n_routed_experts);
+  p.top_k = int(c.num_experts_per_tok);
+  p.n_group = int(c.routing.n_group);
+  p.topk_group = int(c.routing.topk_group);
+  p.norm_topk_prob = c.routing.norm_topk_prob;
+  p.routed_scaling_factor = float(c.routing.routed_scaling_factor);
+  moe::validate_router_params(p);
+  return p;
+}
+
+}  // namespace
+
+void check_runtime_supports(const ModelConfig& c, const std::string& source_label) {
+  if (c.attention == AttentionKind::MLA)
+    TETRA_FAIL(source_label, ": ", arch_hf_name(c.arch),
+               " uses MLA attention, which the Tetra model runtime does not run yet; runnable "
+               "architectures: Glm4MoeForCausalLM, Qwen3MoeForCausalLM");
+  if (c.rope.type != "default")
+    TETRA_FAIL(source_label, ": RoPE type '", c.rope.type,
+               "' is not implemented in the model runtime (only 'default')");
+  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
+    TETRA_FAIL(source_label, ": num_attention_heads (", c.num_attention_heads,
+               ") must be a multiple of num_key_value_heads (", c.num_key_value_heads, ")");
+}
+
+ModelWeights ModelWeights::load(const Checkpoint& ck) {
+  const ModelConfig& c = ck.config();
+  check_runtime_supports(c, ck.dir().string());
+  ck.validate();
+  const Loader ld(ck);
+  ModelWeights w;
+  w.config = c;
+  w.embedding = ld.tensor("model.embed_tokens.weight");
+  w.final_norm = ld.tensor("model.norm.weight");
+  if (c.tie_word_embeddings) {
+    w.lm_head.module = "model.embed_tokens";
+    w.lm_head.out_features = c.vocab_size;
+    w.lm_head.in_features = c.hidden_size;
+    w.lm_head.weight = w.embedding;
+  } else {
+    w.lm_head = ld.linear("lm_head");
+  }
+  for (int L = 0; L < int(c.num_layers); ++L) {
+    const std::string p = "model.layers." + std::to_string(L) + ".";
+    LayerWeights lw;
+    lw.index = L;
+    lw.input_norm = ld.tensor(p + "input_layernorm.weight");
+    lw.post_attention_norm = ld.tensor(p + "post_attention_layernorm.weight");
+    const std::string a = p + "self_attn.";
+    lw.attn.q = ld.linear(a + "q_proj");
+    lw.attn.k = ld.linear(a + "k_proj");
+    lw.attn.v = ld.linear(a + "v_proj");
+    lw.attn.o = ld.linear(a + "o_proj");
+    if (c.use_qk_norm) {
+      lw.attn.q_norm = ld.tensor(a + "q_norm.weight");
+      lw.attn.k_norm = ld.tensor(a + "k_norm.weight");
+    }
+    lw.is_moe = c.layer_is_moe[size_t(L)];
+    if (!lw.is_moe) {
+      lw.dense = ld.mlp(p + "mlp.");
+    } else {
+      MoeWeights m;
+      m.router = ld.tensor(p + "mlp.gate.weight");
+      if (c.routing.has_correction_bias) {
+        m.correction_bias = ld.tensor(p + "mlp.gate.e_score_correction_bias");
+        if (m.correction_bias->dtype != DType::F32)
+          TETRA_FAIL("tensor ", m.correction_bias->name, " in ", ck.dir().string(),
+                     " must be F32, got ", dtype_name(m.correction_bias->dtype));
+      }
+      m.router_params = router_params(c);
+      m.experts.reserve(size_t(c.n_routed_experts));
+      for (int e = 0; e < int(c.n_routed_experts); ++e)
+        m.experts.push_back(ld.mlp(p + "mlp.experts." + std::to_string(e) + "."));
+      if (c.n_shared_experts > 0) m.shared = ld.mlp(p + "mlp.shared_experts.");
+      lw.moe = std::move(m);
+    }
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+}  // namespace tetra::model

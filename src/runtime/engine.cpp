@@ -1,0 +1,326 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+
+#include "core/error.h"
+
+namespace tetra::runtime {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Row-wise argmax, lowest id on ties (greedy, as the sampler's temperature <= 0 path).
+int32_t argmax_row(const float* row, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (row[i] > row[best]) best = i;
+  return int32_t(best);
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::None: return "";
+    case FinishReason::Length: return "length";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Error: return "error";
+  }
+  return "?";
+}
+
+std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const EngineOptions& opt) {
+  if (opt.max_batch < 1) TETRA_FAIL("max_batch must be at least 1 (got ", opt.max_batch, ")");
+  if (opt.max_context < 2) TETRA_FAIL("max_context must be at least 2 (got ", opt.max_context, ")");
+  if (opt.kv_block_size < 1) TETRA_FAIL("kv_block_size must be at least 1");
+  std::unique_ptr<Engine> e(new Engine());
+  e->opt_ = opt;
+  if (e->opt_.max_prefill_tokens <= 0) e->opt_.max_prefill_tokens = std::max(opt.max_context, 256);
+  const int blocks_per_seq = ceil_div(opt.max_context, opt.kv_block_size);
+  if (e->opt_.kv_num_blocks <= 0) e->opt_.kv_num_blocks = opt.max_batch * blocks_per_seq;
+  model::ModelOptions mo;
+  mo.backend = opt.backend;
+  mo.limits.max_tokens = std::max(e->opt_.max_prefill_tokens, opt.max_batch);
+  mo.limits.max_seqs = opt.max_batch;
+  mo.limits.kv_block_size = opt.kv_block_size;
+  mo.limits.kv_num_blocks = e->opt_.kv_num_blocks;
+  mo.limits.max_blocks_per_seq = blocks_per_seq;
+  mo.limits.moe_backend = opt.moe_backend;
+  e->model_ = model::Model::load(dir, mo);
+  e->cache_ = std::make_unique<PagedKvCache>(e->opt_.kv_num_blocks, opt.kv_block_size);
+  return e;
+}
+
+int64_t Engine::add_request(std::vector<int32_t> prompt, const ops::SamplingParams& params,
+                            int max_new_tokens, std::vector<int32_t> stop_ids) {
+  const int64_t vocab = config().vocab_size;
+  if (prompt.empty()) TETRA_FAIL("a request needs at least one prompt token");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= vocab) TETRA_FAIL("prompt token id ", t, " is outside the vocabulary [0, ", vocab, ")");
+  for (int32_t t : stop_ids)
+    if (t < 0 || t >= vocab) TETRA_FAIL("stop token id ", t, " is outside the vocabulary [0, ", vocab, ")");
+  if (max_new_tokens < 1) TETRA_FAIL("max_new_tokens must be at least 1 (got ", max_new_tokens, ")");
+  if (int64_t(prompt.size()) + max_new_tokens > opt_.max_context)
+    TETRA_FAIL("prompt (", prompt.size(), " tokens) + max_new_tokens (", max_new_tokens,
+               ") exceeds the context limit ", opt_.max_context);
+  if (int(prompt.size()) > opt_.max_prefill_tokens)
+    TETRA_FAIL("prompt (", prompt.size(), " tokens) exceeds the prefill budget ", opt_.max_prefill_tokens);
+  ops::check_sampling_params(params, 0);
+  Running r;
+  r.id = next_id_++;
+  r.params = params;
+  // Unseeded requests get distinct seeds derived from the engine seed.
+  if (r.params.seed == 0) r.params.seed = opt_.seed * 0x9E3779B97F4A7C15ull + uint64_t(r.id);
+  r.max_new_tokens = max_new_tokens;
+  r.stop_ids = std::move(stop_ids);
+  requests_[r.id].prompt = std::move(prompt);
+  waiting_.push_back(std::move(r));
+  return waiting_.back().id;
+}
+
+const RequestState& Engine::request(int64_t id) const {
+  const auto it = requests_.find(id);
+  if (it == requests_.end()) TETRA_FAIL("no request with id ", id);
+  return it->second;
+}
+
+void Engine::finish_if_done(Running& r, TokenEvent& ev) {
+  RequestState& st = requests_[r.id];
+  if (std::find(r.stop_ids.begin(), r.stop_ids.end(), ev.token) != r.stop_ids.end())
+    st.finish = FinishReason::Stop;
+  else if (int(st.output.size()) >= r.max_new_tokens)
+    st.finish = FinishReason::Length;
+  ev.finish = st.finish;
+}
+
+// Samples one token for each of `rows` (in logit-row order) and records it.
+std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& rows) {
+  const int R = int(rows.size());
+  std::vector<ops::SamplingParams> params(static_cast<size_t>(R));
+  std::vector<int32_t> prompt_tokens, prompt_off{0}, out_tokens, out_off{0};
+  for (int i = 0; i < R; ++i) {
+    const RequestState& st = requests_[rows[size_t(i)]->id];
+    params[size_t(i)] = rows[size_t(i)]->params;
+    params[size_t(i)].step = st.output.size();
+    prompt_tokens.insert(prompt_tokens.end(), st.prompt.begin(), st.prompt.end());
+    prompt_off.push_back(int32_t(prompt_tokens.size()));
+    out_tokens.insert(out_tokens.end(), st.output.begin(), st.output.end());
+    out_off.push_back(int32_t(out_tokens.size()));
+  }
+  ops::TokenHistory hist{prompt_tokens.data(), prompt_off.data(), out_tokens.data(), out_off.data()};
+  std::vector<int32_t> tokens(static_cast<size_t>(R));
+  model_->ops().sample(params.data(), hist, tokens.data());
+  std::vector<TokenEvent> events;
+  for (int i = 0; i < R; ++i) {
+    Running& r = *rows[size_t(i)];
+    TokenEvent ev{r.id, tokens[size_t(i)], FinishReason::None};
+    RequestState& st = requests_[r.id];
+    if (ev.token < 0) {  // nothing drawable (all logits NaN/-inf): end the request
+      st.finish = FinishReason::Error;
+      ev.finish = FinishReason::Error;
+    } else {
+      st.output.push_back(ev.token);
+      finish_if_done(r, ev);
+    }
+    events.push_back(ev);
+  }
+  return events;
+}
+
+std::vector<TokenEvent> Engine::prefill_waiting() {
+  model::StepBatch b;
+  b.kind = model::StepKind::Prefill;
+  b.cu_seqlens = {0};
+  std::vector<Running> admitted;
+  while (!waiting_.empty() && int(running_.size() + admitted.size()) < opt_.max_batch) {
+    Running& r = waiting_.front();
+    const std::vector<int32_t>& prompt = requests_[r.id].prompt;
+    const int n = int(prompt.size());
+    if (b.num_tokens() + n > opt_.max_prefill_tokens) break;
+    // Reserve the whole context up front so decode never runs out of blocks mid-request.
+    const int need = ceil_div(n + r.max_new_tokens, opt_.kv_block_size);
+    int reserved = 0;
+    for (const Running& a : admitted)
+      reserved += ceil_div(int(requests_[a.id].prompt.size()) + a.max_new_tokens, opt_.kv_block_size);
+    for (const Running& a : running_)
+      reserved += ceil_div(int(requests_[a.id].prompt.size()) + a.max_new_tokens, opt_.kv_block_size) -
+                  int(cache_->block_table(a.id).size());
+    if (need > cache_->free_blocks() - reserved) break;
+    cache_->add_sequence(r.id);
+    std::vector<BlockCopy> copies;
+    const std::vector<int64_t> slots = cache_->append(r.id, n, &copies);
+    for (int i = 0; i < n; ++i) {
+      b.tokens.push_back(prompt[size_t(i)]);
+      b.positions.push_back(i);
+      b.slots.push_back(slots[size_t(i)]);
+    }
+    b.cu_seqlens.push_back(b.num_tokens());
+    b.logit_rows.push_back(b.num_tokens() - 1);
+    admitted.push_back(std::move(r));
+    waiting_.erase(waiting_.begin());
+  }
+  if (admitted.empty()) return {};
+  const auto t0 = std::chrono::steady_clock::now();
+  model_->forward(b);
+  std::vector<Running*> rows;
+  for (Running& r : admitted) rows.push_back(&r);
+  std::vector<TokenEvent> events = sample_and_record(rows);
+  stats_.prefill_seconds += seconds_since(t0);
+  stats_.prefill_tokens += b.num_tokens();
+  for (Running& r : admitted) {
+    if (requests_[r.id].done())
+      cache_->free_sequence(r.id);
+    else
+      running_.push_back(std::move(r));
+  }
+  return events;
+}
+
+std::vector<TokenEvent> Engine::decode_running(const std::vector<int64_t>& skip) {
+  model::StepBatch b;
+  b.kind = model::StepKind::Decode;
+  b.cu_seqlens = {0};
+  b.max_blocks_per_seq = ceil_div(opt_.max_context, opt_.kv_block_size);
+  std::vector<Running*> rows;
+  std::vector<int64_t> seqs;
+  for (Running& r : running_) {
+    if (std::find(skip.begin(), skip.end(), r.id) != skip.end()) continue;
+    const RequestState& st = requests_[r.id];
+    std::vector<BlockCopy> copies;
+    const std::vector<int64_t> slot = cache_->append(r.id, 1, &copies);
+    model_->ops().copy_kv_blocks(copies);
+    b.tokens.push_back(st.output.back());
+    b.positions.push_back(cache_->seq_len(r.id) - 1);
+    b.slots.push_back(slot[0]);
+    b.cu_seqlens.push_back(b.num_tokens());
+    b.logit_rows.push_back(b.num_tokens() - 1);
+    rows.push_back(&r);
+    seqs.push_back(r.id);
+  }
+  if (rows.empty()) return {};
+  b.block_tables.resize(seqs.size() * size_t(b.max_blocks_per_seq));
+  b.seq_lens.resize(seqs.size());
+  cache_->fill_block_tables(seqs, b.max_blocks_per_seq, b.block_tables.data(), b.seq_lens.data());
+  const auto t0 = std::chrono::steady_clock::now();
+  model_->forward(b);
+  std::vector<TokenEvent> events = sample_and_record(rows);
+  stats_.decode_seconds += seconds_since(t0);
+  stats_.decode_steps += 1;
+  stats_.decode_tokens += b.num_tokens();
+  return events;
+}
+
+std::vector<TokenEvent> Engine::step() {
+  std::vector<int64_t> before;
+  for (const Running& r : running_) before.push_back(r.id);
+  std::vector<TokenEvent> events = prefill_waiting();
+  // Decode only the requests that were running before this step's prefill.
+  std::vector<int64_t> fresh;
+  for (const Running& r : running_)
+    if (std::find(before.begin(), before.end(), r.id) == before.end()) fresh.push_back(r.id);
+  std::vector<TokenEvent> dec = decode_running(fresh);
+  events.insert(events.end(), dec.begin(), dec.end());
+  // Retire finished requests.
+  for (auto it = running_.begin(); it != running_.end();) {
+    if (requests_[it->id].done()) {
+      cache_->free_sequence(it->id);
+      it = running_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (events.empty() && !waiting_.empty() && running_.empty())
+    TETRA_FAIL("the next request does not fit the KV cache or prefill budget even alone");
+  return events;
+}
+
+void Engine::run_to_completion() {
+  while (has_work()) step();
+}
+
+std::vector<std::vector<float>> Engine::score(const std::vector<std::vector<int32_t>>& prompts,
+                                              int decode_steps,
+                                              std::vector<std::vector<int32_t>>* generated) {
+  if (!running_.empty() || !waiting_.empty())
+    TETRA_FAIL("score() needs an idle engine (requests are queued or running)");
+  if (prompts.empty()) return {};
+  if (int(prompts.size()) > opt_.max_batch)
+    TETRA_FAIL("score: ", prompts.size(), " prompts exceed max_batch ", opt_.max_batch);
+  if (decode_steps < 0) TETRA_FAIL("decode_steps must be >= 0");
+  const int64_t V = config().vocab_size;
+  const int S = int(prompts.size());
+  // Internal sequence ids are negative so they never meet request ids.
+  auto seq_id = [](int s) { return -1 - int64_t(s); };
+  std::vector<std::vector<float>> out(static_cast<size_t>(S));
+  std::vector<std::vector<int32_t>> gen(static_cast<size_t>(S));
+  model::StepBatch b;
+  b.kind = model::StepKind::Prefill;
+  b.cu_seqlens = {0};
+  try {
+    for (int s = 0; s < S; ++s) {
+      const std::vector<int32_t>& p = prompts[size_t(s)];
+      if (p.empty()) TETRA_FAIL("score: prompt ", s, " is empty");
+      if (int(p.size()) + decode_steps > opt_.max_context)
+        TETRA_FAIL("score: prompt ", s, " (", p.size(), " tokens) + ", decode_steps,
+                   " decode steps exceeds the context limit ", opt_.max_context);
+      cache_->add_sequence(seq_id(s));
+      const std::vector<int64_t> slots = cache_->append(seq_id(s), int(p.size()), nullptr);
+      for (size_t i = 0; i < p.size(); ++i) {
+        b.tokens.push_back(p[i]);
+        b.positions.push_back(int32_t(i));
+        b.slots.push_back(slots[i]);
+        b.logit_rows.push_back(b.num_tokens() - 1);
+      }
+      b.cu_seqlens.push_back(b.num_tokens());
+    }
+    const std::vector<float> logits = model_->forward_logits(b);  // [T, V]
+    for (int s = 0; s < S; ++s) {
+      const size_t r0 = size_t(b.cu_seqlens[size_t(s)]), r1 = size_t(b.cu_seqlens[size_t(s) + 1]);
+      out[size_t(s)].assign(logits.begin() + r0 * V, logits.begin() + r1 * V);
+      gen[size_t(s)].push_back(argmax_row(logits.data() + (r1 - 1) * V, V));
+    }
+    for (int step = 0; step < decode_steps; ++step) {
+      model::StepBatch d;
+      d.kind = model::StepKind::Decode;
+      d.cu_seqlens = {0};
+      d.max_blocks_per_seq = ceil_div(opt_.max_context, opt_.kv_block_size);
+      std::vector<int64_t> seqs;
+      for (int s = 0; s < S; ++s) {
+        const std::vector<int64_t> slot = cache_->append(seq_id(s), 1, nullptr);
+        d.tokens.push_back(gen[size_t(s)].back());
+        d.positions.push_back(cache_->seq_len(seq_id(s)) - 1);
+        d.slots.push_back(slot[0]);
+        d.cu_seqlens.push_back(s + 1);
+        d.logit_rows.push_back(s);
+        seqs.push_back(seq_id(s));
+      }
+      d.block_tables.resize(size_t(S) * size_t(d.max_blocks_per_seq));
+      d.seq_lens.resize(size_t(S));
+      cache_->fill_block_tables(seqs, d.max_blocks_per_seq, d.block_tables.data(), d.seq_lens.data());
+      const std::vector<float> dl = model_->forward_logits(d);  // [S, V]
+      for (int s = 0; s < S; ++s) {
+        const float* row = dl.data() + size_t(s) * V;
+        out[size_t(s)].insert(out[size_t(s)].end(), row, row + V);
+        gen[size_t(s)].push_back(argmax_row(row, V));
+      }
+    }
+  } catch (...) {
+    for (int s = 0; s < S; ++s)
+      if (cache_->has_sequence(seq_id(s))) cache_->free_sequence(seq_id(s));
+    throw;
+  }
+  for (int s = 0; s < S; ++s) {
+    cache_->free_sequence(seq_id(s));
+    gen[size_t(s)].pop_back();  // the last argmax was never fed back
+  }
+  if (generated) *generated = std::move(gen);
+  return out;
+}
+
+}  // namespace tetra::runtime

@@ -1,0 +1,159 @@
+// The model forward pass on the CPU backend, for every tiny GQA preset in bf16 and NVFP4.
+// Checks that can fail: KV-cache correctness (prefill then decode == prefill of the longer
+// prompt), batching (a varlen batch == each sequence alone, bit for bit), determinism, and
+// the refusal of MLA models. Agreement with Hugging Face transformers is checked by
+// tests/reference/compare_hf.py on the GPU machine.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/error.h"
+#include "model_fixture.h"
+
+namespace tetra {
+namespace {
+
+using test::ModelUnderTest;
+using test::test_prompt;
+using test::tiny_model;
+
+struct Case {
+  const char* preset;
+  const char* dtype;
+};
+
+class ModelForward : public ::testing::TestWithParam<Case> {
+ protected:
+  std::filesystem::path dir() const { return tiny_model(GetParam().preset, GetParam().dtype); }
+};
+
+// A decode step recomputes nothing from the prefill except through the KV cache, so its
+// logits can only match the longer prefill if the cache holds the right k/v in the right slots.
+// Both paths round the same bf16 values; only the float summation order of attention differs,
+// which can flip a bf16 rounding somewhere: 1e-2 of the largest logit bounds that, while a
+// wrong or missing cache entry moves logits by O(1) of their scale.
+constexpr double kPathTolerance = 1e-2;
+
+TEST_P(ModelForward, PrefillGivesFiniteDeterministicLogits) {
+  ModelUnderTest m(dir());
+  const int64_t V = m.vocab();
+  const std::vector<int32_t> p = test_prompt(11, V, 1);
+  const std::vector<float> a = m.prefill({1}, {p});
+  ASSERT_EQ(a.size(), size_t(11 * V));
+  for (float f : a) ASSERT_TRUE(std::isfinite(f));
+  // Not all equal: the model actually depends on its input.
+  double spread = 0;
+  for (int64_t i = 1; i < V; ++i) spread = std::max(spread, double(std::fabs(a[size_t(i)] - a[0])));
+  EXPECT_GT(spread, 1e-3);
+  ModelUnderTest again(dir());
+  EXPECT_EQ(a, again.prefill({1}, {p}));
+}
+
+TEST_P(ModelForward, DecodeAfterPrefillMatchesLongerPrefill) {
+  ModelUnderTest full(dir()), inc(dir());
+  const int64_t V = full.vocab();
+  const std::vector<int32_t> p = test_prompt(13, V, 2);  // spans 4 blocks of 4
+  const std::vector<float> want = full.prefill({1}, {p});  // [13, V]
+  const std::vector<int32_t> head(p.begin(), p.begin() + 6);
+  const std::vector<float> first = inc.prefill({1}, {head});
+  EXPECT_EQ(std::vector<float>(first.begin(), first.end()),
+            std::vector<float>(want.begin(), want.begin() + 6 * V))
+      << "a prefill's rows depend only on the tokens before them";
+  for (int pos = 6; pos < 13; ++pos) {
+    const std::vector<float> got = inc.decode({1}, {p[size_t(pos)]});
+    EXPECT_LE(test::rel_max_diff(got.data(), want.data() + pos * V, V), kPathTolerance)
+        << "position " << pos;
+  }
+}
+
+TEST_P(ModelForward, WrongCacheWouldBeCaught) {
+  // The tolerance above is meaningful: decoding a different history gives far larger errors.
+  ModelUnderTest full(dir()), other(dir());
+  const int64_t V = full.vocab();
+  const std::vector<int32_t> p = test_prompt(9, V, 3);
+  const std::vector<float> want = full.prefill({1}, {p});
+  std::vector<int32_t> head = test_prompt(8, V, 4);  // another history, same length
+  other.prefill({1}, {head});
+  const std::vector<float> got = other.decode({1}, {p[8]});
+  EXPECT_GT(test::rel_max_diff(got.data(), want.data() + 8 * V, V), 10 * kPathTolerance);
+}
+
+TEST_P(ModelForward, VarlenBatchEqualsEachSequenceAlone) {
+  ModelUnderTest batch(dir());
+  const int64_t V = batch.vocab();
+  const std::vector<std::vector<int32_t>> prompts = {test_prompt(1, V, 5), test_prompt(7, V, 6),
+                                                     test_prompt(19, V, 7), test_prompt(4, V, 8)};
+  const std::vector<float> all = batch.prefill({10, 11, 12, 13}, prompts);
+  size_t row = 0;
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ModelUnderTest alone(dir());
+    const std::vector<float> one = alone.prefill({1}, {prompts[s]});
+    const size_t n = prompts[s].size() * size_t(V);
+    EXPECT_EQ(std::vector<float>(all.begin() + row, all.begin() + row + n), one) << "sequence " << s;
+    row += n;
+  }
+  // Then a decode batch over caches of different lengths == each decoded alone.
+  const std::vector<int32_t> next = {3, 5, 7, 11};
+  const std::vector<float> dec = batch.decode({10, 11, 12, 13}, next);
+  for (size_t s = 0; s < prompts.size(); ++s) {
+    ModelUnderTest alone(dir());
+    alone.prefill({1}, {prompts[s]});
+    const std::vector<float> one = alone.decode({1}, {next[s]});
+    EXPECT_EQ(std::vector<float>(dec.begin() + s * V, dec.begin() + (s + 1) * V), one)
+        << "decode of sequence " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    TinyPresets, ModelForward,
+    ::testing::Values(Case{"tiny-glm4.5-air", "bf16"}, Case{"tiny-glm4.5-air", "nvfp4"},
+                      Case{"tiny-glm4.7", "bf16"}, Case{"tiny-glm4.7", "nvfp4"},
+                      Case{"tiny-qwen3-30b-a3b", "bf16"}, Case{"tiny-qwen3-30b-a3b", "nvfp4"}),
+    [](const ::testing::TestParamInfo<Case>& i) {
+      std::string n = std::string(i.param.preset) + "_" + i.param.dtype;
+      for (char& c : n)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      return n;
+    });
+
+TEST(ModelLoad, MlaModelIsRefusedWithTheReason) {
+  for (const char* preset : {"tiny-glm5", "tiny-deepseek-v3"}) {
+    try {
+      ModelUnderTest m(tiny_model(preset, "bf16"));
+      FAIL() << preset << " loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("MLA"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ModelLoad, StepsOutsideTheLimitsAreRefused) {
+  ModelUnderTest m(tiny_model("tiny-glm4.5-air", "bf16"));
+  const int64_t V = m.vocab();
+  EXPECT_THROW(m.prefill({1}, {test_prompt(97, V, 9)}), Error);  // > max_tokens 96
+  model::StepBatch bad;
+  bad.kind = model::StepKind::Prefill;
+  bad.tokens = {int32_t(V)};  // out of vocabulary
+  bad.positions = {0};
+  bad.slots = {0};
+  bad.cu_seqlens = {0, 1};
+  EXPECT_THROW(m.model->forward(bad), Error);
+  bad.tokens = {1};
+  bad.slots = {int64_t(128) * 4};  // past the cache
+  EXPECT_THROW(m.model->forward(bad), Error);
+}
+
+TEST(ModelLoad, UnknownBackendNamesTheAvailableOnes) {
+  model::ModelOptions o;
+  o.backend = "tpu";
+  o.limits = test::small_limits();
+  try {
+    model::Model::load(tiny_model("tiny-glm4.5-air", "bf16"), o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cpu"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tetra
