@@ -45,6 +45,15 @@ __global__ void silu_mul_kernel(const uint16_t* gu, int T, int I, uint16_t* out)
   }
 }
 
+__global__ void silu_mul_split_kernel(const uint16_t* gate, const uint16_t* up, int64_t n,
+                                      uint16_t* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = bf(gate[i]);
+    out[i] = to_bf(g / (1.0f + expf(-g)) * bf(up[i]));
+  }
+}
+
 __global__ void add_kernel(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
@@ -117,6 +126,13 @@ cudaError_t embedding_gather(const uint16_t* table, int vocab, int H, const int3
 cudaError_t silu_mul(const uint16_t* gu, int T, int I, uint16_t* out, cudaStream_t stream) {
   if (T <= 0 || I <= 0) return cudaSuccess;
   silu_mul_kernel<<<blocks_for(int64_t(T) * I), kThreads, 0, stream>>>(gu, T, I, out);
+  return cudaGetLastError();
+}
+
+cudaError_t silu_mul_split(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out,
+                           cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  silu_mul_split_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, out);
   return cudaGetLastError();
 }
 

@@ -16,6 +16,10 @@ cudaError_t embedding_gather(const uint16_t* table, int vocab, int H, const int3
 // As silu_mul_cpu: gu [T, 2I] -> out [T, I].
 cudaError_t silu_mul(const uint16_t* gu, int T, int I, uint16_t* out, cudaStream_t stream);
 
+// out [n] = silu(gate [n]) * up [n] (gate and up in separate buffers); out may alias gate.
+cudaError_t silu_mul_split(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out,
+                           cudaStream_t stream);
+
 // out [n] = a + b (bf16); out may alias a or b.
 cudaError_t add(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out,
                 cudaStream_t stream);

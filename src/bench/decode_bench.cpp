@@ -1,0 +1,420 @@
+// `tetra bench decode` (see decode_bench.h).
+#include "bench/decode_bench.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "core/version.h"
+#include "format/checkpoint.h"
+#include "format/presets.h"
+#include "format/quant_config.h"
+#include "model/cuda/cuda_model_ops.h"
+#include "model/model.h"
+#include "moe/moe_layer.h"
+#include "perf/gpu_spec.h"
+#include "perf/roofline.h"
+
+namespace tetra::bench {
+namespace {
+
+using model::Buf;
+using model::LinearId;
+using model::NormId;
+
+QuantConfig quant_of(bool nvfp4) {
+  QuantConfig q;
+  if (!nvfp4) return q;
+  q.algo = QuantAlgo::NVFP4;
+  q.exclude = {"lm_head", "*.mlp.gate", "model.embed_tokens"};
+  return q;
+}
+
+TensorView shape_view(std::string name, DType d, std::vector<int64_t> shape) {
+  TensorView t;
+  t.name = std::move(name);
+  t.dtype = d;
+  t.shape = std::move(shape);
+  return t;
+}
+
+model::LinearWeight shape_linear(const QuantConfig& q, const std::string& module, int64_t n,
+                                 int64_t k, bool bias) {
+  model::LinearWeight l;
+  l.module = module;
+  l.out_features = n;
+  l.in_features = k;
+  l.quantized = q.algo_for(module) != QuantAlgo::None;
+  l.weight = shape_view(module + ".weight", l.quantized ? DType::U8 : DType::BF16,
+                        {n, l.quantized ? k / 2 : k});
+  if (l.quantized) l.weight_scale = shape_view(module + ".weight_scale", DType::F8_E4M3, {n, k / 16});
+  if (bias) l.bias = shape_view(module + ".bias", DType::BF16, {n});
+  return l;
+}
+
+model::MlpWeights shape_mlp(const QuantConfig& q, const std::string& prefix, int64_t H, int64_t I) {
+  model::MlpWeights m;
+  m.gate = shape_linear(q, prefix + ".gate_proj", I, H, false);
+  m.up = shape_linear(q, prefix + ".up_proj", I, H, false);
+  m.down = shape_linear(q, prefix + ".down_proj", H, I, false);
+  return m;
+}
+
+// ---- per-op timing: a ModelOps that forwards every call and brackets it with CUDA events ----
+class TimedOps final : public model::ModelOps {
+ public:
+  TimedOps(model::ModelOps& inner, cudaStream_t s) : in_(inner), s_(s) {}
+  ~TimedOps() override {
+    for (auto& m : marks_) {
+      cudaEventDestroy(m.a);
+      cudaEventDestroy(m.b);
+    }
+  }
+  std::string name() const override { return in_.name(); }
+  void prepare(const model::ModelWeights& w, const model::OpsLimits& l) override { in_.prepare(w, l); }
+  void begin_step(const model::StepBatch& s) override { in_.begin_step(s); }
+  void embed(Buf o) override { timed("embed", [&] { in_.embed(o); }); }
+  void rms_norm(NormId w, int l, Buf i, Buf o) override { timed("norms", [&] { in_.rms_norm(w, l, i, o); }); }
+  void add_rms_norm(NormId w, int l, Buf x, Buf r, Buf o) override {
+    timed("norms", [&] { in_.add_rms_norm(w, l, x, r, o); });
+  }
+  void linear(LinearId id, int l, Buf i, Buf o) override {
+    const char* what = id == LinearId::Q || id == LinearId::K || id == LinearId::V ? "qkv linears"
+                       : id == LinearId::O                                         ? "o linear"
+                                                                                   : "dense mlp";
+    timed(what, [&] { in_.linear(id, l, i, o); });
+  }
+  void head_norm(NormId w, int l, Buf x) override { timed("norms", [&] { in_.head_norm(w, l, x); }); }
+  void rope(Buf q, Buf k) override { timed("rope", [&] { in_.rope(q, k); }); }
+  void write_kv(int l, Buf k, Buf v) override { timed("kv write", [&] { in_.write_kv(l, k, v); }); }
+  void prefill_attention(Buf q, Buf k, Buf v, Buf o) override {
+    timed("attention", [&] { in_.prefill_attention(q, k, v, o); });
+  }
+  void decode_attention(int l, Buf q, Buf o) override {
+    timed("attention", [&] { in_.decode_attention(l, q, o); });
+  }
+  void silu_mul(Buf g, Buf u, int64_t w, Buf o) override { timed("dense mlp", [&] { in_.silu_mul(g, u, w, o); }); }
+  void moe(int l, Buf i, Buf o) override { timed("moe", [&] { in_.moe(l, i, o); }); }
+  void logits(Buf i) override { timed("lm_head", [&] { in_.logits(i); }); }
+  void read_logits(float* o) override { in_.read_logits(o); }
+  void sample(const ops::SamplingParams* p, const ops::TokenHistory& h, int32_t* t) override {
+    in_.sample(p, h, t);
+  }
+  void copy_kv_blocks(const std::vector<runtime::BlockCopy>& c) override { in_.copy_kv_blocks(c); }
+
+  // Sums per op kind (synchronises).
+  std::vector<DecodeOpTime> results() {
+    TETRA_CUDA_CHECK(cudaStreamSynchronize(s_));
+    std::map<std::string, DecodeOpTime> by;
+    for (auto& m : marks_) {
+      float ms = 0;
+      TETRA_CUDA_CHECK(cudaEventElapsedTime(&ms, m.a, m.b));
+      DecodeOpTime& t = by[m.op];
+      t.op = m.op;
+      t.us += 1e3 * ms;
+      t.calls += 1;
+    }
+    std::vector<DecodeOpTime> v;
+    for (auto& [k, t] : by) v.push_back(t);
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.us > b.us; });
+    return v;
+  }
+
+ private:
+  struct Mark {
+    std::string op;
+    cudaEvent_t a, b;
+  };
+  template <typename F>
+  void timed(const char* op, F&& f) {
+    Mark m{op, nullptr, nullptr};
+    TETRA_CUDA_CHECK(cudaEventCreate(&m.a));
+    TETRA_CUDA_CHECK(cudaEventCreate(&m.b));
+    TETRA_CUDA_CHECK(cudaEventRecord(m.a, s_));
+    f();
+    TETRA_CUDA_CHECK(cudaEventRecord(m.b, s_));
+    marks_.push_back(m);
+  }
+  model::ModelOps& in_;
+  cudaStream_t s_;
+  std::vector<Mark> marks_;
+};
+
+// A decode step of B sequences at context C: sequence s owns blocks [s*mb, (s+1)*mb).
+model::StepBatch decode_step(int B, int C, int block_size, int mb, int64_t vocab, std::mt19937& rng) {
+  model::StepBatch st;
+  st.kind = model::StepKind::Decode;
+  st.max_blocks_per_seq = mb;
+  st.cu_seqlens.push_back(0);
+  for (int s = 0; s < B; ++s) {
+    st.tokens.push_back(int32_t(rng() % uint64_t(vocab)));
+    st.positions.push_back(C);
+    const int block = s * mb + C / block_size;
+    st.slots.push_back(int64_t(block) * block_size + C % block_size);
+    st.cu_seqlens.push_back(s + 1);
+    for (int b = 0; b < mb; ++b) st.block_tables.push_back(b <= C / block_size ? s * mb + b : -1);
+    st.seq_lens.push_back(C + 1);
+    st.logit_rows.push_back(s);
+  }
+  return st;
+}
+
+model::StepBatch prefill_step(int T, int64_t vocab, std::mt19937& rng) {
+  model::StepBatch st;
+  st.kind = model::StepKind::Prefill;
+  st.cu_seqlens = {0, T};
+  for (int t = 0; t < T; ++t) {
+    st.tokens.push_back(int32_t(rng() % uint64_t(vocab)));
+    st.positions.push_back(t);
+    st.slots.push_back(t);
+  }
+  st.logit_rows = {T - 1};
+  return st;
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, size_t(std::floor(p * double(v.size() - 1) + 0.5)));
+  return v[i];
+}
+
+std::string today() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+model::ModelWeights shape_only_weights(const ModelConfig& c, bool nvfp4) {
+  const QuantConfig q = quant_of(nvfp4);
+  model::check_runtime_supports(c, "preset");
+  model::ModelWeights w;
+  w.config = c;
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  w.embedding = shape_view("model.embed_tokens.weight", DType::BF16, {c.vocab_size, H});
+  w.final_norm = shape_view("model.norm.weight", DType::BF16, {H});
+  w.lm_head = shape_linear(q, "lm_head", c.vocab_size, H, false);
+  for (int64_t L = 0; L < c.num_layers; ++L) {
+    const std::string p = str("model.layers.", L);
+    model::LayerWeights lw;
+    lw.index = int(L);
+    lw.input_norm = shape_view(p + ".input_layernorm.weight", DType::BF16, {H});
+    lw.post_attention_norm = shape_view(p + ".post_attention_layernorm.weight", DType::BF16, {H});
+    const std::string a = p + ".self_attn";
+    lw.attn.q = shape_linear(q, a + ".q_proj", c.num_attention_heads * hd, H, c.attention_bias);
+    lw.attn.k = shape_linear(q, a + ".k_proj", c.num_key_value_heads * hd, H, c.attention_bias);
+    lw.attn.v = shape_linear(q, a + ".v_proj", c.num_key_value_heads * hd, H, c.attention_bias);
+    lw.attn.o = shape_linear(q, a + ".o_proj", H, c.num_attention_heads * hd, false);
+    if (c.use_qk_norm) {
+      lw.attn.q_norm = shape_view(a + ".q_norm.weight", DType::BF16, {hd});
+      lw.attn.k_norm = shape_view(a + ".k_norm.weight", DType::BF16, {hd});
+    }
+    lw.is_moe = c.layer_is_moe.at(size_t(L));
+    if (lw.is_moe) {
+      model::MoeWeights m;
+      const int64_t E = c.n_routed_experts;
+      m.router = shape_view(p + ".mlp.gate.weight", DType::BF16, {E, H});
+      m.router_params = moe::router_params_of(c);
+      if (m.router_params.scoring == moe::Scoring::Sigmoid)
+        m.correction_bias = shape_view(p + ".mlp.gate.e_score_correction_bias", DType::F32, {E});
+      for (int64_t e = 0; e < E; ++e)
+        m.experts.push_back(shape_mlp(q, str(p, ".mlp.experts.", e), H, c.moe_intermediate_size));
+      if (c.n_shared_experts > 0)
+        m.shared = shape_mlp(q, p + ".mlp.shared_experts", H,
+                             c.n_shared_experts * c.moe_intermediate_size);
+      lw.moe = std::move(m);
+    } else {
+      lw.dense = shape_mlp(q, p + ".mlp", H, c.intermediate_size);
+    }
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
+  if (!cuda_available()) TETRA_FAIL("tetra bench decode needs a CUDA GPU; none is usable here");
+  if (o.batches.empty() || o.contexts.empty()) TETRA_FAIL("--batch and --context need values");
+  for (int b : o.batches)
+    if (b < 1) TETRA_FAIL("--batch values must be >= 1, got ", b);
+  for (int c : o.contexts)
+    if (c < 1) TETRA_FAIL("--context values must be >= 1, got ", c);
+  if (o.iters < 1) TETRA_FAIL("--iters must be >= 1");
+  const bool from_file = !o.model_dir.empty();
+  std::optional<Checkpoint> ckpt;  // owns the mapped files the loaded views point into
+  model::ModelWeights w;
+  QuantConfig quant;
+  if (from_file) {
+    ckpt.emplace(Checkpoint::open(o.model_dir));
+    w = model::ModelWeights::load(*ckpt);
+    quant = ckpt->quant();
+  } else {
+    ModelConfig pc = preset_config(o.preset);
+    if (o.layers > 0) pc = with_num_layers(pc, o.layers);
+    w = shape_only_weights(pc, o.nvfp4);
+    quant = quant_of(o.nvfp4);
+  }
+  const ModelConfig& c = w.config;
+
+  const int Bmax = *std::max_element(o.batches.begin(), o.batches.end());
+  const int Cmax = *std::max_element(o.contexts.begin(), o.contexts.end());
+  model::OpsLimits lim;
+  lim.kv_block_size = 16;
+  lim.max_seqs = Bmax;
+  lim.max_tokens = std::max(Bmax, o.prefill_tokens);
+  lim.max_blocks_per_seq = std::max((Cmax + 2 + 15) / 16, (o.prefill_tokens + 15) / 16);
+  lim.kv_num_blocks = Bmax * lim.max_blocks_per_seq;
+  lim.moe_backend = "cuda-w4a16";
+  const double kv_bytes = double(lim.kv_num_blocks) * lim.kv_block_size * c.num_key_value_heads *
+                          c.head_dim * 2 * 2 * double(c.num_layers);
+  size_t free_b = 0, total_b = 0;
+  TETRA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (kv_bytes > 0.5 * double(free_b))
+    TETRA_FAIL("the KV cache for batch ", Bmax, " x context ", Cmax, " needs ", kv_bytes / 1e9,
+               " GB; this GPU has ", double(free_b) / 1e9, " GB free: ask for less");
+
+  auto ops = model::cuda::make_cuda_model_ops_api();
+  model::cuda::CudaOpsOptions copt;
+  copt.graphs = o.graphs;
+  ops->set_options(copt);
+  if (from_file)
+    ops->prepare(w, lim);
+  else
+    ops->prepare_random(w, lim, o.seed);
+  const auto stream = static_cast<cudaStream_t>(ops->stream());
+
+  DecodeBenchReport r;
+  r.preset = from_file ? o.model_dir : o.preset;
+  r.config = c;
+  r.nvfp4 = quant.quantized();
+  r.commit = git_commit();
+  r.date = today();
+  r.command_line = o.command_line;
+  cudaDeviceProp prop{};
+  TETRA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  r.gpu = prop.name;
+  r.weight_gb = double(ops->weight_bytes()) / 1e9;
+  std::mt19937 rng(uint32_t(o.seed));
+  using clock = std::chrono::steady_clock;
+  auto timed_forward = [&](model::ModelOps& m, const model::StepBatch& st) {
+    const auto t0 = clock::now();
+    model::run_forward(m, w, st);
+    TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return std::chrono::duration<double, std::micro>(clock::now() - t0).count();
+  };
+
+  if (o.prefill_tokens > 0) {
+    const model::StepBatch st = prefill_step(o.prefill_tokens, c.vocab_size, rng);
+    std::vector<double> t;
+    for (int i = 0; i < 4; ++i) t.push_back(timed_forward(*ops, st));
+    t.erase(t.begin());  // first run warms up
+    r.prefill_tokens = o.prefill_tokens;
+    r.prefill_us = percentile(t, 0.5);
+    r.prefill_tokens_per_s = o.prefill_tokens / (r.prefill_us * 1e-6);
+  }
+
+  const GpuSpec gpu = gpu_spec("h200");
+  for (int C : o.contexts)
+    for (int B : o.batches) {
+      const int mb = lim.max_blocks_per_seq;
+      const model::StepBatch st = decode_step(B, C, lim.kv_block_size, mb, c.vocab_size, rng);
+      DecodeBenchRow row;
+      row.batch = B;
+      row.context = C;
+      for (int i = 0; i < o.warmup; ++i) timed_forward(*ops, st);
+      std::vector<double> t;
+      for (int i = 0; i < o.iters; ++i) t.push_back(timed_forward(*ops, st));
+      row.median_us = percentile(t, 0.5);
+      row.p90_us = percentile(t, 0.9);
+      row.tokens_per_s = B / (row.median_us * 1e-6);
+      RooflineOptions ro;
+      ro.batch = B;
+      ro.context = C + 1;
+      ro.bandwidth_bytes_per_s = o.bandwidth;
+      const DecodeRoofline f = decode_roofline(c, quant, gpu, ro);
+      row.floor_us = f.memory_seconds * 1e6;
+      row.floor_bytes = f.memory_bytes;
+      row.unique_experts_per_layer = f.unique_experts_per_layer;
+      row.efficiency = row.floor_us / row.median_us;
+      if (o.per_op) {
+        copt.graphs = false;
+        ops->set_options(copt);
+        TimedOps timed(*ops, stream);
+        const auto t0 = clock::now();
+        model::run_forward(timed, w, st);
+        ops->synchronize();
+        row.eager_us = std::chrono::duration<double, std::micro>(clock::now() - t0).count();
+        row.ops = timed.results();
+        copt.graphs = o.graphs;
+        ops->set_options(copt);
+      }
+      r.rows.push_back(row);
+    }
+  return r;
+}
+
+std::string decode_bench_markdown(const DecodeBenchReport& r) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << "# tetra bench decode: " << r.preset << " (" << (r.nvfp4 ? "NVFP4" : "BF16")
+     << ", " << r.config.num_layers << " layers)\n\n"
+     << "- date " << r.date << ", commit " << r.commit << ", GPU " << r.gpu << "\n"
+     << "- command: `" << r.command_line << "`\n"
+     << "- weights on the GPU: " << r.weight_gb << " GB\n";
+  if (r.prefill_tokens > 0)
+    os << "- prefill of " << r.prefill_tokens << " tokens (one sequence): " << r.prefill_us / 1e3
+       << " ms = " << r.prefill_tokens_per_s << " tokens/s\n";
+  os << "\n| batch | context | median us/step | p90 us | tokens/s | floor us | efficiency | unique experts/layer |\n"
+     << "|---|---|---|---|---|---|---|---|\n";
+  for (const auto& row : r.rows)
+    os << "| " << row.batch << " | " << row.context << " | " << row.median_us << " | " << row.p90_us
+       << " | " << row.tokens_per_s << " | " << row.floor_us << " | " << 100 * row.efficiency
+       << "% | " << row.unique_experts_per_layer << " |\n";
+  for (const auto& row : r.rows) {
+    if (row.ops.empty()) continue;
+    os << "\nPer op, one eager step (CUDA events; no graph), batch " << row.batch << " context "
+       << row.context << ": total " << row.eager_us << " us wall\n\n| op | us | calls |\n|---|---|---|\n";
+    for (const auto& t : row.ops) os << "| " << t.op << " | " << t.us << " | " << t.calls << " |\n";
+  }
+  return os.str();
+}
+
+nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
+  nlohmann::json j;
+  j["preset"] = r.preset;
+  j["format"] = r.nvfp4 ? "NVFP4" : "BF16";
+  j["layers"] = r.config.num_layers;
+  j["gpu"] = r.gpu;
+  j["commit"] = r.commit;
+  j["date"] = r.date;
+  j["command"] = r.command_line;
+  j["weight_gb"] = r.weight_gb;
+  j["prefill"] = {{"tokens", r.prefill_tokens}, {"us", r.prefill_us},
+                  {"tokens_per_s", r.prefill_tokens_per_s}};
+  j["rows"] = nlohmann::json::array();
+  for (const auto& row : r.rows) {
+    nlohmann::json x = {{"batch", row.batch}, {"context", row.context}, {"median_us", row.median_us},
+                        {"p90_us", row.p90_us}, {"tokens_per_s", row.tokens_per_s},
+                        {"floor_us", row.floor_us}, {"floor_bytes", row.floor_bytes},
+                        {"efficiency", row.efficiency},
+                        {"unique_experts_per_layer", row.unique_experts_per_layer},
+                        {"eager_us", row.eager_us}};
+    x["ops"] = nlohmann::json::array();
+    for (const auto& t : row.ops) x["ops"].push_back({{"op", t.op}, {"us", t.us}, {"calls", t.calls}});
+    j["rows"].push_back(x);
+  }
+  return j;
+}
+
+}  // namespace tetra::bench

@@ -1,0 +1,77 @@
+// `tetra bench decode`: the whole model's decode step (and a prefill) on the CUDA backend.
+// With --random-weights the full-size model of a preset is built directly in GPU memory (random
+// NVFP4 bytes and scales generated on the GPU, no file), as vLLM's dummy load format does.
+//
+// Method: one backend prepared for the largest batch and context asked for. A decode step at
+// context C: every sequence has C tokens in its KV cache (cache contents are whatever is there:
+// the bytes read and the work are the same as for real ones) and decodes one more. Steps are
+// replayed as CUDA graphs (the runtime's normal path); each timed step is forward + stream sync,
+// wall clock, after warm-up; median and p90 over --iters steps. Prefill: one sequence of
+// --prefill-tokens tokens, median of 3. Floor: perf/roofline.h's decode floor (active weight bytes
+// incl. unique experts at that batch + KV read + lm_head) at the measured 4.46 TB/s (DEVICE.md);
+// efficiency = floor / measured. Per-op times: one eager step with CUDA events around each op.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "format/model_config.h"
+#include "model/model_weights.h"
+
+namespace tetra::bench {
+
+struct DecodeBenchOptions {
+  std::string model_dir;          // a checkpoint to load (instead of preset + random weights)
+  std::string preset;             // preset name (random weights)
+  int layers = 0;                 // 0: the preset's layer count
+  bool nvfp4 = true;              // false: BF16 everywhere
+  std::vector<int> batches = {1};
+  std::vector<int> contexts = {1024};
+  int prefill_tokens = 4096;      // 0: no prefill figure
+  int iters = 30;
+  int warmup = 3;
+  bool graphs = true;
+  bool per_op = true;             // one eager step timed per op
+  uint64_t seed = 1;
+  double bandwidth = 4.46e12;     // bytes/s, DEVICE.md's measured HBM read
+  std::string command_line;
+};
+
+struct DecodeOpTime {
+  std::string op;  // "attention linears", "moe", ...
+  double us = 0;
+  int calls = 0;
+};
+
+struct DecodeBenchRow {
+  int batch = 0, context = 0;
+  double median_us = 0, p90_us = 0;   // per decode step (= per-token latency)
+  double tokens_per_s = 0;            // batch / median step
+  double floor_us = 0, floor_bytes = 0, efficiency = 0;
+  double unique_experts_per_layer = 0;
+  std::vector<DecodeOpTime> ops;      // eager, per op kind
+  double eager_us = 0;                // the eager step's total
+};
+
+struct DecodeBenchReport {
+  std::string preset;  // preset name, or the checkpoint directory
+  std::string gpu, commit, date, command_line;
+  ModelConfig config;
+  bool nvfp4 = true;
+  double weight_gb = 0;
+  int prefill_tokens = 0;
+  double prefill_us = 0, prefill_tokens_per_s = 0;
+  std::vector<DecodeBenchRow> rows;
+};
+
+// The structure of a model (views without data): what prepare_random reads. NVFP4: every
+// linear but lm_head and the router (ModelOpt's default excludes); BF16: none.
+model::ModelWeights shape_only_weights(const ModelConfig& c, bool nvfp4);
+
+DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o);
+std::string decode_bench_markdown(const DecodeBenchReport& r);
+nlohmann::json decode_bench_json(const DecodeBenchReport& r);
+
+}  // namespace tetra::bench

@@ -1,0 +1,125 @@
+// `tetra bench decode`: the whole model's decode step on the CUDA backend (bench/decode_bench.h).
+// Registered after `bench` (order 62) and hung under it, so cmd_bench.cpp needs no line for it.
+// Exit codes: 0 done; 1 bad arguments; 4 no CUDA GPU here.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "bench/decode_bench.h"
+#include "cli/bench_commands.h"
+#include "cli/commands.h"
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "model/cuda/cuda_model_ops.h"
+
+namespace tetra::cli {
+namespace {
+
+std::vector<int> parse_int_list(const std::string& s, const char* option) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string piece;
+  while (std::getline(ss, piece, ',')) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(piece, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (piece.empty() || used != piece.size() || v < 1)
+      TETRA_FAIL(option, ": '", piece, "' is not a positive whole number (expected e.g. 1,8,32)");
+    out.push_back(v);
+  }
+  if (out.empty()) TETRA_FAIL(option, ": give at least one value");
+  return out;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  if (!f) TETRA_FAIL("cannot write ", path);
+  f << text;
+  if (!f) TETRA_FAIL("error writing ", path);
+}
+
+struct BenchDecodeArgs {
+  bench::DecodeBenchOptions opts;
+  std::string batches = "1", contexts = "1024", dtype = "nvfp4";
+  bool random_weights = false, no_graphs = false, no_per_op = false;
+  std::string json_path, markdown_path;
+};
+
+void run_bench_decode(BenchDecodeArgs& a) {
+  if (a.opts.model_dir.empty() == a.opts.preset.empty())
+    TETRA_FAIL("give either --model DIR or --preset NAME --random-weights");
+  if (!a.opts.preset.empty() && !a.random_weights)
+    TETRA_FAIL("--preset needs --random-weights (the full-size model is built in GPU memory)");
+  if (!a.opts.model_dir.empty() && (a.random_weights || a.opts.layers > 0))
+    TETRA_FAIL("--random-weights and --layers go with --preset, not --model");
+  if (a.dtype != "nvfp4" && a.dtype != "bf16") TETRA_FAIL("--dtype must be nvfp4 or bf16");
+  a.opts.nvfp4 = a.dtype == "nvfp4";
+  a.opts.batches = parse_int_list(a.batches, "--batch");
+  a.opts.contexts = parse_int_list(a.contexts, "--context");
+  if (a.opts.prefill_tokens < 0) TETRA_FAIL("--prefill-tokens must be >= 0");
+  a.opts.graphs = !a.no_graphs;
+  a.opts.per_op = !a.no_per_op;
+  std::ostringstream cmd;
+  cmd << "tetra bench decode";
+  if (!a.opts.model_dir.empty()) cmd << " --model " << a.opts.model_dir;
+  else cmd << " --preset " << a.opts.preset << " --random-weights --dtype " << a.dtype;
+  if (a.opts.layers > 0) cmd << " --layers " << a.opts.layers;
+  cmd << " --batch " << a.batches << " --context " << a.contexts << " --prefill-tokens "
+      << a.opts.prefill_tokens << " --iters " << a.opts.iters;
+  if (a.no_graphs) cmd << " --no-graphs";
+  a.opts.command_line = cmd.str();
+  if (!cuda_available()) {
+    std::fprintf(stderr, "tetra: error: tetra bench decode needs a CUDA GPU; none was found on "
+                         "this machine\n");
+    throw CLI::RuntimeError(kExitNoGpu);
+  }
+  model::cuda::link_cuda_model_ops();
+  const bench::DecodeBenchReport r = bench::run_decode_bench(a.opts);
+  const std::string md = bench::decode_bench_markdown(r);
+  std::cout << md;
+  if (!a.markdown_path.empty()) write_file(a.markdown_path, md);
+  if (!a.json_path.empty()) write_file(a.json_path, bench::decode_bench_json(r).dump(2) + "\n");
+}
+
+CLI::App* find_or_add_bench(CLI::App& app) {
+  auto found = app.get_subcommands([](CLI::App* c) { return c->get_name() == "bench"; });
+  if (!found.empty()) return found.front();
+  CLI::App* bench = app.add_subcommand("bench", "GPU benchmarks (exit 4: no CUDA GPU here)");
+  bench->require_subcommand(1);
+  return bench;
+}
+
+}  // namespace
+
+static void add_bench_decode(CLI::App& app) {
+  CLI::App* bench = find_or_add_bench(app);
+  auto a = std::make_shared<BenchDecodeArgs>();
+  CLI::App* cmd = bench->add_subcommand(
+      "decode", "Whole-model decode steps on the GPU: latency, tokens/s, floor, efficiency");
+  cmd->add_option("--model", a->opts.model_dir, "checkpoint directory to load");
+  cmd->add_option("--preset", a->opts.preset, "model preset (with --random-weights)");
+  cmd->add_flag("--random-weights", a->random_weights,
+                "build the preset's full-size model in GPU memory with random weights");
+  cmd->add_option("--layers", a->opts.layers, "with --preset: keep only the first N layers");
+  cmd->add_option("--dtype", a->dtype, "with --preset: nvfp4 (default) or bf16");
+  cmd->add_option("--batch", a->batches, "comma-separated batch sizes (default 1)");
+  cmd->add_option("--context", a->contexts, "comma-separated context lengths (default 1024)");
+  cmd->add_option("--prefill-tokens", a->opts.prefill_tokens,
+                  "tokens of the one-sequence prefill figure (default 4096; 0: none)");
+  cmd->add_option("--iters", a->opts.iters, "timed decode steps per row (default 30)");
+  cmd->add_flag("--no-graphs", a->no_graphs, "run decode steps eagerly (no CUDA graphs)");
+  cmd->add_flag("--no-per-op", a->no_per_op, "skip the per-op timing step");
+  cmd->add_option("--json", a->json_path, "also write the results as JSON to this file");
+  cmd->add_option("--markdown", a->markdown_path, "also write the markdown table to this file");
+  cmd->callback([a] { run_bench_decode(*a); });
+}
+
+static const CommandRegistration kRegistration{"bench decode", 62, &add_bench_decode};
+
+}  // namespace tetra::cli

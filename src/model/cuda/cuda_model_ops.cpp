@@ -1,0 +1,696 @@
+// CudaModelOps: see cuda_model_ops.h.
+#include "model/cuda/cuda_model_ops.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "model/cuda/device_mem.h"
+#include "model/tensor_to_float.h"
+#include "moe/moe_layer.h"
+#include "ops/attention/attention_cuda.h"
+#include "ops/elementwise/elementwise_cuda.h"
+#include "ops/linear/linear_cuda.h"
+#include "ops/moe/moe_layer_cuda.h"
+#include "ops/norm/rms_norm_cuda.h"
+#include "ops/rope/rope_cuda.h"
+#include "ops/sampling/sampling.h"
+
+namespace tetra::model::cuda {
+namespace {
+
+namespace lin = ::tetra::ops::cuda;
+
+// ---- random fills (prepare_random) --------------------------------------------------------
+// ue5m3 codes (moe/expert_weights.h): (e + 10) << 3 | m is 2^e (1 + m/8); e in [-3, -2].
+constexpr uint8_t kRandomScaleLo = 7 << 3, kRandomScaleHi = (8 << 3) | 7;
+
+void fill_random_nvfp4(lin::Nvfp4LinearBuffer& b, int k, uint64_t& seed, cudaStream_t s) {
+  const auto& v = b.view();
+  TETRA_CUDA_CHECK(lin::fill_random_bytes(b.weight_mut(), int64_t(packed_weight_bytes(v.n, v.k)),
+                                          seed++, s));
+  TETRA_CUDA_CHECK(lin::fill_random_byte_range(b.scale_mut(), int64_t(packed_scale_bytes(v.n, v.k)),
+                                               kRandomScaleLo, kRandomScaleHi, seed++, s));
+  // |E2M1| averages ~2.6 and the scales ~0.2: alpha 2^10 * 1/(0.5 sqrt(k)) keeps |y| ~ |x|.
+  const float alpha = 1024.0f * float(2.0 / std::sqrt(double(k)));
+  TETRA_CUDA_CHECK(lin::fill_f32(b.alpha_mut(), v.gated ? 2 : 1, alpha, s));
+}
+
+// ---- one linear on the device -------------------------------------------------------------
+struct DevLinear {
+  int n = 0, k = 0;
+  bool nvfp4 = false;
+  bool gated = false;          // NVFP4 gate/up pair packed together (dense MLP)
+  lin::Nvfp4LinearBuffer q;    // NVFP4
+  DeviceMem w;                 // BF16 [n, k]
+  DeviceMem bias;              // BF16 [n] or empty
+  size_t bytes() const { return q.bytes() + w.bytes() + bias.bytes(); }
+};
+
+Nvfp4MatrixView nvfp4_view(const LinearWeight& lw) {
+  TETRA_CHECK(lw.weight_scale.has_value(), lw.module, " has no weight_scale");
+  return Nvfp4MatrixView{lw.weight.data, lw.weight_scale->data, lw.weight_scale_2,
+                         int(lw.out_features), int(lw.in_features), lw.module};
+}
+
+DeviceMem upload_bf16(const TensorView& t) {
+  const std::vector<uint16_t> h = tensor_to_bf16(t);
+  DeviceMem d(h.size() * 2);
+  d.upload(h.data(), h.size() * 2);
+  return d;
+}
+
+DeviceMem random_bf16(int64_t n, float a, uint64_t& seed, cudaStream_t s) {
+  DeviceMem d(size_t(n) * 2);
+  TETRA_CUDA_CHECK(lin::fill_random_bf16(d.as<uint16_t>(), n, a, seed++, s));
+  return d;
+}
+
+DeviceMem const_bf16(int64_t n, float v, cudaStream_t s) {
+  DeviceMem d(size_t(n) * 2);
+  TETRA_CUDA_CHECK(lin::fill_bf16(d.as<uint16_t>(), n, v, s));
+  return d;
+}
+
+std::unique_ptr<DevLinear> make_linear(const LinearWeight& lw, bool random, uint64_t& seed,
+                                       cudaStream_t s) {
+  auto l = std::make_unique<DevLinear>();
+  l->n = int(lw.out_features);
+  l->k = int(lw.in_features);
+  l->nvfp4 = lw.quantized;
+  if (lw.quantized) {
+    if (random) {
+      l->q = lin::Nvfp4LinearBuffer::allocate(l->n, l->k, false);
+      fill_random_nvfp4(l->q, l->k, seed, s);
+    } else {
+      l->q = lin::Nvfp4LinearBuffer(nvfp4_view(lw));
+    }
+  } else {
+    l->w = random ? random_bf16(int64_t(l->n) * l->k, float(1.0 / std::sqrt(double(l->k))), seed, s)
+                  : upload_bf16(lw.weight);
+  }
+  if (lw.bias) l->bias = random ? random_bf16(l->n, 0.1f, seed, s) : upload_bf16(*lw.bias);
+  return l;
+}
+
+// Dense MLP gate+up: NVFP4 packed as one gated matrix when both are NVFP4 without bias.
+std::unique_ptr<DevLinear> make_gate_up(const MlpWeights& m, bool random, uint64_t& seed,
+                                        cudaStream_t s) {
+  if (!(m.gate.quantized && m.up.quantized) || m.gate.bias || m.up.bias) return nullptr;
+  auto l = std::make_unique<DevLinear>();
+  l->n = int(m.gate.out_features);
+  l->k = int(m.gate.in_features);
+  l->nvfp4 = true;
+  l->gated = true;
+  if (random) {
+    l->q = lin::Nvfp4LinearBuffer::allocate(l->n, l->k, true);
+    fill_random_nvfp4(l->q, l->k, seed, s);
+  } else {
+    l->q = lin::Nvfp4LinearBuffer(nvfp4_view(m.gate), nvfp4_view(m.up));
+  }
+  return l;
+}
+
+struct DevLayer {
+  DeviceMem input_norm, post_norm;  // [H] bf16
+  DeviceMem q_norm, k_norm;         // [head_dim] bf16 or empty
+  std::unique_ptr<DevLinear> q, k, v, o;
+  std::unique_ptr<DevLinear> gate_up;          // fused NVFP4 gate/up (dense), or null
+  std::unique_ptr<DevLinear> gate, up, down;   // dense (gate/up null when fused)
+  std::unique_ptr<moe::MoeLayerRunner> moe;
+  DeviceMem k_cache, v_cache;  // [num_blocks, block_size, n_kv, head_dim] bf16
+};
+
+// Step arrays: one pinned host block and one device block with the same offsets, one copy.
+struct StepArrays {
+  size_t tokens = 0, positions = 0, slots = 0, cu = 0, tables = 0, lens = 0, rows = 0, end = 0;
+  void layout(int max_tokens, int max_seqs, int mbps) {
+    auto take = [&](size_t bytes) {
+      const size_t at = end;
+      end += (bytes + 255) / 256 * 256;
+      return at;
+    };
+    slots = take(size_t(max_tokens) * 8);
+    tokens = take(size_t(max_tokens) * 4);
+    positions = take(size_t(max_tokens) * 4);
+    cu = take(size_t(max_seqs + 1) * 4);
+    tables = take(size_t(max_seqs) * mbps * 4);
+    lens = take(size_t(max_seqs) * 4);
+    rows = take(size_t(max_tokens) * 4);
+  }
+};
+
+class CudaModelOps final : public CudaModelOpsApi {
+ public:
+  CudaModelOps() = default;
+  ~CudaModelOps() override {
+    for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+    if (staged_) cudaEventDestroy(staged_);
+    if (host_) cudaFreeHost(host_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  void set_options(const CudaOpsOptions& o) override { opt_ = o; }
+  size_t weight_bytes() const override { return weight_bytes_; }
+  size_t device_bytes() const override {
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    return total - free_b;
+  }
+  void synchronize() override { TETRA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  int graphs_captured() const override { return int(graphs_.size()); }
+  void* stream() const override { return stream_; }
+
+  void prepare(const ModelWeights& w, const OpsLimits& lim) override { setup(w, lim, false, 0); }
+  void prepare_random(const ModelWeights& w, const OpsLimits& lim, uint64_t seed) override {
+    setup(w, lim, true, seed);
+  }
+
+  void begin_step(const StepBatch& step) override {
+    TETRA_CHECK(stream_ != nullptr, "cuda model ops used before prepare()");
+    step_ = &step;
+    S_ = step.num_seqs();
+    R_ = step.num_logit_rows();
+    mode_ = Mode::Eager;
+    int bucket = 0;
+    if (opt_.graphs && !host_moe_ && step.kind == StepKind::Decode && R_ > 0) bucket = bucket_of(S_);
+    T_ = bucket > 0 ? bucket : step.num_tokens();
+    const int S_run = bucket > 0 ? bucket : S_;
+    const int R_run = bucket > 0 ? bucket : R_;
+    S_run_ = S_run;
+    R_run_ = R_run;
+    stage(step, S_run, R_run);
+    max_seqlen_ = 0;
+    for (int s = 0; s < S_; ++s)
+      max_seqlen_ = std::max(max_seqlen_, step.cu_seqlens[s + 1] - step.cu_seqlens[s]);
+    fused_act_ready_ = false;
+    if (bucket > 0) {
+      auto it = graphs_.find(bucket);
+      if (it != graphs_.end()) {
+        mode_ = Mode::Replay;
+        replay_ = it->second;
+      } else {
+        mode_ = Mode::Capture;
+        capture_bucket_ = bucket;
+        TETRA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      }
+    }
+  }
+
+  void embed(Buf out) override {
+    if (skip()) return;
+    ck(lin::embedding_gather(embedding_.as<uint16_t>(), int(c_.vocab_size), H_, d_tokens(), T_,
+                             buf(out), stream_));
+  }
+  void rms_norm(NormId which, int layer, Buf in, Buf out) override {
+    if (skip()) return;
+    ck(ops::cuda::rms_norm(buf(in), norm_weight(which, layer), T_, H_, eps(), buf(out), stream_));
+  }
+  void add_rms_norm(NormId which, int layer, Buf x, Buf residual, Buf out) override {
+    if (skip()) return;
+    ck(ops::cuda::fused_add_rms_norm(buf(x), buf(residual), norm_weight(which, layer), T_, H_,
+                                     eps(), buf(out), stream_));
+  }
+  void linear(LinearId which, int layer, Buf in, Buf out) override {
+    if (skip()) return;
+    DevLayer& L = layers_.at(size_t(layer));
+    if (L.gate_up && (which == LinearId::DenseGate || which == LinearId::DenseUp)) {
+      // Fused: DenseGate writes silu(gate)*up into `out`; DenseUp and silu_mul find it done.
+      if (which == LinearId::DenseGate) {
+        ck(lin::gate_up_silu_nvfp4(L.gate_up->q.view(), buf(in), T_, *rows_, buf(out), stream_));
+        fused_act_ready_ = true;
+        fused_act_buf_ = out;
+      }
+      return;
+    }
+    const DevLinear* l = get_linear(L, which);
+    TETRA_CHECK(l != nullptr, "layer ", layer, " has no ", linear_id_name(which));
+    run_linear(*l, buf(in), T_, buf(out), DType::BF16);
+  }
+  void head_norm(NormId which, int layer, Buf x) override {
+    if (skip()) return;
+    const bool q = which == NormId::QHead;
+    const DevLayer& L = layers_.at(size_t(layer));
+    const DeviceMem& w = q ? L.q_norm : L.k_norm;
+    TETRA_CHECK(!w.empty(), "layer ", layer, " has no q/k norm");
+    const int heads = q ? nh_ : nkv_;
+    ck(ops::cuda::head_rms_norm(buf(x), T_, heads, hd_, int64_t(heads) * hd_, w.as<uint16_t>(),
+                                eps(), stream_));
+  }
+  void rope(Buf q, Buf k) override {
+    if (skip()) return;
+    ck(ops::cuda::apply_rope(buf(q), buf(k), d_positions(), T_, inv_freq_.as<float>(), rope_,
+                             stream_));
+  }
+  void write_kv(int layer, Buf k, Buf v) override {
+    if (skip()) return;
+    DevLayer& L = layers_.at(size_t(layer));
+    ck(ops::cuda::write_kv_cache(buf(k), buf(v), d_slots(), T_, attn_, lim_.kv_num_blocks,
+                                 lim_.kv_block_size, L.k_cache.as<uint16_t>(),
+                                 L.v_cache.as<uint16_t>(), stream_));
+  }
+  void prefill_attention(Buf q, Buf k, Buf v, Buf out) override {
+    if (skip()) return;
+    ck(ops::cuda::prefill_attention(buf(q), buf(k), buf(v), d_cu(), S_, max_seqlen_, attn_,
+                                    buf(out), stream_));
+  }
+  void decode_attention(int layer, Buf q, Buf out) override {
+    if (skip()) return;
+    const DevLayer& L = layers_.at(size_t(layer));
+    ops::PagedKv kv;
+    kv.k_cache = L.k_cache.as<uint16_t>();
+    kv.v_cache = L.v_cache.as<uint16_t>();
+    kv.block_tables = d_tables();
+    kv.seq_lens = d_lens();
+    kv.num_blocks = lim_.kv_num_blocks;
+    kv.block_size = lim_.kv_block_size;
+    kv.max_blocks_per_seq = lim_.max_blocks_per_seq;
+    ck(ops::cuda::paged_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(),
+                                         attn_ws_.bytes(), buf(out), stream_));
+  }
+  void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
+    if (skip()) return;
+    if (fused_act_ready_) {
+      TETRA_CHECK(gate == fused_act_buf_, "fused gate/up result is in ", buf_name(fused_act_buf_));
+      fused_act_ready_ = false;
+      if (out != gate)
+        TETRA_CUDA_CHECK(cudaMemcpyAsync(buf(out), buf(gate), size_t(T_) * width * 2,
+                                         cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    TETRA_CHECK(width <= buf_width(gate, c_) && width <= buf_width(up, c_), "silu_mul width");
+    // Gate and Up rows are [T, I] in separate buffers: interleave-free variant via a [T, 2I]
+    // scratch would cost a copy, so run silu_mul on the pair directly.
+    ck(silu_mul_pair(buf(gate), buf(up), int64_t(T_) * width, buf(out)));
+  }
+  void moe(int layer, Buf in, Buf out) override {
+    if (skip()) return;
+    DevLayer& L = layers_.at(size_t(layer));
+    TETRA_CHECK(L.moe != nullptr, "layer ", layer, " is not a MoE layer");
+    const int chunk = L.moe->max_tokens();
+    if (!L.moe->on_device()) {  // host runner: copy in, run, copy out (never inside a graph)
+      host_x_.resize(size_t(chunk) * H_);
+      host_y_.resize(size_t(chunk) * H_);
+    }
+    for (int t0 = 0; t0 < T_; t0 += chunk) {
+      const int n = std::min(chunk, T_ - t0);
+      const uint16_t* x = buf(in) + size_t(t0) * H_;
+      uint16_t* y = buf(out) + size_t(t0) * H_;
+      if (L.moe->on_device()) {
+        L.moe->forward(x, n, y, nullptr, stream_);
+        continue;
+      }
+      const size_t bytes = size_t(n) * H_ * 2;
+      TETRA_CUDA_CHECK(cudaMemcpyAsync(host_x_.data(), x, bytes, cudaMemcpyDeviceToHost, stream_));
+      synchronize();
+      L.moe->forward(host_x_.data(), n, host_y_.data(), nullptr, nullptr);
+      TETRA_CUDA_CHECK(cudaMemcpyAsync(y, host_y_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+      synchronize();  // host_y_ is reused by the next chunk / layer
+    }
+  }
+  void logits(Buf in) override {
+    if (mode_ == Mode::Replay) {
+      TETRA_CUDA_CHECK(cudaGraphLaunch(replay_, stream_));
+      return;
+    }
+    // Gather the logit rows of `in` into `Out`, then lm_head -> f32 logits.
+    ck(lin::embedding_gather(buf(in), T_, H_, d_rows(), R_run_, buf(Buf::Out), stream_));
+    run_linear(*lm_head_, buf(Buf::Out), R_run_, logits_.as(), DType::F32);
+    if (mode_ == Mode::Capture) {
+      cudaGraph_t g = nullptr;
+      TETRA_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      TETRA_CUDA_CHECK(e);
+      graphs_[capture_bucket_] = exec;
+      TETRA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+      mode_ = Mode::Eager;
+    }
+  }
+  void read_logits(float* out) override {
+    TETRA_CUDA_CHECK(cudaMemcpyAsync(out, logits_.as(), size_t(R_) * c_.vocab_size * 4,
+                                     cudaMemcpyDeviceToHost, stream_));
+    TETRA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void sample(const ops::SamplingParams* params, const ops::TokenHistory& history,
+              int32_t* tokens) override {
+    host_logits_.resize(size_t(R_) * c_.vocab_size);
+    read_logits(host_logits_.data());
+    ops::sample_cpu(host_logits_.data(), R_, int(c_.vocab_size), params, history, tokens);
+  }
+  void copy_kv_blocks(const std::vector<runtime::BlockCopy>& copies) override {
+    if (copies.empty()) return;
+    TETRA_CHECK_LE(copies.size(), size_t(lim_.kv_num_blocks));
+    std::vector<int32_t> pairs;  // [n, 2] (src, dst)
+    for (const runtime::BlockCopy& c : copies) {
+      pairs.push_back(c.src);
+      pairs.push_back(c.dst);
+    }
+    TETRA_CUDA_CHECK(cudaMemcpy(pairs_.as(), pairs.data(), pairs.size() * 4, cudaMemcpyHostToDevice));
+    const int64_t block_elems = int64_t(lim_.kv_block_size) * nkv_ * hd_;
+    for (DevLayer& l : layers_)
+      ck(ops::cuda::copy_kv_blocks(l.k_cache.as<uint16_t>(), l.v_cache.as<uint16_t>(),
+                                   pairs_.as<int32_t>(), int(copies.size()), lim_.kv_num_blocks,
+                                   block_elems, stream_));
+    synchronize();
+  }
+
+ private:
+  enum class Mode { Eager, Capture, Replay };
+
+  void setup(const ModelWeights& w, const OpsLimits& lim, bool random, uint64_t seed) {
+    if (!cuda_available()) TETRA_FAIL("the cuda model backend needs a CUDA GPU; none is usable here");
+    TETRA_CHECK(lim.max_tokens > 0 && lim.max_seqs > 0 && lim.kv_block_size > 0 &&
+                    lim.kv_num_blocks > 0 && lim.max_blocks_per_seq > 0,
+                "OpsLimits must be positive");
+    if (!stream_) TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    c_ = w.config;
+    lim_ = lim;
+    H_ = int(c_.hidden_size);
+    hd_ = int(c_.head_dim);
+    nh_ = int(c_.num_attention_heads);
+    nkv_ = int(c_.num_key_value_heads);
+    seed = seed * 0x9E3779B97F4A7C15ull + 1;
+    const size_t free_before = free_bytes();
+
+    embedding_ = random ? random_bf16(c_.vocab_size * H_, 1.0f, seed, stream_)
+                        : upload_bf16(w.embedding);
+    final_norm_ = random ? const_bf16(H_, 1.0f, stream_) : upload_bf16(w.final_norm);
+    lm_head_ = make_linear(w.lm_head, random, seed, stream_);
+    TETRA_CHECK(lm_head_->n == c_.vocab_size && lm_head_->k == H_, "lm_head shape");
+
+    const int64_t cache_elems = int64_t(lim.kv_num_blocks) * lim.kv_block_size * nkv_ * hd_;
+    layers_.clear();
+    layers_.resize(w.layers.size());
+    host_moe_ = false;
+    moe_bytes_ = 0;
+    const int moe_tokens = std::max(1, std::min(lim.max_tokens, opt_.moe_chunk_tokens));
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+      const LayerWeights& lw = w.layers[i];
+      DevLayer& L = layers_[i];
+      L.input_norm = random ? const_bf16(H_, 1.0f, stream_) : upload_bf16(lw.input_norm);
+      L.post_norm = random ? const_bf16(H_, 1.0f, stream_) : upload_bf16(lw.post_attention_norm);
+      if (lw.attn.q_norm) L.q_norm = random ? const_bf16(hd_, 1.0f, stream_) : upload_bf16(*lw.attn.q_norm);
+      if (lw.attn.k_norm) L.k_norm = random ? const_bf16(hd_, 1.0f, stream_) : upload_bf16(*lw.attn.k_norm);
+      L.q = make_linear(lw.attn.q, random, seed, stream_);
+      L.k = make_linear(lw.attn.k, random, seed, stream_);
+      L.v = make_linear(lw.attn.v, random, seed, stream_);
+      L.o = make_linear(lw.attn.o, random, seed, stream_);
+      if (lw.dense) {
+        L.gate_up = make_gate_up(*lw.dense, random, seed, stream_);
+        if (!L.gate_up) {
+          L.gate = make_linear(lw.dense->gate, random, seed, stream_);
+          L.up = make_linear(lw.dense->up, random, seed, stream_);
+        }
+        L.down = make_linear(lw.dense->down, random, seed, stream_);
+      }
+      if (lw.moe) L.moe = make_moe(*lw.moe, int(i), moe_tokens, random, seed);
+      L.k_cache = DeviceMem(size_t(cache_elems) * 2);
+      L.v_cache = DeviceMem(size_t(cache_elems) * 2);
+      TETRA_CUDA_CHECK(cudaMemsetAsync(L.k_cache.as(), 0, L.k_cache.bytes(), stream_));
+      TETRA_CUDA_CHECK(cudaMemsetAsync(L.v_cache.as(), 0, L.v_cache.bytes(), stream_));
+    }
+
+    const int rotary = int(std::lround(double(hd_) * c_.rope.partial_rotary_factor));
+    const std::vector<float> inv = ops::rope_inv_freq(c_.rope.theta, rotary);
+    inv_freq_ = DeviceMem(inv.size() * 4);
+    inv_freq_.upload(inv.data(), inv.size() * 4);
+    rope_ = {};
+    rope_.head_dim = hd_;
+    rope_.rotary_dim = rotary;
+    rope_.n_q_heads = nh_;
+    rope_.n_k_heads = nkv_;
+    rope_.q_stride = int64_t(nh_) * hd_;
+    rope_.k_stride = int64_t(nkv_) * hd_;
+    rope_.style = c_.rope.interleave ? ops::RopeStyle::GptJ : ops::RopeStyle::NeoX;
+    ops::check_rope_shape(rope_);
+    attn_ = {};
+    attn_.n_heads = nh_;
+    attn_.n_kv_heads = nkv_;
+    attn_.head_dim = hd_;
+    attn_.scale = float(1.0 / std::sqrt(double(hd_)));
+    ops::check_attention_shape(attn_);
+
+    for (int b = 0; b < int(Buf::Count); ++b)
+      bufs_[size_t(b)] = DeviceMem(size_t(lim.max_tokens) * size_t(buf_width(Buf(b), c_)) * 2);
+    logits_ = DeviceMem(size_t(lim.max_tokens) * size_t(c_.vocab_size) * 4);
+    rows_ = std::make_unique<lin::RowCountTable>(lim.max_tokens);
+    ops::PagedKv kv;
+    kv.num_blocks = lim.kv_num_blocks;
+    kv.block_size = lim.kv_block_size;
+    kv.max_blocks_per_seq = lim.max_blocks_per_seq;
+    attn_ws_ = DeviceMem(std::max<size_t>(256, ops::cuda::paged_decode_workspace_bytes(
+                                                   lim.max_seqs, attn_, kv)));
+    pairs_ = DeviceMem(size_t(lim.kv_num_blocks) * 8);
+    arrays_ = {};
+    arrays_.layout(lim.max_tokens, lim.max_seqs, lim.max_blocks_per_seq);
+    dev_arrays_ = DeviceMem(arrays_.end);
+    if (host_) cudaFreeHost(host_);
+    TETRA_CUDA_CHECK(cudaMallocHost(&host_, arrays_.end));
+    if (!staged_) TETRA_CUDA_CHECK(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming));
+    for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
+    graphs_.clear();
+    synchronize();
+    weight_bytes_ = lm_head_->bytes() + embedding_.bytes();
+    for (const DevLayer& L : layers_) {
+      for (const auto* l : {L.q.get(), L.k.get(), L.v.get(), L.o.get(), L.gate_up.get(),
+                            L.gate.get(), L.up.get(), L.down.get()})
+        if (l) weight_bytes_ += l->bytes();
+    }
+    weight_bytes_ += moe_bytes_;
+    (void)free_before;
+  }
+
+  std::unique_ptr<moe::MoeLayerRunner> make_moe(const MoeWeights& mw, int layer, int max_tokens,
+                                                bool random, uint64_t& seed) {
+    const int E = int(mw.experts.size());
+    TETRA_CHECK(E > 0, "layer ", layer, " has no experts");
+    const int I = int(mw.experts.front().inter());
+    if (random) {
+      moe::RandomW4a16Layer spec;
+      spec.experts = E;
+      spec.hidden = H_;
+      spec.inter = I;
+      spec.shared_inter = mw.shared ? int(mw.shared->inter()) : 0;
+      spec.router = mw.router_params;
+      spec.seed = uint32_t(seed++);
+      auto r = std::make_unique<moe::CudaW4a16MoeLayer>(spec, max_tokens,
+                                                        TokenLayout::Contiguous);
+      moe_bytes_ += size_t(E) * r->expert_bytes() + r->shared_bytes();
+      return r;
+    }
+    moe::MoeLayerWeights lw;
+    lw.name = str("model.layers.", layer, ".mlp");
+    lw.hidden = H_;
+    lw.inter = I;
+    lw.router = mw.router_params;
+    lw.gate = mw.router.data;
+    lw.gate_dtype = mw.router.dtype;
+    std::vector<uint16_t> gate_bf16;
+    if (mw.router.dtype != DType::BF16 && mw.router.dtype != DType::F32) {
+      gate_bf16 = tensor_to_bf16(mw.router);
+      lw.gate = gate_bf16.data();
+      lw.gate_dtype = DType::BF16;
+    }
+    std::vector<float> bias;
+    if (mw.correction_bias) {
+      bias = tensor_to_float(*mw.correction_bias);
+      lw.bias = bias.data();
+    }
+    std::vector<std::vector<uint16_t>> converted;  // bf16 copies of F32/F16 expert weights
+    auto bf16_of = [&](const LinearWeight& l) {
+      moe::Bf16MatrixView v{nullptr, int(l.out_features), int(l.in_features), l.module};
+      if (l.weight.dtype == DType::BF16) {
+        v.weight = reinterpret_cast<const uint16_t*>(l.weight.data);
+      } else {
+        converted.push_back(tensor_to_bf16(l.weight));
+        v.weight = converted.back().data();
+      }
+      return v;
+    };
+    auto view_of = [&](const MlpWeights& m) {
+      moe::ExpertMlpView v;
+      if (m.gate.quantized) {
+        v.format = moe::ExpertFormat::NVFP4;
+        v.gate = nvfp4_view(m.gate);
+        v.up = nvfp4_view(m.up);
+        v.down = nvfp4_view(m.down);
+      } else {
+        v.format = moe::ExpertFormat::BF16;
+        v.gate_bf16 = bf16_of(m.gate);
+        v.up_bf16 = bf16_of(m.up);
+        v.down_bf16 = bf16_of(m.down);
+      }
+      return v;
+    };
+    converted.reserve(3 * (mw.experts.size() + 1));  // views keep pointers into it
+    for (const MlpWeights& e : mw.experts) lw.experts.push_back(view_of(e));
+    if (mw.shared) lw.shared = view_of(*mw.shared);
+    moe::MoeLayerOptions o;
+    const bool nvfp4 = mw.experts.front().gate.quantized;
+    // BF16 experts: no CUDA MoE layer runner exists yet, so they run on the host runner (copies
+    // in and out, and no CUDA graphs). NVFP4: the W4A16 runner unless another is asked for.
+    o.backend = lim_.moe_backend != "auto" ? lim_.moe_backend : nvfp4 ? "cuda-w4a16" : "cpu";
+    o.max_tokens = max_tokens;
+    auto r = moe::make_moe_layer(lw, o);
+    if (!r->on_device()) host_moe_ = true;
+    return r;
+  }
+
+  // Uploads the step's arrays (padded to S_run sequences / R_run logit rows for graphs).
+  void stage(const StepBatch& st, int S_run, int R_run) {
+    TETRA_CUDA_CHECK(cudaEventSynchronize(staged_));  // the previous copy left the staging area
+    uint8_t* h = static_cast<uint8_t*>(host_);
+    auto* tok = reinterpret_cast<int32_t*>(h + arrays_.tokens);
+    auto* pos = reinterpret_cast<int32_t*>(h + arrays_.positions);
+    auto* slot = reinterpret_cast<int64_t*>(h + arrays_.slots);
+    auto* cu = reinterpret_cast<int32_t*>(h + arrays_.cu);
+    auto* tab = reinterpret_cast<int32_t*>(h + arrays_.tables);
+    auto* lens = reinterpret_cast<int32_t*>(h + arrays_.lens);
+    auto* rows = reinterpret_cast<int32_t*>(h + arrays_.rows);
+    const int T = st.num_tokens();
+    TETRA_CHECK_LE(T_, lim_.max_tokens);
+    for (int t = 0; t < T_; ++t) {
+      const bool pad = t >= T;  // padded decode rows copy row 0 and skip the KV write
+      tok[t] = st.tokens[size_t(pad ? 0 : t)];
+      pos[t] = st.positions[size_t(pad ? 0 : t)];
+      slot[t] = pad ? -1 : st.slots[size_t(t)];
+    }
+    const int S = st.num_seqs();
+    for (int s = 0; s <= S_run; ++s) cu[s] = s <= S ? st.cu_seqlens[size_t(s)] : st.cu_seqlens[size_t(S)] + (s - S);
+    const int mb = lim_.max_blocks_per_seq;
+    if (st.kind == StepKind::Decode) {
+      TETRA_CHECK_LE(st.max_blocks_per_seq, mb, "step block table wider than the limits");
+      for (int s = 0; s < S_run; ++s) {
+        const int src = s < S ? s : 0;
+        for (int b = 0; b < mb; ++b)
+          tab[size_t(s) * mb + b] =
+              b < st.max_blocks_per_seq ? st.block_tables[size_t(src) * st.max_blocks_per_seq + b] : -1;
+        lens[s] = st.seq_lens[size_t(src)];
+      }
+    }
+    for (int r = 0; r < R_run; ++r) rows[r] = r < R_ ? st.logit_rows[size_t(r)] : 0;
+    TETRA_CUDA_CHECK(cudaMemcpyAsync(dev_arrays_.as(), host_, arrays_.end, cudaMemcpyHostToDevice,
+                                     stream_));
+    TETRA_CUDA_CHECK(cudaEventRecord(staged_, stream_));
+  }
+
+  int bucket_of(int S) const {
+    int b = 1;
+    while (b < S) b *= 2;
+    if (b > lim_.max_seqs || b > lim_.max_tokens) return 0;  // cannot pad: run eagerly
+    return b;
+  }
+
+  bool skip() const { return mode_ == Mode::Replay; }
+  void ck(cudaError_t e) const { TETRA_CUDA_CHECK(e); }
+
+  cudaError_t silu_mul_pair(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out) {
+    return lin::silu_mul_split(gate, up, n, out, stream_);
+  }
+
+  void run_linear(const DevLinear& l, const uint16_t* x, int M, void* y, DType out_dtype) {
+    if (l.nvfp4)
+      ck(lin::linear_nvfp4(l.q.view(), x, M, *rows_, y, out_dtype, stream_));
+    else
+      bf16_.run(l.w.as<uint16_t>(), l.n, l.k, x, M, y, out_dtype, stream_);
+    if (!l.bias.empty())
+      ck(lin::add_bias(y, out_dtype == DType::F32, M, l.n, l.bias.as<uint16_t>(), stream_));
+  }
+
+  const DevLinear* get_linear(const DevLayer& L, LinearId which) const {
+    switch (which) {
+      case LinearId::Q: return L.q.get();
+      case LinearId::K: return L.k.get();
+      case LinearId::V: return L.v.get();
+      case LinearId::O: return L.o.get();
+      case LinearId::DenseGate: return L.gate.get();
+      case LinearId::DenseUp: return L.up.get();
+      case LinearId::DenseDown: return L.down.get();
+    }
+    return nullptr;
+  }
+  const uint16_t* norm_weight(NormId which, int layer) const {
+    switch (which) {
+      case NormId::Input: return layers_.at(size_t(layer)).input_norm.as<uint16_t>();
+      case NormId::PostAttention: return layers_.at(size_t(layer)).post_norm.as<uint16_t>();
+      case NormId::Final: return final_norm_.as<uint16_t>();
+      default: TETRA_FAIL("rms_norm takes Input, PostAttention or Final (head norms: head_norm)");
+    }
+  }
+
+  static size_t free_bytes() {
+    size_t f = 0, t = 0;
+    cudaMemGetInfo(&f, &t);
+    return f;
+  }
+  uint16_t* buf(Buf b) { return bufs_[size_t(b)].as<uint16_t>(); }
+  float eps() const { return float(c_.rms_norm_eps); }
+  uint8_t* dev_base() const { return dev_arrays_.as<uint8_t>(); }
+  const int32_t* d_tokens() const { return reinterpret_cast<const int32_t*>(dev_base() + arrays_.tokens); }
+  const int32_t* d_positions() const { return reinterpret_cast<const int32_t*>(dev_base() + arrays_.positions); }
+  const int64_t* d_slots() const { return reinterpret_cast<const int64_t*>(dev_base() + arrays_.slots); }
+  const int32_t* d_cu() const { return reinterpret_cast<const int32_t*>(dev_base() + arrays_.cu); }
+  const int32_t* d_tables() const { return reinterpret_cast<const int32_t*>(dev_base() + arrays_.tables); }
+  const int32_t* d_lens() const { return reinterpret_cast<const int32_t*>(dev_base() + arrays_.lens); }
+  const int32_t* d_rows() const { return reinterpret_cast<const int32_t*>(dev_base() + arrays_.rows); }
+
+  CudaOpsOptions opt_;
+  ModelConfig c_;
+  OpsLimits lim_;
+  int H_ = 0, hd_ = 0, nh_ = 0, nkv_ = 0;
+  cudaStream_t stream_ = nullptr;
+  DeviceMem embedding_;   // [vocab, H] bf16
+  DeviceMem final_norm_;  // [H] bf16
+  std::unique_ptr<DevLinear> lm_head_;  // [vocab, H]
+  std::vector<DevLayer> layers_;
+  DeviceMem inv_freq_;    // [rotary_dim / 2] f32
+  ops::RopeShape rope_;
+  ops::AttentionShape attn_;
+  std::array<DeviceMem, size_t(Buf::Count)> bufs_;  // each [max_tokens, width] bf16
+  DeviceMem logits_;      // [max_tokens, vocab] f32, first R rows valid
+  DeviceMem attn_ws_;     // paged decode split scratch
+  DeviceMem pairs_;       // [kv_num_blocks, 2] int32 copy-on-write pairs
+  std::unique_ptr<lin::RowCountTable> rows_;
+  lin::Bf16Linear bf16_;
+  StepArrays arrays_;
+  DeviceMem dev_arrays_;  // StepArrays on the device
+  void* host_ = nullptr;  // StepArrays, pinned
+  cudaEvent_t staged_ = nullptr;
+  std::vector<float> host_logits_;  // [R, vocab] for the CPU sampler
+  size_t weight_bytes_ = 0, moe_bytes_ = 0;
+  bool host_moe_ = false;            // some MoE layer runs on the host runner: no graphs
+  std::vector<uint16_t> host_x_, host_y_;  // [chunk, H] bf16 staging for host MoE layers
+
+  const StepBatch* step_ = nullptr;
+  int T_ = 0, S_ = 0, R_ = 0, S_run_ = 0, R_run_ = 0, max_seqlen_ = 0;
+  bool fused_act_ready_ = false;
+  Buf fused_act_buf_ = Buf::Gate;
+  Mode mode_ = Mode::Eager;
+  int capture_bucket_ = 0;
+  cudaGraphExec_t replay_ = nullptr;
+  std::map<int, cudaGraphExec_t> graphs_;  // bucket -> decode step graph
+};
+
+std::unique_ptr<ModelOps> make_cuda_ops() { return std::make_unique<CudaModelOps>(); }
+const ModelOpsRegistration kRegistration{"cuda", &make_cuda_ops};
+
+}  // namespace
+
+std::unique_ptr<CudaModelOpsApi> make_cuda_model_ops_api() {
+  return std::make_unique<CudaModelOps>();
+}
+
+void link_cuda_model_ops() { (void)&kRegistration; }
+
+}  // namespace tetra::model::cuda

@@ -1,0 +1,51 @@
+// The CUDA backend of the model runtime (model/model_ops.h): weights packed/uploaded once,
+// activation buffers, KV cache (bf16, paged) and logits on the device, every op on one stream.
+//   - NVFP4 linears run the W4A16 kernels as one-expert GEMMs (ops/linear/linear_cuda.h); a dense
+//     NVFP4 MLP fuses gate/up/SiLU into one launch (linear(DenseGate) writes silu(gate)*up, then
+//     linear(DenseUp) and silu_mul have nothing left to do). BF16 linears use cuBLASLt.
+//   - MoE blocks use the MoE layer runner (moe/moe_layer.h, cuda-w4a16), prefill in chunks.
+//   - Decode steps are captured once per bucketed batch size (1, 2, 4, ... up to max_seqs) as a
+//     CUDA graph and replayed: begin_step uploads the step (tokens, positions, slots, block
+//     tables, seq lens, logit rows) into fixed device buffers, padding the batch to its bucket
+//     with copies of sequence 0 whose KV write is skipped (slot -1); the ops then only record (first
+//     time) or do nothing (replay), and logits() launches the graph.
+//   - Sampling copies the logits to the host and runs the CPU sampler (same ids as the GPU one).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/model_ops.h"
+
+namespace tetra::model::cuda {
+
+// Options that are not part of the backend-neutral interface (tests and the benchmark).
+struct CudaOpsOptions {
+  bool graphs = true;        // replay decode steps as CUDA graphs
+  int moe_chunk_tokens = 1024;  // MoE scratch per layer is sized for this many tokens
+};
+
+class CudaModelOpsApi : public ModelOps {
+ public:
+  // As prepare(), but every weight is random and generated on the GPU: `shapes` gives only the
+  // structure (views may have null data; LinearWeight::quantized picks NVFP4 or BF16). NVFP4
+  // bytes uniform, block scales in [2^-3, 2^-1), global scales chosen so activations stay O(1).
+  virtual void prepare_random(const ModelWeights& shapes, const OpsLimits& limits,
+                              uint64_t seed) = 0;
+  virtual void set_options(const CudaOpsOptions& o) = 0;  // before prepare
+  // Device bytes held for weights (what a decode step must read at most), and the total.
+  virtual size_t weight_bytes() const = 0;
+  virtual size_t device_bytes() const = 0;
+  // Waits for the stream (timing).
+  virtual void synchronize() = 0;
+  // Graphs captured so far (tests check replay happens).
+  virtual int graphs_captured() const = 0;
+  virtual void* stream() const = 0;  // cudaStream_t
+};
+
+std::unique_ptr<CudaModelOpsApi> make_cuda_model_ops_api();
+
+// Forces the registration object into a binary that links tetra_lib (static archive).
+void link_cuda_model_ops();
+
+}  // namespace tetra::model::cuda
