@@ -150,10 +150,11 @@ class TimedOps final : public model::ModelOps {
 };
 
 // A decode step of B sequences at context C: sequence s owns blocks [s*mb, (s+1)*mb).
-model::StepBatch decode_step(int B, int C, int block_size, int mb, int64_t vocab, std::mt19937& rng) {
+model::StepBatch decode_step(int B, int C, int block_size, int mb, int width, int64_t vocab,
+                             std::mt19937& rng) {
   model::StepBatch st;
   st.kind = model::StepKind::Decode;
-  st.max_blocks_per_seq = mb;
+  st.max_blocks_per_seq = width;
   st.cu_seqlens.push_back(0);
   for (int s = 0; s < B; ++s) {
     st.tokens.push_back(int32_t(rng() % uint64_t(vocab)));
@@ -161,7 +162,8 @@ model::StepBatch decode_step(int B, int C, int block_size, int mb, int64_t vocab
     const int block = s * mb + C / block_size;
     st.slots.push_back(int64_t(block) * block_size + C % block_size);
     st.cu_seqlens.push_back(s + 1);
-    for (int b = 0; b < mb; ++b) st.block_tables.push_back(b <= C / block_size ? s * mb + b : -1);
+    for (int b = 0; b < width; ++b)
+      st.block_tables.push_back(b <= C / block_size && b < mb ? s * mb + b : -1);
     st.seq_lens.push_back(C + 1);
     st.logit_rows.push_back(s);
   }
@@ -272,8 +274,11 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
   lim.kv_block_size = 16;
   lim.max_seqs = Bmax;
   lim.max_tokens = std::max(Bmax, o.prefill_tokens);
-  lim.max_blocks_per_seq = std::max((Cmax + 2 + 15) / 16, (o.prefill_tokens + 15) / 16);
-  lim.kv_num_blocks = Bmax * lim.max_blocks_per_seq;
+  // Decode sequence s owns blocks [s * mb_decode, (s + 1) * mb_decode); the prefill's one
+  // sequence takes blocks from 0. The table width covers both.
+  const int mb_decode = (Cmax + 2 + 15) / 16, mb_prefill = (o.prefill_tokens + 15) / 16;
+  lim.max_blocks_per_seq = std::max(mb_decode, mb_prefill);
+  lim.kv_num_blocks = std::max(Bmax * mb_decode, mb_prefill);
   lim.moe_backend = "cuda-w4a16";
   const double kv_bytes = double(lim.kv_num_blocks) * lim.kv_block_size * c.num_key_value_heads *
                           c.head_dim * 2 * 2 * double(c.num_layers);
@@ -315,6 +320,7 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
 
   if (o.prefill_tokens > 0) {
     const model::StepBatch st = prefill_step(o.prefill_tokens, c.vocab_size, rng);
+    st.validate(lim, c.vocab_size);
     std::vector<double> t;
     for (int i = 0; i < 4; ++i) t.push_back(timed_forward(*ops, st));
     t.erase(t.begin());  // first run warms up
@@ -326,8 +332,9 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
   const GpuSpec gpu = gpu_spec("h200");
   for (int C : o.contexts)
     for (int B : o.batches) {
-      const int mb = lim.max_blocks_per_seq;
-      const model::StepBatch st = decode_step(B, C, lim.kv_block_size, mb, c.vocab_size, rng);
+      const model::StepBatch st = decode_step(B, C, lim.kv_block_size, mb_decode,
+                                              lim.max_blocks_per_seq, c.vocab_size, rng);
+      st.validate(lim, c.vocab_size);
       DecodeBenchRow row;
       row.batch = B;
       row.context = C;

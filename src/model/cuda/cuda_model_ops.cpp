@@ -322,9 +322,9 @@ class CudaModelOps final : public CudaModelOpsApi {
       TETRA_CUDA_CHECK(cudaGraphLaunch(replay_, stream_));
       return;
     }
-    // Gather the logit rows of `in` into `Out`, then lm_head -> f32 logits.
-    ck(lin::embedding_gather(buf(in), T_, H_, d_rows(), R_run_, buf(Buf::Out), stream_));
-    run_linear(*lm_head_, buf(Buf::Out), R_run_, logits_.as(), DType::F32);
+    // Gather the logit rows of `in`, then lm_head -> f32 logits.
+    ck(lin::embedding_gather(buf(in), T_, H_, d_rows(), R_run_, logit_in_.as<uint16_t>(), stream_));
+    run_linear(*lm_head_, logit_in_.as<uint16_t>(), R_run_, logits_.as(), DType::F32);
     if (mode_ == Mode::Capture) {
       cudaGraph_t g = nullptr;
       TETRA_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
@@ -444,6 +444,7 @@ class CudaModelOps final : public CudaModelOpsApi {
     for (int b = 0; b < int(Buf::Count); ++b)
       bufs_[size_t(b)] = DeviceMem(size_t(lim.max_tokens) * size_t(buf_width(Buf(b), c_)) * 2);
     logits_ = DeviceMem(size_t(lim.max_tokens) * size_t(c_.vocab_size) * 4);
+    logit_in_ = DeviceMem(size_t(lim.max_tokens) * H_ * 2);
     rows_ = std::make_unique<lin::RowCountTable>(lim.max_tokens);
     ops::PagedKv kv;
     kv.num_blocks = lim.kv_num_blocks;
@@ -659,6 +660,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   ops::AttentionShape attn_;
   std::array<DeviceMem, size_t(Buf::Count)> bufs_;  // each [max_tokens, width] bf16
   DeviceMem logits_;      // [max_tokens, vocab] f32, first R rows valid
+  DeviceMem logit_in_;    // [max_tokens, H] bf16: the logit rows gathered for lm_head
   DeviceMem attn_ws_;     // paged decode split scratch
   DeviceMem pairs_;       // [kv_num_blocks, 2] int32 copy-on-write pairs
   std::unique_ptr<lin::RowCountTable> rows_;
