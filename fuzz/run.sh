@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Builds the safetensors header fuzzer (libFuzzer + ASan + UBSan, clang++-14) from only the sources
-# it needs and runs it for SECONDS (default 60) on a scratch copy of fuzz/corpus. Exits non-zero on
-# a build failure or any finding: crash, sanitizer report, exception other than tetra::Error,
-# broken invariant, timeout, leak or memory blow-up. Findings are kept and their path printed.
-#   usage: bash fuzz/run.sh [SECONDS]      env: CLANGXX (default clang++-14), FUZZ_JOBS
+# Builds one fuzzer (libFuzzer + ASan + UBSan, clang++-14) from only the sources it needs and runs
+# it for SECONDS (default 60) on a scratch copy of its seed corpus. Exits non-zero on a build
+# failure or any finding: crash, sanitizer report, exception other than tetra::Error, broken
+# invariant, timeout, leak or memory blow-up. Findings are kept and their path printed.
+#   usage: bash fuzz/run.sh [SECONDS] [TARGET]      env: CLANGXX (default clang++-14), FUZZ_JOBS
+#   TARGET: safetensors_header (default), tokenizer_json, tokenizer_encode
 set -euo pipefail
 seconds="${1:-60}"
+target="${2:-safetensors_header}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cxx="${CLANGXX:-clang++-14}"
 jobs="${FUZZ_JOBS:-$(nproc)}"
@@ -19,25 +21,38 @@ keep=0
 cleanup() { if [ "$keep" = 0 ]; then rm -rf "$work"; fi; }
 trap cleanup EXIT
 
-sources=("$root/fuzz/fuzz_safetensors_header.cpp" "$root"/src/format/safetensors*.cpp
-         "$root/src/core/error.cpp" "$root/src/core/dtype.cpp")
+extra=()
+case "$target" in
+  safetensors_header)
+    sources=("$root/fuzz/fuzz_safetensors_header.cpp" "$root"/src/format/safetensors*.cpp
+             "$root/src/core/error.cpp" "$root/src/core/dtype.cpp")
+    seeds=("$root"/fuzz/corpus/*)
+    extra=(-dict="$root/fuzz/safetensors.dict") ;;
+  tokenizer_json | tokenizer_encode)
+    sources=("$root/fuzz/fuzz_$target.cpp" "$root"/src/tokenizer/*.cpp "$root/src/core/error.cpp")
+    if [ "$target" = tokenizer_json ]; then seeds=("$root"/tests/data/tokenizers/*.json)
+    else seeds=("$root"/fuzz/corpus_tokenizer_encode/*); fi ;;
+  *) echo "fuzz/run.sh: unknown target '$target' (safetensors_header, tokenizer_json, tokenizer_encode)" >&2
+     exit 1 ;;
+esac
 common=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined
-        -fno-sanitize-recover=all -I "$root/src" -I "$root/fuzz")
+        -fno-sanitize-recover=all -I "$root/src" -I "$root/fuzz"
+        -DTETRA_FUZZ_TOKENIZER_DIR="\"$root/tests/data/tokenizers\"")
 start=$(date +%s)
 # Objects get coverage instrumentation without libFuzzer's main; the link adds it.
 compile_one='src="$1"; shift; obj="$0/$(basename "$src" .cpp).o"
              "$@" -fsanitize=fuzzer-no-link -c "$src" -o "$obj" || exit 255'
 printf '%s\n' "${sources[@]}" | xargs -P "$jobs" -I{} sh -c "$compile_one" \
   "$work" {} "$cxx" "${common[@]}"
-"$cxx" "${common[@]}" -fsanitize=fuzzer "$work"/*.o -o "$work/fuzz_safetensors_header"
+"$cxx" "${common[@]}" -fsanitize=fuzzer "$work"/*.o -o "$work/fuzz_$target"
 echo "fuzz: built in $(( $(date +%s) - start )) s, fuzzing for ${seconds} s"
 
 mkdir -p "$work/corpus" "$work/findings"
-cp "$root"/fuzz/corpus/* "$work/corpus/"
+cp "${seeds[@]}" "$work/corpus/"
 status=0
 ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
-  "$work/fuzz_safetensors_header" "$work/corpus" \
-  -dict="$root/fuzz/safetensors.dict" -max_total_time="$seconds" -timeout=10 \
+  "$work/fuzz_$target" "$work/corpus" \
+  "${extra[@]}" -max_total_time="$seconds" -timeout=10 \
   -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
   -artifact_prefix="$work/findings/" >"$work/fuzz.log" 2>&1 || status=$?
 if [ "$status" != 0 ] || [ -n "$(ls -A "$work/findings")" ]; then

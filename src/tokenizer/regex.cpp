@@ -62,7 +62,10 @@ bool char_matches(const Node& n, char32_t c) {
 
 class Parser {
  public:
-  explicit Parser(std::string_view pattern) : src_(pattern), p_(utf8_to_u32(pattern, "regex pattern")) {}
+  explicit Parser(std::string_view pattern) : src_(pattern), p_(utf8_to_u32(pattern, "regex pattern")) {
+    // Matching recurses once per pattern element; shipped patterns are under 300 code points.
+    if (p_.size() > 2048) TETRA_FAIL("unsupported pre-tokenizer regex construct (pattern longer than 2048 code points)");
+  }
 
   std::unique_ptr<Node> parse() {
     auto n = alternation(false);
@@ -114,6 +117,9 @@ class Parser {
     }
     if (lo < 0) return atom_node;
     if (atom_node->kind == Kind::Look) fail("quantified lookahead");
+    // Repeating a group recurses once per repetition; the shipped patterns only repeat single
+    // characters and classes (an iterative loop), so long group repeats are refused.
+    if (!atom_node->single() && (hi < 0 || hi > kMaxGroupRepeat)) fail("group repeated more than 16 times");
     auto rep = std::make_unique<Node>(Kind::Repeat);
     rep->min = lo, rep->max = hi;
     rep->lazy = eat('?');
@@ -144,6 +150,8 @@ class Parser {
   }
 
   std::unique_ptr<Node> group(bool icase) {
+    // Real patterns nest two or three deep; a bound keeps parsing and matching off deep recursion.
+    if (++depth_ > kMaxDepth) fail("groups nested deeper than 32");
     std::unique_ptr<Node> n;
     if (eat('?')) {
       if (eat(':')) {
@@ -164,6 +172,7 @@ class Parser {
       n = alternation(icase);  // captures are not needed: a plain group
     }
     if (!eat(')')) fail("missing ')'");
+    --depth_;
     return n;
   }
 
@@ -251,9 +260,12 @@ class Parser {
     return set;
   }
 
+  static constexpr int kMaxDepth = 32;
+  static constexpr int kMaxGroupRepeat = 16;
   std::string_view src_;
   std::u32string p_;
   size_t i_ = 0;
+  int depth_ = 0;
 };
 
 using Cont = std::function<bool(size_t)>;

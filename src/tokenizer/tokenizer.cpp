@@ -358,6 +358,11 @@ Tokenizer Tokenizer::from_json(const json& j, std::string_view label) {
     }
     impl->bpe = std::make_unique<Bpe>(std::move(vocab), merges, get_bool(model, "ignore_merges", false, mwhere), mwhere);
 
+    // Hugging Face re-adds the listed tokens when loading: a token already in the vocabulary
+    // keeps that id, a new one gets the next id after the vocabulary (its "id" is not read).
+    // A file whose ids disagree would tokenize differently there, so it is refused.
+    int32_t next_added = int32_t(impl->bpe->vocab().size());
+    std::unordered_map<std::string, int32_t> added_ids;
     if (j.contains("added_tokens") && !j.at("added_tokens").is_null()) {
       const json& list = j.at("added_tokens");
       if (!list.is_array()) TETRA_FAIL(where, ": added_tokens must be an array");
@@ -373,6 +378,17 @@ Tokenizer Tokenizer::from_json(const json& j, std::string_view label) {
         t.rstrip = get_bool(a, "rstrip", false, awhere);
         t.normalized = get_bool(a, "normalized", false, awhere);
         t.special = get_bool(a, "special", false, awhere);
+        int32_t expected;
+        if (const auto in_vocab = impl->bpe->vocab().find(t.content); in_vocab != impl->bpe->vocab().end())
+          expected = in_vocab->second;
+        else if (const auto seen = added_ids.find(t.content); seen != added_ids.end())
+          expected = seen->second;
+        else
+          expected = next_added++;
+        added_ids.emplace(t.content, expected);
+        if (t.id != expected)
+          TETRA_FAIL(awhere, ": '", t.content, "' has id ", t.id, " but would get id ", expected,
+                     " (added tokens not in the vocabulary must follow it in order)");
         if (impl->added_by_id.count(t.id)) TETRA_FAIL(awhere, ": id ", t.id, " listed twice");
         impl->added_by_id[t.id] = impl->added.size();
         max_id = std::max(max_id, t.id);

@@ -66,15 +66,15 @@ TEST(Tokenizer, Glm4DigitsTemplateAndStrip) {
   // \p{N}{1,3}: "123" "45" -> 12 merges only inside the first piece.
   EXPECT_EQ(glm().encode("12345", false), (V{268, '3', '4', '5'}));
   EXPECT_EQ(glm().encode("4512", false), (V{'4', '5', '1', '2'}));  // "451" "2": no 1+2 merge
-  EXPECT_EQ(glm().encode("hello"), (V{301, 302, 259}));             // [gMASK] <sop> prepended
+  EXPECT_EQ(glm().encode("hello"), (V{271, 272, 259}));             // [gMASK] <sop> prepended
   // No normalizer: e + U+0301 stays two pieces (the mark is not a letter).
   EXPECT_EQ(glm().encode("e\xCC\x81", false), (V{'e', 0xCC, 0x81}));
   // <|user|> has lstrip and rstrip: the spaces around it go with it.
-  EXPECT_EQ(glm().encode("hi <|user|> there", false), (V{'h', 'i', 303, 't', 256, 'r', 'e'}));
+  EXPECT_EQ(glm().encode("hi <|user|> there", false), (V{'h', 'i', 273, 't', 256, 'r', 'e'}));
 }
 
 TEST(Tokenizer, DeepSeekSplitsAndBos) {
-  EXPECT_EQ(deepseek().encode("hello, world"), (V{300, 259, ',', 264}));
+  EXPECT_EQ(deepseek().encode("hello, world"), (V{270, 259, ',', 264}));
   EXPECT_EQ(deepseek().encode("12345", false), (V{268, '3', '4', '5'}));
   EXPECT_EQ(deepseek().encode("!hello", false), (V{269}));  // [punct][A-Za-z]+ is one piece
   // CJK run isolated by the second Split, bytes of 中文 then abc.
@@ -88,12 +88,12 @@ TEST(Tokenizer, Gpt2ByteLevelRegex) {
 }
 
 TEST(Tokenizer, AddedTokens) {
-  EXPECT_EQ(qwen().encode("<|im_start|>hello<|im_end|>"), (V{301, 259, 302}));
-  EXPECT_EQ(qwen().encode("x<|endoftext|>"), (V{'x', 300}));
+  EXPECT_EQ(qwen().encode("<|im_start|>hello<|im_end|>"), (V{271, 259, 272}));
+  EXPECT_EQ(qwen().encode("x<|endoftext|>"), (V{'x', 270}));
   EXPECT_EQ(qwen().encode("<|im_start"), (V{'<', '|', 'i', 'm', '_', 's', 't', 'a', 'r', 't'}));
-  EXPECT_TRUE(qwen().is_special(300));
-  EXPECT_FALSE(qwen().is_special(303));
-  EXPECT_EQ(qwen().token_to_id("<think>"), 303);
+  EXPECT_TRUE(qwen().is_special(270));
+  EXPECT_FALSE(qwen().is_special(273));
+  EXPECT_EQ(qwen().token_to_id("<think>"), 273);
   EXPECT_EQ(qwen().token_to_id("hello"), 259);
   EXPECT_FALSE(qwen().token_to_id("nope").has_value());
 }
@@ -144,7 +144,7 @@ TEST(TokenizerStream, JoinedEqualsDecodeAndEveryPieceIsValid) {
   // Ids biased to multi-byte lead and continuation bytes, plus merges and added tokens.
   std::vector<int32_t> pool;
   for (int b = 0x80; b < 0x100; ++b) pool.push_back(b);
-  for (int32_t id : V{'a', ' ', 259, 264, 265, 300, 301, 303}) pool.push_back(id);
+  for (int32_t id : V{'a', ' ', 259, 264, 265, 270, 271, 273}) pool.push_back(id);
   for (int trial = 0; trial < 2000; ++trial) {
     V ids(rng() % 12);
     for (auto& id : ids) id = pool[rng() % pool.size()];
@@ -188,6 +188,9 @@ TEST(TokenizerLoad, ClearErrors) {
   j["model"]["vocab"]["x"] = "seven";
   EXPECT_NE(load_error(j).find("bad.json"), std::string::npos);
   j = qwen_json();
+  j["added_tokens"][0]["id"] = 300;  // the reference would renumber it to 270
+  EXPECT_NE(load_error(j).find("has id 300 but would get id 270"), std::string::npos) << load_error(j);
+  j = qwen_json();
   j.erase("model");
   EXPECT_NE(load_error(j).find("missing \"model\""), std::string::npos);
   try {
@@ -204,10 +207,10 @@ TEST(TokenizeCli, IdsDecodeBatchAndErrors) {
   auto r = test::run_tetra("tokenize " + tok + " --text 'hello world'");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output, "259,264\n");
-  r = test::run_tetra("tokenize " + tok + " --decode 301,259,302");
+  r = test::run_tetra("tokenize " + tok + " --decode 271,259,272");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output, "<|im_start|>hello<|im_end|>\n");
-  r = test::run_tetra("tokenize " + tok + " --decode 301,259,302 --skip-special-tokens");
+  r = test::run_tetra("tokenize " + tok + " --decode 271,259,272 --skip-special-tokens");
   EXPECT_EQ(r.output, "hello\n");
   test::TempDir dir("tokcli");
   const auto batch = dir.path() / "batch.json";

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the small tokenizer.json files the tokenizer tests use. Byte b has id b (in GPT-2's
 byte-level alphabet); merges then add ids 256, 257, ... in the order listed, so expected ids can
-be worked out by hand. Run from this folder: python3 make_tokenizers.py"""
+be worked out by hand; added tokens follow the vocabulary (270, 271, ...), as Hugging Face
+numbers them. Run from this folder: python3 make_tokenizers.py"""
 import json
 
 QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -69,8 +70,8 @@ def write(name, obj):
 def main():
     qwen = {
         "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [added(300, "<|endoftext|>"), added(301, "<|im_start|>"), added(302, "<|im_end|>"),
-                         added(303, "<think>", special=False)],
+        "added_tokens": [added(270, "<|endoftext|>"), added(271, "<|im_start|>"), added(272, "<|im_end|>"),
+                         added(273, "<think>", special=False)],
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": QWEN2_PATTERN}, "behavior": "Isolated", "invert": False},
@@ -83,8 +84,8 @@ def main():
 
     glm = dict(qwen)
     glm["normalizer"] = None
-    glm["added_tokens"] = [added(300, "<|endoftext|>"), added(301, "[gMASK]"), added(302, "<sop>"),
-                           added(303, "<|user|>", lstrip=True, rstrip=True)]
+    glm["added_tokens"] = [added(270, "<|endoftext|>"), added(271, "[gMASK]"), added(272, "<sop>"),
+                           added(273, "<|user|>", lstrip=True, rstrip=True)]
     glm["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": GLM4_PATTERN}, "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
@@ -93,15 +94,15 @@ def main():
                                         {"SpecialToken": {"id": "<sop>", "type_id": 0}},
                                         {"Sequence": {"id": "A", "type_id": 0}}],
                              "pair": [], "special_tokens": {
-                                 "[gMASK]": {"id": "[gMASK]", "ids": [301], "tokens": ["[gMASK]"]},
-                                 "<sop>": {"id": "<sop>", "ids": [302], "tokens": ["<sop>"]}}}
+                                 "[gMASK]": {"id": "[gMASK]", "ids": [271], "tokens": ["[gMASK]"]},
+                                 "<sop>": {"id": "<sop>", "ids": [272], "tokens": ["<sop>"]}}}
     glm["model"] = bpe(MERGES, pair_format=True)
     write("glm4_style.json", glm)
 
     ds = dict(qwen)
     ds["normalizer"] = {"type": "Sequence", "normalizers": []}
-    ds["added_tokens"] = [added(300, "<｜begin▁of▁sentence｜>"), added(301, "<｜end▁of▁sentence｜>"),
-                          added(302, "<｜User｜>", special=False)]
+    ds["added_tokens"] = [added(270, "<｜begin▁of▁sentence｜>"), added(271, "<｜end▁of▁sentence｜>"),
+                          added(272, "<｜User｜>", special=False)]
     ds["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": p}, "behavior": "Isolated", "invert": False}
         for p in DEEPSEEK_PATTERNS] + [
@@ -110,7 +111,7 @@ def main():
                             "single": [{"SpecialToken": {"id": "<｜begin▁of▁sentence｜>", "type_id": 0}},
                                        {"Sequence": {"id": "A", "type_id": 0}}],
                             "pair": [], "special_tokens": {"<｜begin▁of▁sentence｜>": {
-                                "id": "<｜begin▁of▁sentence｜>", "ids": [300], "tokens": ["<｜begin▁of▁sentence｜>"]}}}
+                                "id": "<｜begin▁of▁sentence｜>", "ids": [270], "tokens": ["<｜begin▁of▁sentence｜>"]}}}
     ds["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
     write("deepseek_v3_style.json", ds)
 
