@@ -109,7 +109,7 @@ json tiny_common(json j) {
   j["vocab_size"] = 512;
   j["max_position_embeddings"] = 4096;
   j["intermediate_size"] = 128;
-  j["moe_intermediate_size"] = 32;
+  j["moe_intermediate_size"] = 64;  // the W4A16 GEMMs need a multiple of 64
   j["n_routed_experts"] = 16;
   j["num_experts_per_tok"] = 4;
   j["num_nextn_predict_layers"] = 0;  // tiny checkpoints carry no MTP layer

@@ -46,11 +46,10 @@ std::vector<BackendCaps> declare() {
     b.sm_note = kSm90aOnly;
     b.smem = {hopper_smem()};
     b.layouts = {TokenLayout::Masked, TokenLayout::Contiguous};
-    b.hidden_align = 16;  // one NVFP4 block along K
-    // The GEMMs (w4a16_moe.cu) refuse an intermediate that is not a multiple of 64; the tiny
-    // presets (I = 32) still pass here because the runtime does not call those GEMMs yet.
-    // Tighten to 64 when the layer runner lands (and grow the tiny presets' width to 64).
-    b.inter_align = 16;
+    // The GEMMs read k in chunks of 64 (moe_shape_unsupported_reason): hidden is GEMM1's k,
+    // the intermediate is GEMM2's k, so both must be multiples of 64.
+    b.hidden_align = 64;
+    b.inter_align = 64;
     b.multi_gpu = true;
     b.supports_ep = true;
     b.activations = {"silu"};

@@ -257,10 +257,14 @@ TEST(BackendCaps, WeightFormatMismatch) {
 }
 
 TEST(BackendCaps, AlignmentOfThePerGpuIntermediate) {
-  // Qwen3-30B-A3B at tp=8: 768 / 8 = 96 per GPU.
+  // Qwen3-30B-A3B at tp=4: 768 / 4 = 192 per GPU, a multiple of the GEMMs' 64-wide k chunk.
+  EXPECT_TRUE(verdict("cuda-w4a16", workload("qwen3-30b-a3b", QuantAlgo::NVFP4, 4), on("h200")).ok);
+  // At tp=8: 768 / 8 = 96 per GPU, which the W4A16 GEMMs cannot take.
   const MoeWorkload w = workload("qwen3-30b-a3b", QuantAlgo::NVFP4, 8);
   EXPECT_EQ(w.moe_intermediate_per_gpu, 96);
-  EXPECT_TRUE(verdict("cuda-w4a16", w, on("h200")).ok);  // 96 % 16 == 0
+  const Verdict real = verdict("cuda-w4a16", w, on("h200"));
+  EXPECT_TRUE(has_reason(real, "moe intermediate per GPU 96 (768 / 8) is not a multiple of 64"))
+      << dump(real);
   BackendCaps fake = *find_backend("cuda-w4a16");
   fake.inter_align = 128;
   fake.hidden_align = 4096 + 512;

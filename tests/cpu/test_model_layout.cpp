@@ -53,7 +53,7 @@ QuantConfig nvfp4(std::vector<std::string> exclude = {"lm_head"}) {
 
 TEST(ModelLayout, Bf16NamesDtypesShapesGlm47) {
   // tiny-glm4.7: hidden 64, 3 layers (layer 0 dense), 4 heads / 2 KV heads of 32, q/k/v bias,
-  // q/k norm, 16 experts of width 32, 1 shared expert, dense width 128, vocab 512.
+  // q/k norm, 16 experts of width 64, 1 shared expert, dense width 128, vocab 512.
   const ModelConfig c = preset_config("tiny-glm4.7");
   const auto m = by_name(expected_tensors(model_layout(c), QuantConfig{}));
   const auto bf = DType::BF16;
@@ -86,14 +86,14 @@ TEST(ModelLayout, Bf16NamesDtypesShapesGlm47) {
     expect_tensor(m, p + "gate.e_score_correction_bias", DType::F32, {16});
     for (int e : {0, 7, 15}) {
       const std::string ep = p + "experts." + std::to_string(e) + ".";
-      expect_tensor(m, ep + "gate_proj.weight", bf, {32, 64});
-      expect_tensor(m, ep + "up_proj.weight", bf, {32, 64});
-      expect_tensor(m, ep + "down_proj.weight", bf, {64, 32});
+      expect_tensor(m, ep + "gate_proj.weight", bf, {64, 64});
+      expect_tensor(m, ep + "up_proj.weight", bf, {64, 64});
+      expect_tensor(m, ep + "down_proj.weight", bf, {64, 64});
     }
     EXPECT_FALSE(m.count(p + "experts.16.gate_proj.weight"));
-    expect_tensor(m, p + "shared_experts.gate_proj.weight", bf, {32, 64});
-    expect_tensor(m, p + "shared_experts.up_proj.weight", bf, {32, 64});
-    expect_tensor(m, p + "shared_experts.down_proj.weight", bf, {64, 32});
+    expect_tensor(m, p + "shared_experts.gate_proj.weight", bf, {64, 64});
+    expect_tensor(m, p + "shared_experts.up_proj.weight", bf, {64, 64});
+    expect_tensor(m, p + "shared_experts.down_proj.weight", bf, {64, 64});
   }
   // 3 global; per layer 2 norms + 4 attention weights + 3 biases + 2 q/k norms = 11;
   // dense MLP 3; MoE router 2 + 16 experts * 3 + shared 3.
@@ -122,9 +122,9 @@ TEST(ModelLayout, Nvfp4MlaShapes) {
   EXPECT_FALSE(m.count(a + "q_proj.weight"));
   EXPECT_FALSE(m.count(a + "indexer.wk.weight"));  // DeepSeek-V3 has no DSA indexer
   expect_fp4("model.layers.0.mlp.gate_proj", 128, 64);
-  expect_fp4("model.layers.1.mlp.experts.3.gate_proj", 32, 64);
-  expect_fp4("model.layers.1.mlp.experts.3.down_proj", 64, 32);
-  expect_fp4("model.layers.2.mlp.shared_experts.up_proj", 32, 64);
+  expect_fp4("model.layers.1.mlp.experts.3.gate_proj", 64, 64);
+  expect_fp4("model.layers.1.mlp.experts.3.down_proj", 64, 64);
+  expect_fp4("model.layers.2.mlp.shared_experts.up_proj", 64, 64);
   // Never quantized: router, its bias, embeddings, lm_head (excluded), norms.
   expect_tensor(m, "model.layers.1.mlp.gate.weight", bf, {16, 64});
   expect_tensor(m, "model.layers.1.mlp.gate.e_score_correction_bias", f32, {16});
@@ -270,7 +270,7 @@ TEST(ModelLayout, QuantizableAndKinds) {
   EXPECT_EQ(e.layer, 2);
   EXPECT_EQ(e.expert, 9);
   EXPECT_EQ(e.out_features, 64);
-  EXPECT_EQ(e.in_features, 32);
+  EXPECT_EQ(e.in_features, 64);
   EXPECT_EQ(find_linear(l, "model.layers.2.mlp.shared_experts.down_proj").expert, -1);
   EXPECT_EQ(find_linear(l, "model.layers.0.mlp.down_proj").kind, ModuleKind::DenseMlp);
   EXPECT_EQ(module_kind_name(ModuleKind::RoutedExpert), "routed_expert");
@@ -305,8 +305,8 @@ TEST(ModelSize, TinyCountsByHand) {
   const int64_t attn = (128 * 64 + 128) + (64 * 64 + 64) * 2 + 64 * 128 + 32 * 2 + 64 * 2;
   const int64_t dense = 3 * 128 * 64;
   const int64_t router = 16 * 64;
-  const int64_t expert = 3 * 32 * 64;
-  const int64_t shared = 3 * 32 * 64;
+  const int64_t expert = 3 * 64 * 64;
+  const int64_t shared = 3 * 64 * 64;
   const int64_t total = embed + lm_head + final_norm + 3 * attn + dense + 2 * (router + 16 * expert + shared);
   const int64_t active = total - embed + 64 - 2 * 16 * expert + 2 * 4 * expert;
 
@@ -326,9 +326,9 @@ TEST(ModelSize, Nvfp4BytesByHand) {
   const ModelConfig c = preset_config("tiny-glm4.7");
   const ModelSize bf = model_size(c, QuantConfig{});
   const ModelSize fp4 = model_size(c, nvfp4());
-  // One expert linear [32, 64]: packed 32*64/2 + scales 32*64/16 + s2 + input_scale.
-  const double gate_up = 32 * 64 / 2.0 + 32 * 64 / 16.0 + 4 + 4;
-  const double down = 64 * 32 / 2.0 + 64 * 32 / 16.0 + 4 + 4;  // [64, 32]
+  // One expert linear [64, 64]: packed 64*64/2 + scales 64*64/16 + s2 + input_scale.
+  const double gate_up = 64 * 64 / 2.0 + 64 * 64 / 16.0 + 4 + 4;
+  const double down = 64 * 64 / 2.0 + 64 * 64 / 16.0 + 4 + 4;  // [64, 64]
   const double one_expert = 2 * gate_up + down;
   EXPECT_DOUBLE_EQ(fp4.total.at(ModuleKind::RoutedExpert).bytes, 2 * 16 * one_expert);
   EXPECT_DOUBLE_EQ(fp4.active.at(ModuleKind::RoutedExpert).bytes, 2 * 4 * one_expert);
