@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "tokenizer/byte_level.h"
 #include "tokenizer/unicode.h"
 
 namespace tetra::tok {
@@ -16,6 +17,12 @@ Bpe::Bpe(std::unordered_map<std::string, int32_t> vocab,
          const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
          std::string_view label)
     : vocab_(std::move(vocab)), ignore_merges_(ignore_merges) {
+  for (int b = 0; b < 256; ++b) {
+    std::string sym;
+    append_utf8(sym, byte_to_char(static_cast<unsigned char>(b)));
+    const auto it = vocab_.find(sym);
+    byte_id_[b] = it == vocab_.end() ? -1 : it->second;
+  }
   merges_.reserve(merges.size());
   for (size_t r = 0; r < merges.size(); ++r) {
     const auto& [a, b] = merges[r];
@@ -27,21 +34,17 @@ Bpe::Bpe(std::unordered_map<std::string, int32_t> vocab,
   }
 }
 
-void Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+void Bpe::encode_word(std::string_view raw_bytes, std::vector<int32_t>& out) const {
   if (ignore_merges_) {
-    if (const auto it = vocab_.find(std::string(word)); it != vocab_.end()) {
+    if (const auto it = vocab_.find(bytes_to_byte_level(raw_bytes)); it != vocab_.end()) {
       out.push_back(it->second);
       return;
     }
   }
   std::vector<int32_t> sym;  // [symbols] current token ids
-  for (size_t i = 0; i < word.size();) {
-    size_t len = utf8_sequence_length(word, i);
-    if (len == 0) len = 1;  // cannot happen for byte-level text; never loop forever
-    const auto it = vocab_.find(std::string(word.substr(i, len)));
-    if (it != vocab_.end()) sym.push_back(it->second);
-    i += len;
-  }
+  sym.reserve(raw_bytes.size());
+  for (char b : raw_bytes)
+    if (const int32_t id = byte_id_[static_cast<unsigned char>(b)]; id >= 0) sym.push_back(id);
   while (sym.size() > 1) {
     int32_t best_rank = std::numeric_limits<int32_t>::max(), best_id = -1;
     size_t best_at = 0;

@@ -18,9 +18,10 @@ class Bpe {
       const std::vector<std::pair<std::string, std::string>>& merges, bool ignore_merges,
       std::string_view label);
 
-  // Appends the ids of `word`. Characters missing from the vocabulary are dropped (there is no
-  // unknown token in byte-level vocabularies; Hugging Face drops them too).
-  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  // Appends the ids of one pre-tokenized piece given as raw bytes (each byte is one symbol of
+  // the byte-level alphabet). Bytes whose symbol is missing from the vocabulary are dropped
+  // (byte-level vocabularies have all 256; Hugging Face drops missing ones too).
+  void encode_word(std::string_view raw_bytes, std::vector<int32_t>& out) const;
 
   const std::unordered_map<std::string, int32_t>& vocab() const { return vocab_; }
 
@@ -29,6 +30,7 @@ class Bpe {
   std::unordered_map<std::string, int32_t> vocab_;
   std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) -> rank, result
   bool ignore_merges_;
+  int32_t byte_id_[256];  // [256] id of each byte's one-symbol token, -1 when missing
 };
 
 }  // namespace tetra::tok

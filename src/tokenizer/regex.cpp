@@ -1,7 +1,5 @@
 #include "tokenizer/regex.h"
 
-#include <functional>
-
 #include "core/error.h"
 #include "tokenizer/unicode.h"
 
@@ -268,7 +266,18 @@ class Parser {
   int depth_ = 0;
 };
 
-using Cont = std::function<bool(size_t)>;
+// A non-owning reference to a callable bool(size_t): continuations live on the caller's stack
+// for the whole call, and std::function would heap-allocate their captures at every step.
+class Cont {
+ public:
+  template <typename F>
+  Cont(const F& f) : obj_(&f), call_([](const void* o, size_t i) { return (*static_cast<const F*>(o))(i); }) {}  // NOLINT: implicit by design
+  bool operator()(size_t i) const { return call_(obj_, i); }
+
+ private:
+  const void* obj_;
+  bool (*call_)(const void*, size_t);
+};
 
 class Matcher {
  public:
@@ -286,7 +295,8 @@ class Matcher {
           if (match(*kid, i, k)) return true;
         return false;
       case Kind::Look: {
-        const bool hit = match(*n.kids[0], i, [](size_t) { return true; });
+        const auto accept = [](size_t) { return true; };
+        const bool hit = match(*n.kids[0], i, accept);
         return hit != n.negative && k(i);
       }
       case Kind::Repeat: {
@@ -301,7 +311,8 @@ class Matcher {
  private:
   bool seq(const Node& n, size_t idx, size_t i, const Cont& k) const {
     if (idx == n.kids.size()) return k(i);
-    return match(*n.kids[idx], i, [&](size_t j) { return seq(n, idx + 1, j, k); });
+    const auto next = [&](size_t j) { return seq(n, idx + 1, j, k); };
+    return match(*n.kids[idx], i, next);
   }
 
   // A run of one-character matches: count the longest run, then try lengths in priority order.
@@ -346,7 +357,8 @@ std::pair<size_t, size_t> Regex::find(std::u32string_view text, size_t from) con
   const Matcher m(text);
   for (size_t start = from; start < text.size(); ++start) {
     size_t end = start;
-    if (m.match(*root_, start, [&](size_t e) { return e > start && (end = e, true); }))
+    const auto done = [&](size_t e) { return e > start && (end = e, true); };
+    if (m.match(*root_, start, done))
       return {start, end};
   }
   return {std::u32string::npos, std::u32string::npos};

@@ -79,6 +79,7 @@ struct Tokenizer::Impl {
   std::unique_ptr<Bpe> bpe;
   std::vector<AddedToken> added;
   std::unordered_map<int32_t, size_t> added_by_id;  // id -> index in `added`
+  std::vector<std::vector<size_t>> added_by_first_byte = std::vector<std::vector<size_t>>(256);  // [256] -> indices in `added`
   std::vector<std::string> bytes_of;               // [vocab_size] raw bytes per id
   std::vector<char> known;                         // [vocab_size] id has a token
   std::vector<TemplateItem> single;                // empty: no post-processing
@@ -209,7 +210,7 @@ void Tokenizer::Impl::split_added(std::string_view text, bool normalized_stage,
   while (i < text.size()) {
     int best = -1;
     size_t best_len = 0;
-    for (size_t t = 0; t < added.size(); ++t) {
+    for (size_t t : added_by_first_byte[static_cast<unsigned char>(text[i])]) {
       const AddedToken& a = added[t];
       if (a.normalized != normalized_stage || a.content.empty()) continue;
       if (a.content.size() <= best_len || text.compare(i, a.content.size(), a.content) != 0) continue;
@@ -286,7 +287,7 @@ void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<int32_t>& 
     }
     pieces = std::move(next);
   }
-  for (const std::string& piece : pieces) bpe->encode_word(bytes_to_byte_level(piece), out);
+  for (const std::string& piece : pieces) bpe->encode_word(piece, out);
 }
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -391,6 +392,7 @@ Tokenizer Tokenizer::from_json(const json& j, std::string_view label) {
                      " (added tokens not in the vocabulary must follow it in order)");
         if (impl->added_by_id.count(t.id)) TETRA_FAIL(awhere, ": id ", t.id, " listed twice");
         impl->added_by_id[t.id] = impl->added.size();
+        impl->added_by_first_byte[static_cast<unsigned char>(t.content[0])].push_back(impl->added.size());
         max_id = std::max(max_id, t.id);
         impl->added.push_back(std::move(t));
       }

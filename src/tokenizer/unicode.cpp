@@ -1,6 +1,7 @@
 #include "tokenizer/unicode.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 #include "tokenizer/unicode_tables.h"
@@ -98,14 +99,57 @@ char32_t compose_pair(char32_t a, char32_t b) {
 
 }  // namespace
 
-Category category(char32_t cp) {
+namespace {
+
+Category category_slow(char32_t cp) {
   const CategoryRange* r = find_range(kCategoryRanges, kCategoryRangeCount, cp);
   return r ? static_cast<Category>(r->group) : Category::Other;
 }
 
-bool is_white_space(char32_t cp) { return find_range(kWhiteSpace, kWhiteSpaceCount, cp) != nullptr; }
+// The Basic Multilingual Plane, where nearly all text lives, looked up in O(1): [65536] entries
+// of category (low 3 bits), White_Space (bit 3), nonzero combining class (bit 4).
+struct BmpTable {
+  std::vector<unsigned char> bits;
+  BmpTable() : bits(0x10000) {
+    for (char32_t cp = 0; cp < 0x10000; ++cp) {
+      unsigned char b = static_cast<unsigned char>(category_slow(cp));
+      if (find_range(kWhiteSpace, kWhiteSpaceCount, cp)) b |= 8;
+      if (find_range(kCombiningRanges, kCombiningRangeCount, cp)) b |= 16;
+      bits[cp] = b;
+    }
+  }
+};
+
+const BmpTable& bmp() {
+  static const BmpTable t;
+  return t;
+}
+
+// The smallest second member of any composition pair: nothing below it can compose with its
+// predecessor, so the pair search is skipped for it.
+char32_t min_composition_second() {
+  static const char32_t v = [] {
+    char32_t m = kVBase;  // Hangul V jamo compose too
+    for (size_t i = 0; i < kCompositionCount; ++i) m = std::min(m, kCompositions[i].second);
+    return m;
+  }();
+  return v;
+}
+
+}  // namespace
+
+Category category(char32_t cp) {
+  if (cp < 0x10000) return static_cast<Category>(bmp().bits[cp] & 7);
+  return category_slow(cp);
+}
+
+bool is_white_space(char32_t cp) {
+  if (cp < 0x10000) return (bmp().bits[cp] & 8) != 0;
+  return find_range(kWhiteSpace, kWhiteSpaceCount, cp) != nullptr;
+}
 
 int combining_class(char32_t cp) {
+  if (cp < 0x10000 && !(bmp().bits[cp] & 16)) return 0;
   const CombiningRange* r = find_range(kCombiningRanges, kCombiningRangeCount, cp);
   return r ? r->ccc : 0;
 }
@@ -179,7 +223,10 @@ std::string utf8_lossy(std::string_view s) {
 std::u32string nfd(std::u32string_view s) {
   std::u32string out;
   out.reserve(s.size());
-  for (char32_t cp : s) decompose(cp, out);
+  for (char32_t cp : s) {
+    if (cp < 0xC0) out.push_back(cp);  // Basic Latin and Latin-1 symbols never decompose
+    else decompose(cp, out);
+  }
   // Canonical ordering: stable-sort each run of non-starters by combining class.
   for (size_t i = 0; i < out.size();) {
     if (combining_class(out[i]) == 0) {
@@ -202,7 +249,7 @@ std::u32string nfc(std::u32string_view s) {
   size_t starter = std::u32string::npos;  // index in out of the last starter
   for (char32_t c : d) {
     const int cc = combining_class(c);
-    if (starter != std::u32string::npos) {
+    if (starter != std::u32string::npos && c >= min_composition_second()) {
       const bool adjacent = starter + 1 == out.size();
       // Blocked when a character in between has a class >= this one (or is a starter).
       const bool blocked = !adjacent && combining_class(out.back()) >= cc;
