@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""Tetra's model runtime against Hugging Face transformers on tiny random-weight models.
+
+For each architecture variant below the script writes a BF16 checkpoint (weights from a seeded
+torch generator, HF tensor names, a config.json it sets itself), quantizes it with
+`tetra quantize`, and compares logits:
+  - bf16:  Tetra on the BF16 checkpoint vs transformers (float32 compute) on the same weights;
+  - nvfp4: Tetra on the NVFP4 checkpoint vs transformers (float32) on the NVFP4 weights
+           dequantized here (E2M1 * E4M3 block scale * global scale, numpy/torch).
+Tetra runs `tetra logits`: all prompts (different lengths) prefilled as one varlen batch, then
+--decode-steps greedy steps through the paged KV cache; transformers scores prompt + Tetra's
+generated tokens in one pass, so every position is compared on the same token history.
+Pass: top-1 equal on >= 99% of positions, and relative error ||t - h|| / ||h|| (per prompt, the
+worst prompt) <= 2e-2 OR no larger than transformers' own bf16 inference's error against its
+float32 result on the same weights and tokens (the noise floor of bf16 inference; on these MoE
+models near-tied expert choices flip under any bf16 rounding, so that floor is above 2e-2).
+
+Random weights give near-uniform logits whose top-1 is decided by rounding noise, so the test
+models get one structure real LMs have, a confident next token: lm_head is a row permutation of
+the embedding (the residual stream still carries every layer's output at about the embedding's
+size, so a wrong layer moves the logits by O(1)). transformers in bf16 vs float32 is printed
+as the noise floor of bf16 inference.
+
+usage: compare_hf.py --tetra build/tetra --work /tmp/cmp [--backends cpu,cuda] [--decode-steps 64]
+Exit status 1 when any comparison fails (a backend that is not built is reported as skipped).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+REL_TOL = 2e-2
+TOP1_MIN = 0.99
+
+# hidden 128, 4 heads of 64 over 2 KV heads (the CUDA attention takes head_dim 64 or 128),
+# 3 layers, 16 experts top-4, vocab 1024.
+COMMON = dict(hidden_size=128, num_hidden_layers=3, vocab_size=1024, max_position_embeddings=4096,
+              rms_norm_eps=1e-5, tie_word_embeddings=False, intermediate_size=256,
+              moe_intermediate_size=64, num_experts_per_tok=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, hidden_act="silu", torch_dtype="bfloat16",
+              rope_theta=1000000.0, norm_topk_prob=True)
+
+
+def glm4_moe(name, attention_bias, use_qk_norm, n_group, topk_group, scaling):
+    c = dict(COMMON, architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe",
+             n_routed_experts=16, n_shared_experts=1, first_k_dense_replace=1,
+             n_group=n_group, topk_group=topk_group, routed_scaling_factor=scaling,
+             attention_bias=attention_bias, use_qk_norm=use_qk_norm, partial_rotary_factor=0.5,
+             num_nextn_predict_layers=0)
+    # Newer transformers read RoPE from rope_parameters, older ones from the top level.
+    c["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0,
+                            "partial_rotary_factor": 0.5}
+    return name, c
+
+
+def qwen3_moe(name):
+    c = dict(COMMON, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+             num_experts=16, decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False)
+    c["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0}
+    return name, c
+
+
+VARIANTS = [
+    glm4_moe("glm4moe-bias-noqknorm", True, False, 1, 1, 2.5),    # GLM-4.5-Air style
+    glm4_moe("glm4moe-qknorm-grouped", False, True, 4, 2, 1.0),   # qk-norm, group-limited routing
+    qwen3_moe("qwen3moe"),
+]
+
+
+def make_weights(c, seed):
+    """HF-named tensors (bf16, the router correction bias f32) for config c."""
+    g = torch.Generator().manual_seed(seed)
+    H, V, hd = c["hidden_size"], c["vocab_size"], c["head_dim"]
+    nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+    glm = c["model_type"] == "glm4_moe"
+    E = c["n_routed_experts"] if glm else c["num_experts"]
+    I, Im = c["intermediate_size"], c["moe_intermediate_size"]
+    t = {}
+
+    def randn(*shape, std=1.0):
+        return (torch.randn(*shape, generator=g) * std).to(torch.bfloat16)
+
+    def linear(name, n, k, bias=False):
+        t[name + ".weight"] = randn(n, k, std=k ** -0.5)
+        if bias:
+            t[name + ".bias"] = randn(n, std=0.1)
+
+    def norm(name, n):
+        t[name] = (1.0 + torch.randn(n, generator=g) * 0.1).to(torch.bfloat16)
+
+    def mlp(p, width):
+        linear(p + "gate_proj", width, H)
+        linear(p + "up_proj", width, H)
+        linear(p + "down_proj", H, width)
+
+    t["model.embed_tokens.weight"] = randn(V, H)
+    perm = torch.randperm(V, generator=g)
+    t["lm_head.weight"] = t["model.embed_tokens.weight"][perm].clone()
+    for L in range(c["num_hidden_layers"]):
+        p = f"model.layers.{L}."
+        norm(p + "input_layernorm.weight", H)
+        norm(p + "post_attention_layernorm.weight", H)
+        a = p + "self_attn."
+        linear(a + "q_proj", nh * hd, H, c["attention_bias"])
+        linear(a + "k_proj", nkv * hd, H, c["attention_bias"])
+        linear(a + "v_proj", nkv * hd, H, c["attention_bias"])
+        linear(a + "o_proj", H, nh * hd, c["attention_bias"] and not glm)
+        if c.get("use_qk_norm", not glm):
+            norm(a + "q_norm.weight", hd)
+            norm(a + "k_norm.weight", hd)
+        dense = L < c["first_k_dense_replace"] if glm else False
+        if dense:
+            mlp(p + "mlp.", I)
+            continue
+        t[p + "mlp.gate.weight"] = randn(E, H, std=H ** -0.5)
+        if glm:
+            t[p + "mlp.gate.e_score_correction_bias"] = torch.randn(E, generator=g) * 0.05
+        for e in range(E):
+            mlp(p + f"mlp.experts.{e}.", Im)
+        if glm and c["n_shared_experts"] > 0:
+            mlp(p + "mlp.shared_experts.", Im * c["n_shared_experts"])
+    norm("model.norm.weight", H)
+    return t
+
+
+def write_checkpoint(d, config, tensors):
+    os.makedirs(d, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(d, "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                     -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def dequantized_copy(qdir, out_dir, config):
+    """The NVFP4 checkpoint with every FP4 linear replaced by its float32 dequantized weight."""
+    q = {}
+    for f in sorted(os.listdir(qdir)):
+        if f.endswith(".safetensors"):
+            q.update(load_file(os.path.join(qdir, f)))
+    out = {}
+    for name, w in q.items():
+        if name.endswith((".weight_scale", ".weight_scale_2", ".input_scale")):
+            continue
+        if name.endswith(".weight") and w.dtype == torch.uint8:
+            m = name[: -len(".weight")]
+            codes = torch.stack([(w & 0xF).long(), (w >> 4).long()], dim=-1).reshape(w.shape[0], -1)
+            block = q[m + ".weight_scale"].float().repeat_interleave(16, dim=1)
+            out[name] = E2M1[codes] * block * q[m + ".weight_scale_2"].float().reshape(())
+        else:
+            out[name] = w.float() if w.dtype != torch.float32 else w
+    write_checkpoint(out_dir, config, out)
+
+
+def load_hf(d, dtype):
+    from transformers import AutoModelForCausalLM
+    kw = dict(attn_implementation="eager", output_loading_info=True)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(d, dtype=dtype, **kw)
+    except TypeError:
+        model, info = AutoModelForCausalLM.from_pretrained(d, torch_dtype=dtype, **kw)
+    bad = {k: list(v)[:6] for k, v in info.items()
+           if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if bad:  # a tensor transformers did not take would make the comparison meaningless
+        raise RuntimeError(f"transformers did not load {d} cleanly: {bad}")
+    return model.eval()
+
+
+@torch.no_grad()
+def hf_logits(model, ids):
+    return model(input_ids=torch.tensor([ids])).logits[0].float()
+
+
+def run_tetra_logits(tetra, model_dir, prompts, steps, backend, out_prefix):
+    pfile = out_prefix + ".prompts.json"
+    with open(pfile, "w") as f:
+        json.dump(prompts, f)
+    r = subprocess.run([tetra, "logits", "--model", model_dir, "--prompts", pfile, "--out", out_prefix,
+                        "--decode-steps", str(steps), "--backend", backend],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return None, (r.stdout + r.stderr).strip().splitlines()[-1]
+    meta = json.load(open(out_prefix + ".json"))
+    flat = np.fromfile(out_prefix + ".bin", dtype=np.float32)
+    V, off, rows = meta["vocab"], 0, []
+    for p in meta["prompts"]:
+        n = p["rows"] * V
+        rows.append((p["ids"] + p["generated"], torch.from_numpy(flat[off:off + n].reshape(p["rows"], V))))
+        off += n
+    return rows, None
+
+
+def compare(a_rows, b_rows):
+    """Worst per-prompt relative error, median and worst row error, fraction of rows within
+    REL_TOL, top-1 agreement, positions."""
+    rel, agree, total, rows = 0.0, 0, 0, []
+    for a, b in zip(a_rows, b_rows):
+        rel = max(rel, ((a - b).norm() / b.norm()).item())
+        rows.append((a - b).norm(dim=1) / b.norm(dim=1))
+        agree += (a.argmax(dim=1) == b.argmax(dim=1)).sum().item()
+        total += a.shape[0]
+    r = torch.cat(rows)
+    return dict(rel=rel, median_row=r.median().item(), worst_row=r.max().item(),
+                rows_ok=(r <= REL_TOL).float().mean().item(), top1=agree / total, n=total)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tetra", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--backends", default="cpu")
+    ap.add_argument("--decode-steps", type=int, default=64)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    os.makedirs(args.work, exist_ok=True)
+    results, failed = [], False
+    for vi, (name, config) in enumerate(VARIANTS):
+        try:
+            failed |= run_variant(args, vi, name, config, results)
+        except Exception as e:  # report and go on with the other variants
+            import traceback
+            traceback.print_exc()
+            failed = True
+            results.append((name, "-", "-", "FAIL", f"{type(e).__name__}: {e}", "", "", "", "", ""))
+    print(f"\nTetra vs transformers (float32), {args.decode_steps} greedy decode steps, prompts of "
+          f"lengths 1, 5, 17, 40 in one batch; pass: top-1 >= {100 * TOP1_MIN:.0f}% and rel err <= "
+          f"{REL_TOL} or <= transformers-bf16's own error (last column)")
+    print("| model | weights | backend | result | positions | rel err (worst prompt) | row rel err "
+          "median / worst | rows <= 2e-2 | top-1 | transformers bf16 vs fp32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print("| " + " | ".join(r) + " |")
+    return 1 if failed else 0
+
+
+def run_variant(args, vi, name, config, results):
+    """Writes, quantizes and compares one variant; appends rows to results; True on failure."""
+    failed = False
+    g = torch.Generator().manual_seed(100 + vi)
+    lengths = [1, 5, 17, 40]
+    prompts = [torch.randint(0, config["vocab_size"], (n,), generator=g).tolist() for n in lengths]
+    bf16_dir = os.path.join(args.work, name + "-bf16")
+    nvfp4_dir = os.path.join(args.work, name + "-nvfp4")
+    deq_dir = os.path.join(args.work, name + "-nvfp4-dequant")
+    write_checkpoint(bf16_dir, config, make_weights(config, 1000 + vi))
+    subprocess.run([args.tetra, "quantize", bf16_dir, nvfp4_dir], check=True, capture_output=True)
+    dequantized_copy(nvfp4_dir, deq_dir, config)
+    hf32 = {"bf16": load_hf(bf16_dir, torch.float32), "nvfp4": load_hf(deq_dir, torch.float32)}
+    hf16 = {"bf16": load_hf(bf16_dir, torch.bfloat16), "nvfp4": load_hf(deq_dir, torch.bfloat16)}
+    hc = hf32["bf16"].config
+    print(f"{name}: transformers sees rope {getattr(hc, 'rope_parameters', None) or getattr(hc, 'rope_scaling', None)}, "
+          f"partial_rotary_factor {getattr(hc, 'partial_rotary_factor', None)}, "
+          f"use_qk_norm {getattr(hc, 'use_qk_norm', None)}", flush=True)
+    for weights, tdir in (("bf16", bf16_dir), ("nvfp4", nvfp4_dir)):
+        for backend in args.backends.split(","):
+            out = os.path.join(args.work, f"{name}-{weights}-{backend}")
+            rows, err = run_tetra_logits(args.tetra, tdir, prompts, args.decode_steps, backend, out)
+            if rows is None:
+                skipped = "not built" in err or "needs a CUDA GPU" in err
+                failed |= not skipped
+                results.append((name, weights, backend, "SKIP" if skipped else "FAIL", err, "", "", "", "", ""))
+                continue
+            ref = [hf_logits(hf32[weights], ids[: t.shape[0]]) for ids, t in rows]
+            m = compare([t for _, t in rows], ref)
+            floor = compare([hf_logits(hf16[weights], ids[: t.shape[0]]) for ids, t in rows], ref)
+            ok = m["top1"] >= TOP1_MIN and (m["rel"] <= REL_TOL or m["rel"] <= floor["rel"])
+            failed |= not ok
+            results.append((name, weights, backend, "PASS" if ok else "FAIL", str(m["n"]),
+                            f"{m['rel']:.2e}", f"{m['median_row']:.1e} / {m['worst_row']:.1e}",
+                            f"{100 * m['rows_ok']:.1f}%", f"{100 * m['top1']:.2f}%",
+                            f"{floor['rel']:.2e}, top-1 {100 * floor['top1']:.1f}%"))
+            print(results[-1], flush=True)
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
