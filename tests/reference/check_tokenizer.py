@@ -41,6 +41,8 @@ FIXED = [
     "<|endoftext|> in the middle <|im_start|>user\nhi<|im_end|>",
     "line one\r\nline two\rline three\n  indented\n\n  \n",
     "ſ 's 'S 'ſ K (Kelvin) 'K 'k",
+    "hi <|user|> there", "a  <|user|>\n\nb<|user|>", "<think>x</think> <think>",
+    "x<｜User｜>y <｜begin▁of▁sentence｜>z", "[gMASK]<sop>hello",
     "x" * 300 + " " + "y " * 50, " " * 40 + "z", "\n" * 7 + " " * 5,
     "", " ", "a", "ab", "é",
 ]
