@@ -14,6 +14,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "model/cuda/device_mem.h"
+#include "model/cuda/split_decode_attention.h"
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention_cuda.h"
@@ -274,8 +275,12 @@ class CudaModelOps final : public CudaModelOpsApi {
     kv.num_blocks = lim_.kv_num_blocks;
     kv.block_size = lim_.kv_block_size;
     kv.max_blocks_per_seq = lim_.max_blocks_per_seq;
-    ck(ops::cuda::paged_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(),
-                                         attn_ws_.bytes(), buf(out), stream_));
+    if (split_decode_)
+      ck(split_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(), attn_ws_.bytes(),
+                                buf(out), stream_));
+    else
+      ck(ops::cuda::paged_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(),
+                                           attn_ws_.bytes(), buf(out), stream_));
   }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
     if (skip()) return;
@@ -450,8 +455,10 @@ class CudaModelOps final : public CudaModelOpsApi {
     kv.num_blocks = lim.kv_num_blocks;
     kv.block_size = lim.kv_block_size;
     kv.max_blocks_per_seq = lim.max_blocks_per_seq;
-    attn_ws_ = DeviceMem(std::max<size_t>(256, ops::cuda::paged_decode_workspace_bytes(
-                                                   lim.max_seqs, attn_, kv)));
+    split_decode_ = opt_.split_decode && split_decode_unsupported_reason(attn_).empty();
+    attn_ws_ = DeviceMem(std::max<size_t>(
+        256, split_decode_ ? split_decode_workspace_bytes(lim.max_seqs, attn_, kv)
+                           : ops::cuda::paged_decode_workspace_bytes(lim.max_seqs, attn_, kv)));
     pairs_ = DeviceMem(size_t(lim.kv_num_blocks) * 8);
     arrays_ = {};
     arrays_.layout(lim.max_tokens, lim.max_seqs, lim.max_blocks_per_seq);
@@ -671,6 +678,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   cudaEvent_t staged_ = nullptr;
   std::vector<float> host_logits_;  // [R, vocab] for the CPU sampler
   size_t weight_bytes_ = 0, moe_bytes_ = 0;
+  bool split_decode_ = false;        // decode attention by split_decode_attention.h
   bool host_moe_ = false;            // some MoE layer runs on the host runner: no graphs
   std::vector<uint16_t> host_x_, host_y_;  // [chunk, H] bf16 staging for host MoE layers
 

@@ -23,6 +23,9 @@ namespace tetra::model::cuda {
 struct CudaOpsOptions {
   bool graphs = true;        // replay decode steps as CUDA graphs
   int moe_chunk_tokens = 1024;  // MoE scratch per layer is sized for this many tokens
+  // Decode attention by the finely split kernel (split_decode_attention.h) where it supports the
+  // shape; false: ops/attention's paged_decode_attention. Read at prepare.
+  bool split_decode = true;
 };
 
 class CudaModelOpsApi : public ModelOps {
