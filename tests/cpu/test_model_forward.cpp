@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
+
+#include "format/safetensors_checkpoint.h"
 
 #include "core/error.h"
 #include "model_fixture.h"
@@ -125,6 +129,55 @@ TEST(ModelLoad, MlaModelIsRefusedWithTheReason) {
       EXPECT_NE(std::string(e.what()).find("MLA"), std::string::npos) << e.what();
     }
   }
+}
+
+// Copies a tiny checkpoint and overwrites `bytes` at byte `offset` of tensor `victim` on disk.
+std::filesystem::path poked_copy(const std::filesystem::path& src, const test::TempDir& tmp,
+                                 const std::string& victim, size_t offset,
+                                 const std::vector<uint8_t>& bytes) {
+  const auto dst = tmp.path() / "model";
+  std::filesystem::copy(src, dst, std::filesystem::copy_options::recursive);
+  const auto file = dst / "model.safetensors";
+  size_t at = std::string::npos;
+  {
+    const auto ck = SafetensorsCheckpoint::open(dst);
+    const TensorView v = ck.view(victim);
+    std::ifstream in(file, std::ios::binary);
+    const std::string all(std::istreambuf_iterator<char>(in), {});
+    at = all.find(std::string(reinterpret_cast<const char*>(v.data), std::min<size_t>(v.nbytes, 64)));
+  }
+  EXPECT_NE(at, std::string::npos);
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(std::streamoff(at + offset));
+  f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+  return dst;
+}
+
+std::string load_error(const std::filesystem::path& dir) {
+  try {
+    ModelUnderTest m(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ModelLoad, NanWeightIsRefusedNamingTheTensor) {
+  test::TempDir tmp("nan-weight");
+  const std::string victim = "model.layers.1.mlp.experts.3.down_proj.weight";
+  const auto dir = poked_copy(tiny_model("tiny-qwen3-30b-a3b", "bf16"), tmp, victim, 6, {0xc0, 0x7f});
+  const std::string err = load_error(dir);
+  EXPECT_NE(err.find(victim), std::string::npos) << err;
+  EXPECT_NE(err.find("non-finite"), std::string::npos) << err;
+}
+
+TEST(ModelLoad, NanBlockScaleIsRefusedNamingTheTensor) {
+  test::TempDir tmp("nan-scale");
+  const std::string victim = "model.layers.2.self_attn.k_proj.weight_scale";
+  const auto dir = poked_copy(tiny_model("tiny-glm4.7", "nvfp4"), tmp, victim, 3, {0x7f});
+  const std::string err = load_error(dir);
+  EXPECT_NE(err.find(victim), std::string::npos) << err;
+  EXPECT_NE(err.find("NaN"), std::string::npos) << err;
 }
 
 TEST(ModelLoad, StepsOutsideTheLimitsAreRefused) {
