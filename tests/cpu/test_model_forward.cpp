@@ -194,6 +194,30 @@ TEST(ModelLoad, StepsOutsideTheLimitsAreRefused) {
   bad.tokens = {1};
   bad.slots = {int64_t(128) * 4};  // past the cache
   EXPECT_THROW(m.model->forward(bad), Error);
+  // Decode steps: one token per sequence, the new token last in its cache, valid blocks.
+  model::StepBatch dec;
+  dec.kind = model::StepKind::Decode;
+  dec.tokens = {1};
+  dec.positions = {4};
+  dec.slots = {4};
+  dec.cu_seqlens = {0, 1};
+  dec.max_blocks_per_seq = 2;
+  dec.block_tables = {0, 1};
+  dec.seq_lens = {5};
+  dec.logit_rows = {0};
+  EXPECT_NO_THROW(m.model->forward(dec));
+  model::StepBatch wrong = dec;
+  wrong.positions = {3};  // not the last cached token
+  EXPECT_THROW(m.model->forward(wrong), Error);
+  wrong = dec;
+  wrong.block_tables = {0, 128};  // block outside the cache
+  EXPECT_THROW(m.model->forward(wrong), Error);
+  wrong = dec;
+  wrong.tokens = {1, 2};  // two tokens for one sequence
+  wrong.positions = {4, 5};
+  wrong.slots = {4, 5};
+  wrong.cu_seqlens = {0, 2};
+  EXPECT_THROW(m.model->forward(wrong), Error);
 }
 
 TEST(ModelLoad, UnknownBackendNamesTheAvailableOnes) {
