@@ -2,8 +2,10 @@
 // (ops::paged_decode_attention_cpu) on fresh random caches: head_dim 64 and 128, GQA groups 1..16
 // (12 = GLM-4.5-Air), sequence lengths around the 64-token chunk edges and past the split cap
 // (several chunks per split), shuffled block tables, an empty sequence, a q row stride wider than
-// the heads. NMSE <= 1e-5: both compute float softmax and sums over the same bf16 inputs and
-// round once; only the order of the float sums differs. Outputs are poisoned before the launch
+// the heads; both kernel variants. NMSE <= 1e-5: both compute float softmax and sums over the
+// same bf16 inputs and round once; the float variant differs from the CPU only in summation
+// order, the tensor-core one also rounds P to bf16 (2^-9 relative per weight, averaging out
+// over the tokens: ~1e-6 in NMSE). Outputs are poisoned before the launch
 // and guarded by bytes that must survive.
 #include <gtest/gtest.h>
 
@@ -100,6 +102,7 @@ TEST(SplitDecodeAttention, MatchesCpu) {
     std::vector<uint16_t> want(size_t(S) * c.heads * c.D);
     ops::paged_decode_attention_cpu(q.data(), kv, S, sh, want.data());
 
+    for (bool tc : {true, false}) {
     Dev<uint16_t> dq(q), dk(kc), dv(vc), dout(want.size());
     Dev<int32_t> dt(tables), dl(lens);
     TETRA_CUDA_CHECK(cudaMemset(dout.ptr(), 0xFF, want.size() * 2));
@@ -110,7 +113,7 @@ TEST(SplitDecodeAttention, MatchesCpu) {
     dkv.seq_lens = dl.ptr();
     const size_t ws_bytes = split_decode_workspace_bytes(S, sh, dkv);
     Dev<unsigned char> ws(ws_bytes);
-    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, ws.ptr(), ws_bytes, dout.ptr(), nullptr));
+    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, ws.ptr(), ws_bytes, dout.ptr(), nullptr, tc));
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> got = dout.get();
     double err = 0, ref = 0;
@@ -120,9 +123,11 @@ TEST(SplitDecodeAttention, MatchesCpu) {
       err += (g - w) * (g - w);
       ref += w * w;
     }
-    EXPECT_LE(err / ref, 1e-5) << "D=" << c.D << " heads=" << c.heads << "/" << c.kv_heads;
+    EXPECT_LE(err / ref, 1e-5) << "D=" << c.D << " heads=" << c.heads << "/" << c.kv_heads
+                               << (tc ? " tensor cores" : " float");
     EXPECT_TRUE(dout.guards_ok());
     EXPECT_TRUE(ws.guards_ok());
+    }
   }
 }
 

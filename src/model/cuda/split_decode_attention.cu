@@ -160,6 +160,166 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitArgs a) {
   }
 }
 
+
+// Tensor-core variant: the same chunks and running softmax, but Q.K^T and P.V as
+// mma.sync.m16n8k16 (bf16 in, f32 accumulate) with the group's <= 16 query heads as the M side.
+// P is rounded to bf16 for P.V (as the prefill kernel and FlashAttention do). Rows of the staged
+// chunk are padded to D/2 + 4 words: fragment loads of the 8 row groups x 4 lanes hit 32
+// distinct banks, and rows stay 16-byte aligned for the staging stores.
+__device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) split_mma_kernel(SplitArgs a) {
+  constexpr int kRW = D / 2 + 4;            // words per staged K/V row
+  constexpr int kPW = kChunk / 2 + 4;       // words per P row
+  constexpr int kQW = D / 2 + 4;            // words per Q row
+  constexpr int kTilesPerWarp = D / 8 / 4;  // P.V: each warp owns D/4 output dims
+  __shared__ __align__(16) uint32_t ks[kChunk * kRW];
+  __shared__ __align__(16) uint32_t vs[kChunk * kRW];
+  __shared__ uint32_t qw[kMaxGroup * kQW];  // bf16 pairs, rows >= G zero
+  __shared__ uint32_t pw[kMaxGroup * kPW];  // P as bf16 pairs, rows >= G zero
+  __shared__ float ps[kMaxGroup][kChunk];
+  __shared__ float m_run[kMaxGroup], l_run[kMaxGroup], rescale[kMaxGroup];
+
+  const int split = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int G = a.group;
+  const int len = a.lens[s];
+  const int begin = split * a.split_tokens;
+  const int end = min(len, begin + a.split_tokens);
+  const int32_t* table = a.tables + int64_t(s) * a.max_blocks;
+  const int64_t row_elems = int64_t(a.n_kv) * D;
+
+  for (int i = tid; i < kMaxGroup * kQW; i += kThreads) {
+    const int h = i / kQW, w = i % kQW;
+    uint32_t v = 0;
+    if (h < G && w < D / 2)
+      v = *reinterpret_cast<const uint32_t*>(a.q + int64_t(s) * a.q_step + int64_t(kh * G + h) * D + 2 * w);
+    qw[i] = v;
+  }
+  for (int i = tid; i < kMaxGroup * kPW; i += kThreads) pw[i] = 0;
+  if (tid < kMaxGroup) m_run[tid] = -INFINITY, l_run[tid] = 0.0f, rescale[tid] = 0.0f;
+  float acc[kTilesPerWarp][4];
+#pragma unroll
+  for (int j = 0; j < kTilesPerWarp; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  __syncthreads();
+
+  for (int c0 = begin; c0 < end; c0 += kChunk) {
+    const int n = min(kChunk, end - c0);
+    constexpr int kVecPerRow = D / 8;
+    for (int i = tid; i < kChunk * kVecPerRow; i += kThreads) {
+      const int j = i / kVecPerRow, v = i % kVecPerRow;
+      uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);  // zero rows past n
+      if (j < n) {
+        const int tok = c0 + j;
+        const int64_t slot = int64_t(table[tok / a.block_size]) * a.block_size + tok % a.block_size;
+        const int64_t off = slot * row_elems + int64_t(kh) * D + v * 8;
+        kv4 = *reinterpret_cast<const uint4*>(a.k_cache + off);
+        vv4 = *reinterpret_cast<const uint4*>(a.v_cache + off);
+      }
+      *reinterpret_cast<uint4*>(ks + j * kRW + v * 4) = kv4;
+      *reinterpret_cast<uint4*>(vs + j * kRW + v * 4) = vv4;
+    }
+    __syncthreads();
+    // Scores: warp w -> tokens 16w .. 16w+15 (two n8 tiles), all D in k16 steps.
+    {
+      float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+      for (int k0 = 0; k0 < D; k0 += 16) {
+        uint32_t A[4];
+        A[0] = qw[g * kQW + k0 / 2 + t];
+        A[1] = qw[(g + 8) * kQW + k0 / 2 + t];
+        A[2] = qw[g * kQW + k0 / 2 + 4 + t];
+        A[3] = qw[(g + 8) * kQW + k0 / 2 + 4 + t];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int tok = 16 * warp + 8 * nt + g;
+          mma_16816(sc[nt], A, ks[tok * kRW + k0 / 2 + t], ks[tok * kRW + k0 / 2 + 4 + t]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int head = g + (r >= 2 ? 8 : 0);
+          const int tok = 16 * warp + 8 * nt + 2 * t + (r & 1);
+          ps[head][tok] = tok < n ? sc[nt][r] * a.scale : -INFINITY;
+        }
+    }
+    __syncthreads();
+    for (int i = warp; i < G; i += kThreads / 32) {
+      const float s0 = ps[i][lane], s1 = ps[i][lane + 32];
+      float mx = fmaxf(s0, s1);
+      for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_new = fmaxf(m_run[i], mx);
+      const float p0 = expf(s0 - m_new), p1 = expf(s1 - m_new);
+      // P for the MMA in bf16; the running sum takes the same rounded values.
+      const __nv_bfloat16 b0 = __float2bfloat16_rn(p0), b1 = __float2bfloat16_rn(p1);
+      reinterpret_cast<__nv_bfloat16*>(pw + i * kPW)[lane] = b0;
+      reinterpret_cast<__nv_bfloat16*>(pw + i * kPW)[lane + 32] = b1;
+      float sum = __bfloat162float(b0) + __bfloat162float(b1);
+      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) {
+        const float f = expf(m_run[i] - m_new);
+        rescale[i] = f;
+        l_run[i] = l_run[i] * f + sum;
+        m_run[i] = m_new;
+      }
+    }
+    __syncthreads();
+    // P.V: warp w -> dims [w*D/4, (w+1)*D/4) in n8 tiles, tokens in k16 steps.
+    {
+      const float f_lo = rescale[g], f_hi = rescale[g + 8];
+#pragma unroll
+      for (int j = 0; j < kTilesPerWarp; ++j) {
+        acc[j][0] *= f_lo, acc[j][1] *= f_lo, acc[j][2] *= f_hi, acc[j][3] *= f_hi;
+      }
+      const uint16_t* vh = reinterpret_cast<const uint16_t*>(vs);
+#pragma unroll
+      for (int k0 = 0; k0 < kChunk; k0 += 16) {
+        uint32_t A[4];
+        A[0] = pw[g * kPW + k0 / 2 + t];
+        A[1] = pw[(g + 8) * kPW + k0 / 2 + t];
+        A[2] = pw[g * kPW + k0 / 2 + 4 + t];
+        A[3] = pw[(g + 8) * kPW + k0 / 2 + 4 + t];
+#pragma unroll
+        for (int j = 0; j < kTilesPerWarp; ++j) {
+          const int dim = warp * (D / 4) + 8 * j + g;
+          const int r0 = k0 + 2 * t, r1 = k0 + 2 * t + 8;
+          const uint32_t b0 = uint32_t(vh[r0 * 2 * kRW + dim]) | (uint32_t(vh[(r0 + 1) * 2 * kRW + dim]) << 16);
+          const uint32_t b1 = uint32_t(vh[r1 * 2 * kRW + dim]) | (uint32_t(vh[(r1 + 1) * 2 * kRW + dim]) << 16);
+          mma_16816(acc[j], A, b0, b1);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  const int H = a.n_kv * G;
+#pragma unroll
+  for (int j = 0; j < kTilesPerWarp; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int head = g + (r >= 2 ? 8 : 0);
+      if (head < G) {
+        const int dim = warp * (D / 4) + 8 * j + 2 * t + (r & 1);
+        const int64_t part = (int64_t(s) * H + kh * G + head) * a.splits + split;
+        a.part_acc[part * D + dim] = acc[j][r];
+      }
+    }
+  if (tid < G) {
+    const int64_t part = (int64_t(s) * H + kh * G + tid) * a.splits + split;
+    a.part_ml[part * 2] = m_run[tid];
+    a.part_ml[part * 2 + 1] = l_run[tid];
+  }
+}
+
 // out[s, h, :] = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p over the splits p.
 __global__ void merge_kernel(const float* part_acc, const float* part_ml, int splits, int D,
                              uint16_t* out) {
@@ -211,7 +371,8 @@ size_t split_decode_workspace_bytes(int num_seqs, const ops::AttentionShape& s,
 
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
                                    const ops::AttentionShape& s, void* workspace,
-                                   size_t workspace_bytes, uint16_t* out, cudaStream_t stream) {
+                                   size_t workspace_bytes, uint16_t* out, cudaStream_t stream,
+                                   bool tensor_cores) {
   const std::string why = split_decode_unsupported_reason(s);
   if (!why.empty()) TETRA_FAIL("split decode attention: ", why);
   if (num_seqs <= 0) return cudaSuccess;
@@ -234,10 +395,16 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   a.part_acc = static_cast<float*>(workspace);
   a.part_ml = a.part_acc + size_t(num_seqs) * s.n_heads * p.splits * s.head_dim;
   const dim3 grid(unsigned(p.splits), unsigned(s.n_kv_heads), unsigned(num_seqs));
-  if (s.head_dim == 64)
+  if (tensor_cores) {
+    if (s.head_dim == 64)
+      split_mma_kernel<64><<<grid, kThreads, 0, stream>>>(a);
+    else
+      split_mma_kernel<128><<<grid, kThreads, 0, stream>>>(a);
+  } else if (s.head_dim == 64) {
     split_kernel<64><<<grid, kThreads, 0, stream>>>(a);
-  else
+  } else {
     split_kernel<128><<<grid, kThreads, 0, stream>>>(a);
+  }
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   merge_kernel<<<unsigned(num_seqs * s.n_heads), 128, 0, stream>>>(a.part_acc, a.part_ml, p.splits,

@@ -33,8 +33,11 @@ size_t split_decode_workspace_bytes(int num_seqs, const ops::AttentionShape& s,
                                     const ops::PagedKv& kv);
 
 // q [num_seqs, n_heads, head_dim] (token stride s.q_step()) -> out [num_seqs, n_heads, head_dim].
+// tensor_cores: Q.K^T and P.V by mma.sync (P rounded to bf16, as FlashAttention does); false:
+// float FMAs from shared memory (exact float P; slower when many sequences decode at once).
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
                                    const ops::AttentionShape& s, void* workspace,
-                                   size_t workspace_bytes, uint16_t* out, cudaStream_t stream);
+                                   size_t workspace_bytes, uint16_t* out, cudaStream_t stream,
+                                   bool tensor_cores = true);
 
 }  // namespace tetra::model::cuda
