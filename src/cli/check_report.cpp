@@ -107,6 +107,7 @@ std::string check_report_text(const CheckResult& r) {
   os << "split:   tp=" << w.plan.tp << " ep=" << w.plan.ep << " -> " << w.plan.world()
      << " GPU" << (w.plan.world() > 1 ? "s" : "") << "; moe intermediate per GPU "
      << w.moe_intermediate_per_gpu << "\n";
+  if (!r.split_detail.empty()) os << "         " << r.split_detail << "\n";
   os << "memory:  " << memory_line(w, r.target) << " (KV cache: one sequence of "
      << kMinimalKvTokens << " tokens, bf16)\n";
   if (!r.shared.empty()) {
@@ -193,6 +194,7 @@ nlohmann::json check_report_json(const CheckResult& r, int exit_code) {
                    {"ep", w.plan.ep},
                    {"gpus", w.plan.world()},
                    {"moe_intermediate_per_gpu", w.moe_intermediate_per_gpu},
+                   {"per_gpu", r.split_detail},
                    {"problems", w.model_problems}};
   nlohmann::json mem = {{"kv_tokens", kMinimalKvTokens},
                         {"usable_fraction", kUsableMemoryFraction},

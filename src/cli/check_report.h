@@ -20,6 +20,7 @@ struct CheckResult {
   std::string requested;                // "auto", "all" or a backend name
   bool can_run = false;                 // the requested backend (or auto's pick) can run
   bool show_declarations = false;       // --backend all: print what each backend declares
+  std::string split_detail;             // what each GPU holds (dist::split_summary), may be empty
 };
 
 std::string check_report_text(const CheckResult& r);

@@ -11,6 +11,8 @@
 #include "cli/check_report.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "dist/parallel_check.h"
+#include "dist/rank_threads.h"
 #include "format/model_config.h"
 #include "format/quant_config.h"
 #include "moe/backend_select.h"
@@ -72,7 +74,15 @@ int run_check(const CheckOptions& o) {
   target.host_memory_bytes = host_memory_bytes();
 
   CheckResult r;
-  r.workload = describe_workload(cfg, quant, ParallelPlan{o.tp, o.ep}, label);
+  const ParallelPlan plan{o.tp, o.ep};
+  r.workload = describe_workload(cfg, quant, plan, label);
+  // TP/EP rules beyond divisibility: NVFP4 blocks cut by row splits; GPUs this machine lacks.
+  std::vector<std::string>& problems = r.workload.model_problems;
+  for (std::string& p : dist::new_sharding_problems(cfg, quant, plan, problems))
+    problems.push_back(std::move(p));
+  if (o.gpu == "auto" && target.gpu)
+    if (auto p = dist::gpu_count_problem(plan, dist::visible_gpu_count())) problems.push_back(*p);
+  r.split_detail = dist::split_summary(cfg, plan);
   r.requested = o.backend;
   r.show_declarations = o.backend == "all";
   if (o.backend == "auto" || o.backend == "all") {
