@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -88,6 +89,17 @@ TEST(Roofline, Bf16BatchOneCountsEveryPartByHand) {
   EXPECT_DOUBLE_EQ(r.step_seconds, sum / 1e12);
   EXPECT_DOUBLE_EQ(r.tokens_per_s(), 1e12 / sum);
   EXPECT_DOUBLE_EQ(r.unique_experts_per_layer, 2.0);
+}
+
+TEST(Roofline, TiedEmbeddingIsReadInFullAsLmHead) {
+  json j = small_qwen_json();
+  j["tie_word_embeddings"] = true;
+  QuantConfig none;
+  const DecodeRoofline r = decode_roofline(parse_model_config(j, "test"), none, round_gpu(), opts(2, 1, 1, 0));
+  auto p = by_name(r);
+  EXPECT_EQ(p.count("lm_head"), 0u);
+  EXPECT_EQ(p.count("embedding"), 0u);
+  EXPECT_DOUBLE_EQ(p["embedding+lm_head"].bytes, 100.0 * 64 * 2 / 2);
 }
 
 TEST(Roofline, UniqueExpertsAtLargerBatch) {
@@ -262,6 +274,16 @@ TEST(RooflineCli, TableJsonAndExitCodes) {
   EXPECT_NE(bad_tp.output.find("attention heads"), std::string::npos) << bad_tp.output;
   auto no_model = test::run_tetra("roofline --gpu h200");
   EXPECT_EQ(no_model.code, 1) << no_model.output;
+  // A checkpoint directory: config.json (no quant config = BF16) is all roofline reads.
+  test::TempDir dir("roofline");
+  std::ofstream(dir.path() / "config.json") << small_qwen_json().dump();
+  auto from_dir = test::run_tetra("roofline --model " + dir.path().string() + " --gpu a100 --json");
+  ASSERT_EQ(from_dir.code, 0) << from_dir.output;
+  const json jd = json::parse(from_dir.output);
+  EXPECT_EQ(jd["quant"], "NONE");
+  EXPECT_DOUBLE_EQ(jd["bandwidth_bytes_per_s"].get<double>(), 2.039e12);
+  for (const json& part : jd["parts"])
+    if (part["name"] == "lm_head") EXPECT_DOUBLE_EQ(part["bytes"].get<double>(), 100.0 * 64 * 2);
   auto bad_flag = test::run_tetra("roofline --preset glm5 --gpu h200 --batch x");
   EXPECT_GE(bad_flag.code, 100) << bad_flag.output;
 }
