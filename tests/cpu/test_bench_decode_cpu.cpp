@@ -1,0 +1,78 @@
+// `tetra bench decode` without a GPU: the model structure it builds for --random-weights
+// (shape_only_weights) against the preset facts of MODELS.md, and the command's argument errors
+// (checked before any GPU is looked for, so they behave the same on every machine).
+#include <gtest/gtest.h>
+
+#include "bench/decode_bench.h"
+#include "cli_runner.h"
+#include "core/error.h"
+#include "format/presets.h"
+
+namespace tetra::bench {
+namespace {
+
+TEST(DecodeBenchShapes, Glm45AirNvfp4) {
+  const model::ModelWeights w = shape_only_weights(preset_config("glm4.5-air"), true);
+  ASSERT_EQ(w.layers.size(), 46u);
+  EXPECT_FALSE(w.lm_head.quantized);  // ModelOpt keeps lm_head in BF16
+  EXPECT_EQ(w.lm_head.out_features, 151552);
+  EXPECT_EQ(w.embedding.shape, (std::vector<int64_t>{151552, 4096}));
+  const model::LayerWeights& dense = w.layers[0];  // first_k_dense_replace = 1
+  ASSERT_TRUE(dense.dense.has_value());
+  EXPECT_FALSE(dense.moe.has_value());
+  EXPECT_EQ(dense.dense->inter(), 10944);
+  EXPECT_TRUE(dense.dense->gate.quantized);
+  const model::LayerWeights& L = w.layers[5];
+  EXPECT_EQ(L.attn.q.out_features, 96 * 128);
+  EXPECT_EQ(L.attn.k.out_features, 8 * 128);
+  EXPECT_EQ(L.attn.o.in_features, 96 * 128);
+  EXPECT_TRUE(L.attn.q.quantized);
+  EXPECT_TRUE(L.attn.q.bias.has_value());  // attention_bias
+  EXPECT_FALSE(L.attn.o.bias.has_value());
+  EXPECT_FALSE(L.attn.q_norm.has_value());  // no qk norm on GLM-4.5-Air
+  EXPECT_EQ(L.attn.q.weight.shape, (std::vector<int64_t>{12288, 2048}));  // [N, K/2] u8
+  ASSERT_TRUE(L.moe.has_value());
+  EXPECT_EQ(L.moe->experts.size(), 128u);
+  EXPECT_EQ(L.moe->experts[7].inter(), 1408);
+  EXPECT_EQ(L.moe->router.shape, (std::vector<int64_t>{128, 4096}));
+  EXPECT_TRUE(L.moe->correction_bias.has_value());  // sigmoid routing
+  ASSERT_TRUE(L.moe->shared.has_value());
+  EXPECT_EQ(L.moe->shared->inter(), 1408);
+  EXPECT_EQ(L.moe->router_params.top_k, 8);
+}
+
+TEST(DecodeBenchShapes, Qwen3Bf16) {
+  const model::ModelWeights w = shape_only_weights(preset_config("qwen3-30b-a3b"), false);
+  ASSERT_EQ(w.layers.size(), 48u);
+  const model::LayerWeights& L = w.layers[0];
+  ASSERT_TRUE(L.moe.has_value());  // every Qwen3-30B-A3B layer is MoE
+  EXPECT_FALSE(L.moe->shared.has_value());
+  EXPECT_FALSE(L.moe->correction_bias.has_value());  // softmax routing
+  EXPECT_TRUE(L.attn.q_norm.has_value() && L.attn.k_norm.has_value());
+  EXPECT_FALSE(L.attn.q.quantized);
+  EXPECT_FALSE(L.moe->experts[0].down.quantized);
+  EXPECT_EQ(L.attn.q.weight.shape, (std::vector<int64_t>{32 * 128, 2048}));
+}
+
+TEST(DecodeBenchShapes, MlaRefused) {
+  EXPECT_THROW(shape_only_weights(preset_config("glm5"), true), Error);
+}
+
+TEST(DecodeBenchCli, ArgumentErrors) {
+  struct Case { const char* args; const char* words; };
+  for (const Case& c : {
+           Case{"bench decode --batch 1", "either --model DIR or --preset"},
+           Case{"bench decode --preset glm4.5-air", "--random-weights"},
+           Case{"bench decode --preset glm4.5-air --random-weights --batch 1,0", "--batch"},
+           Case{"bench decode --preset glm4.5-air --random-weights --context x", "--context"},
+           Case{"bench decode --preset glm4.5-air --random-weights --dtype fp8", "--dtype"},
+           Case{"bench decode --model /nonexistent --preset glm4.5-air --random-weights", "either"},
+       }) {
+    const test::RunResult r = test::run_tetra(c.args);
+    EXPECT_EQ(r.code, 1) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.words), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace tetra::bench
