@@ -1,0 +1,14 @@
+// `tetra bench <what>`: cmd_bench.cpp creates the `bench` command and calls one function per
+// benchmark, each adding its own subcommand (moe now; decode later).
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace tetra::cli {
+
+// Exit code of a benchmark that cannot run here (no CUDA GPU); bad arguments exit 1.
+inline constexpr int kExitNoGpu = 4;
+
+// `tetra bench moe`: one MoE layer of a preset's shapes on the GPU (bench/moe_bench.h).
+void add_bench_moe(CLI::App& bench);
+
+}  // namespace tetra::cli

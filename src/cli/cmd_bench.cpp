@@ -1,0 +1,100 @@
+// `tetra bench`: GPU benchmarks that write markdown and JSON results (bench/results/).
+// One function per benchmark subcommand; see bench_commands.h.
+//
+// Exit codes: 0 done; 1 bad arguments (unknown preset, backend, routing, token list);
+//             4 no CUDA GPU on this machine; CLI11's own codes (>= 100) for malformed lines.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "bench/moe_bench.h"
+#include "cli/bench_commands.h"
+#include "cli/commands.h"
+#include "core/cuda_check.h"
+#include "core/error.h"
+
+namespace tetra::cli {
+namespace {
+
+// "1,4,16" -> {1, 4, 16}; anything else is an error naming the bad piece.
+std::vector<int> parse_token_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string piece;
+  while (std::getline(ss, piece, ',')) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(piece, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (piece.empty() || used != piece.size())
+      TETRA_FAIL("--tokens: '", piece, "' is not a whole number (expected e.g. 1,4,16)");
+    out.push_back(v);
+  }
+  if (out.empty()) TETRA_FAIL("--tokens: give at least one token count");
+  return out;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  if (!f) TETRA_FAIL("cannot write ", path);
+  f << text;
+  if (!f) TETRA_FAIL("error writing ", path);
+}
+
+struct BenchMoeArgs {
+  bench::MoeBenchOptions opts;
+  std::string tokens = "1,4,16,64,256,1024,4096";
+  std::string json_path, markdown_path;
+};
+
+void run_bench_moe(BenchMoeArgs& a) {
+  a.opts.tokens = parse_token_list(a.tokens);
+  bench::validate_moe_bench_options(a.opts);
+  std::ostringstream cmd;
+  cmd << "tetra bench moe --preset " << a.opts.preset << " --tokens " << a.tokens << " --backend "
+      << a.opts.backend << " --routing " << a.opts.routing;
+  if (a.opts.iters > 0) cmd << " --iters " << a.opts.iters;
+  a.opts.command_line = cmd.str();
+  if (!cuda_available()) {
+    std::fprintf(stderr, "tetra: error: tetra bench moe needs a CUDA GPU; none was found on this "
+                         "machine\n");
+    throw CLI::RuntimeError(kExitNoGpu);
+  }
+  const bench::MoeBenchReport r = bench::run_moe_bench(a.opts);
+  const std::string md = bench::moe_bench_markdown(r);
+  std::cout << md;
+  if (!a.markdown_path.empty()) write_file(a.markdown_path, md);
+  if (!a.json_path.empty()) write_file(a.json_path, bench::moe_bench_json(r).dump(2) + "\n");
+}
+
+}  // namespace
+
+void add_bench_moe(CLI::App& bench) {
+  auto a = std::make_shared<BenchMoeArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "moe", "One MoE layer of a preset's real shapes on the GPU: time, GB/s, TFLOP/s, floors");
+  cmd->add_option("--preset", a->opts.preset, "model preset (default glm5)");
+  cmd->add_option("--tokens", a->tokens, "comma-separated token counts (default 1,4,...,4096)");
+  cmd->add_option("--backend", a->opts.backend, "all (default) or one MoE backend's name");
+  cmd->add_option("--routing", a->opts.routing,
+                  "uniform (default) or skewed (correction bias +0.2 on every 8th expert)");
+  cmd->add_option("--iters", a->opts.iters, "timed runs per row (default: about 0.3 s worth)");
+  cmd->add_option("--json", a->json_path, "also write the results as JSON to this file");
+  cmd->add_option("--markdown", a->markdown_path, "also write the markdown table to this file");
+  cmd->callback([a] { run_bench_moe(*a); });
+}
+
+static void add_bench(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "GPU benchmarks (exit 4: no CUDA GPU here)");
+  bench->require_subcommand(1);
+  add_bench_moe(*bench);
+}
+
+static const CommandRegistration kRegistration{"bench", 60, &add_bench};
+
+}  // namespace tetra::cli

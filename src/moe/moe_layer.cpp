@@ -1,0 +1,143 @@
+// make_moe_layer: weight checks, the backend decision (the same declarations `tetra check` reads),
+// dispatch to the backend's constructor.
+#include "moe/moe_layer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "moe/backend_select.h"
+#include "perf/gpu_spec.h"
+
+namespace tetra::moe {
+namespace {
+
+const char* format_name(ExpertFormat f) { return f == ExpertFormat::NVFP4 ? "NVFP4" : "BF16"; }
+
+void check_nvfp4(const std::string& layer, const Nvfp4MatrixView& m, int n, int k,
+                 const char* what) {
+  const std::string name = m.name.empty() ? str(layer, " ", what) : m.name;
+  if (!m.weight || !m.scale) TETRA_FAIL(name, ": NVFP4 weight or weight_scale is missing");
+  if (m.n != n || m.k != k)
+    TETRA_FAIL(name, ": shape [", m.n, ", ", m.k, "], expected [", n, ", ", k, "]");
+  if (!(m.scale_2 > 0.0f) || !std::isfinite(m.scale_2))
+    TETRA_FAIL(name, ": weight_scale_2 must be positive and finite, got ", m.scale_2);
+}
+
+void check_bf16(const std::string& layer, const Bf16MatrixView& m, int n, int k,
+                const char* what) {
+  const std::string name = m.name.empty() ? str(layer, " ", what) : m.name;
+  if (!m.weight) TETRA_FAIL(name, ": BF16 weight is missing");
+  if (m.n != n || m.k != k)
+    TETRA_FAIL(name, ": shape [", m.n, ", ", m.k, "], expected [", n, ", ", k, "]");
+}
+
+// Width of an MLP as its gate matrix says.
+int mlp_width(const ExpertMlpView& m) {
+  return m.format == ExpertFormat::NVFP4 ? m.gate.n : m.gate_bf16.n;
+}
+
+void check_mlp(const std::string& layer, const ExpertMlpView& m, int H, int I) {
+  if (m.format == ExpertFormat::NVFP4) {
+    check_nvfp4(layer, m.gate, I, H, "gate_proj");
+    check_nvfp4(layer, m.up, I, H, "up_proj");
+    check_nvfp4(layer, m.down, H, I, "down_proj");
+  } else {
+    check_bf16(layer, m.gate_bf16, I, H, "gate_proj");
+    check_bf16(layer, m.up_bf16, I, H, "up_proj");
+    check_bf16(layer, m.down_bf16, H, I, "down_proj");
+  }
+}
+
+}  // namespace
+
+void validate_layer_weights(const MoeLayerWeights& w) {
+  const std::string& L = w.name.empty() ? std::string("moe layer") : w.name;
+  if (w.hidden <= 0 || w.inter <= 0)
+    TETRA_FAIL(L, ": bad shape hidden=", w.hidden, " moe_intermediate=", w.inter);
+  try {
+    validate_router_params(w.router);
+  } catch (const Error& e) {
+    TETRA_FAIL(L, ": ", e.what());
+  }
+  const int E = w.router.num_experts;
+  if (int(w.experts.size()) != E)
+    TETRA_FAIL(L, ": ", w.experts.size(), " routed experts given, the router has ", E);
+  if (!w.gate) TETRA_FAIL(L, ".gate.weight: router weight is missing");
+  if (w.gate_dtype != DType::BF16 && w.gate_dtype != DType::F32)
+    TETRA_FAIL(L, ".gate.weight: dtype ", dtype_name(w.gate_dtype), ", expected BF16 or F32");
+  const ExpertFormat f = w.experts[0].format;
+  for (int e = 0; e < E; ++e) {
+    if (w.experts[size_t(e)].format != f)
+      TETRA_FAIL(L, ": expert ", e, " is ", format_name(w.experts[size_t(e)].format),
+                 ", expert 0 is ", format_name(f), " (one format per layer)");
+    check_mlp(str(L, ".experts.", e), w.experts[size_t(e)], w.hidden, w.inter);
+  }
+  if (w.shared) {
+    const int Is = mlp_width(*w.shared);
+    if (Is <= 0) TETRA_FAIL(L, ".shared_experts: bad width ", Is);
+    check_mlp(L + ".shared_experts", *w.shared, w.hidden, Is);
+  }
+}
+
+RouterParams router_params_of(const ModelConfig& c) {
+  RouterParams p;
+  p.scoring = c.routing.scoring == RouterScoring::Sigmoid ? Scoring::Sigmoid : Scoring::Softmax;
+  p.num_experts = int(c.n_routed_experts);
+  p.top_k = int(c.num_experts_per_tok);
+  p.n_group = int(c.routing.n_group);
+  p.topk_group = int(c.routing.topk_group);
+  p.norm_topk_prob = c.routing.norm_topk_prob;
+  p.routed_scaling_factor = float(c.routing.routed_scaling_factor);
+  validate_router_params(p);
+  return p;
+}
+
+MoeWorkload layer_workload(const MoeLayerWeights& w, const MoeLayerOptions& o) {
+  MoeWorkload m;
+  m.model_label = w.name.empty() ? std::string("moe layer") : w.name;
+  const bool nvfp4 = !w.experts.empty() && w.experts[0].format == ExpertFormat::NVFP4;
+  // The runner has no input_scale: the layer is W4A16 as far as the backends can tell.
+  m.expert_algo = nvfp4 ? QuantAlgo::W4A16_NVFP4 : QuantAlgo::None;
+  m.expert_weights = nvfp4 ? WeightFormat::NVFP4 : WeightFormat::BF16;
+  m.has_input_scale = false;
+  m.hidden = w.hidden;
+  m.moe_intermediate = w.inter;
+  m.moe_intermediate_per_gpu = w.inter;
+  m.experts = w.router.num_experts;
+  m.top_k = w.router.top_k;
+  m.plan = ParallelPlan{1, 1};
+  m.memory_known = false;  // one layer: the model's memory is the runtime's business
+  m.layout = o.layout;
+  m.tokens_per_launch = o.max_tokens;
+  // The shared expert runs through the same GEMMs: its width must pass the same alignment.
+  if (w.shared) {
+    const int Is = mlp_width(*w.shared);
+    if (Is % 64 != 0 && o.backend != "cpu")
+      m.model_problems.push_back(
+          str("shared expert width ", Is, " is not a multiple of 64 (the GEMMs' k chunk)"));
+  }
+  return m;
+}
+
+std::unique_ptr<MoeLayerRunner> make_moe_layer(const MoeLayerWeights& w, const MoeLayerOptions& o) {
+  validate_layer_weights(w);
+  if (o.max_tokens <= 0) TETRA_FAIL(w.name, ": max_tokens must be positive, got ", o.max_tokens);
+  Target target;
+  if (o.target) {
+    target = *o.target;
+  } else {
+    target.gpu = detect_local_gpu();
+    target.host_memory_bytes = host_memory_bytes();
+  }
+  const BackendCaps& caps = require_compatible(o.backend, layer_workload(w, o), target);
+  if (caps.name == "cpu") return make_cpu_moe_layer(w, o.max_tokens);
+  if (caps.name == "cuda-w4a16") {
+    if (w.shared && w.shared->format != ExpertFormat::NVFP4)
+      TETRA_FAIL(w.name, ": cuda-w4a16 runs the shared expert with the W4A16 kernels; this "
+                 "shared expert is BF16 (use the cpu backend)");
+    return make_cuda_w4a16_moe_layer(w, o.max_tokens, o.layout);
+  }
+  TETRA_FAIL(w.name, ": MoE backend ", caps.name, " has no layer runner in this version");
+}
+
+}  // namespace tetra::moe

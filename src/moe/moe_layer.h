@@ -1,0 +1,123 @@
+// One MoE layer as the model runtime calls it: route, dispatch, expert FFNs, shared expert,
+// weighted combine (+ residual), behind one backend-neutral interface.
+//
+//   auto moe = make_moe_layer(weights, {.backend = "auto", .max_tokens = 4096});
+//   moe->forward(x, T, out, residual, stream);  // device pointers when moe->on_device()
+//
+// Semantics (MODELS.md): out[t] = sum_j w[t,j] * Expert_{ids[t,j]}(x[t]) + Shared(x[t]) + residual[t]
+// with Expert(x) = down(silu(gate(x)) * up(x)). Routing is route_cpu / cuda::route.
+//
+// Numerics, the same on every backend so that they can be compared to 1e-5 NMSE:
+//   router logits from the bf16 x and the bf16 router weight (an F32 router weight is rounded to
+//   bf16 once, at construction: the CUDA router reads bf16), float32 routing (bit-identical ids and weights on CPU and GPU);
+//   expert GEMMs accumulate in float32; the intermediate silu(g)*u is ROUNDED TO BF16 (the GPU
+//   keeps it in bf16 between GEMM1 and GEMM2; the cpu backend rounds it the same way on purpose);
+//   expert outputs stay float32; the shared expert's output is rounded to bf16 (combine reads it
+//   as bf16); the combine is combine_bf16's fixed-order FMA sum with one final rounding.
+//
+// Backends: "cpu" (host pointers; float32 loops on the dequantized weights), "cuda-w4a16" (device
+// pointers; NVFP4 experts), "auto" (the declarations' pick). The backend is checked with
+// require_compatible, so a refusal carries the reasons `tetra check` prints.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "moe/backend_caps.h"
+#include "format/model_config.h"
+#include "moe/expert_weights.h"
+#include "moe/router.h"
+
+namespace tetra::moe {
+
+using ::tetra::TokenLayout;  // moe::TokenLayout reads naturally at call sites
+
+// One BF16 linear layer as stored on disk (borrowed pointer).
+struct Bf16MatrixView {
+  const uint16_t* weight = nullptr;  // [n, k] bf16 bits, row-major
+  int n = 0;                         // out_features
+  int k = 0;                         // in_features
+  std::string name;                  // tensor name, for error messages
+};
+
+enum class ExpertFormat { NVFP4, BF16 };
+
+// One SwiGLU MLP (a routed expert or the shared expert): down(silu(gate(x)) * up(x)).
+// Fill the three matrices of `format`; the others stay empty.
+struct ExpertMlpView {
+  ExpertFormat format = ExpertFormat::NVFP4;
+  Nvfp4MatrixView gate, up, down;        // NVFP4: gate/up [I, H], down [H, I]
+  Bf16MatrixView gate_bf16, up_bf16, down_bf16;  // BF16: same shapes
+};
+
+// Everything one MoE layer reads (borrowed: the runner copies or uploads what it keeps, so the
+// views may die after construction).
+struct MoeLayerWeights {
+  std::string name;  // e.g. "model.layers.3.mlp": prefixes every error
+  int hidden = 0;    // H
+  int inter = 0;     // routed experts' I (moe_intermediate_size)
+  RouterParams router;
+  const void* gate = nullptr;        // [E, H] router weight, gate_dtype BF16 or F32
+  DType gate_dtype = DType::BF16;
+  const float* bias = nullptr;       // [E] e_score_correction_bias as float32, or nullptr
+  std::vector<ExpertMlpView> experts;  // [E] routed experts, all in one format
+  std::optional<ExpertMlpView> shared;  // width = its own gate.n (n_shared * moe_intermediate)
+};
+
+struct MoeLayerOptions {
+  std::string backend = "auto";  // "auto", "cpu", "cuda-w4a16", ...
+  int max_tokens = 0;            // largest T forward accepts (> 0); sizes all scratch
+  TokenLayout layout = TokenLayout::Contiguous;  // masked: [E, max_tokens, .] rows (decode)
+  std::optional<Target> target;  // where to run; default: this machine (detected GPU)
+};
+
+class MoeLayerRunner {
+ public:
+  virtual ~MoeLayerRunner() = default;
+  virtual const std::string& backend() const = 0;
+  // True: forward takes device pointers and runs on `stream`; false: host pointers.
+  virtual bool on_device() const = 0;
+  virtual int max_tokens() const = 0;
+  // x [T, H] bf16 -> out [T, H] bf16 (+ residual [T, H] bf16 when not null). 0 <= T <=
+  // max_tokens. The cuda backend allocates nothing and never synchronises here, so forward can
+  // be captured in a CUDA graph (one graph per T: shapes follow T). out must not alias x
+  // or residual (the combine kernel reads them through restrict pointers).
+  virtual void forward(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
+                       cudaStream_t stream) = 0;
+};
+
+// Checks the weights (shapes, formats, names in errors) and the backend (require_compatible),
+// then builds the runner: the cuda backends pack and upload the weights and allocate all scratch
+// here. Throws tetra::Error.
+std::unique_ptr<MoeLayerRunner> make_moe_layer(const MoeLayerWeights& w, const MoeLayerOptions& o);
+
+// ---- pieces shared by the backends (exposed for tests and the benchmark) --------------------
+
+// The workload require_compatible judges: the layer's formats and shape, one GPU, o.layout,
+// o.max_tokens per launch.
+MoeWorkload layer_workload(const MoeLayerWeights& w, const MoeLayerOptions& o);
+// Throws an Error naming w.name and the tensor on any inconsistency (shapes, formats, nulls).
+void validate_layer_weights(const MoeLayerWeights& w);
+
+// The routing fields of a config.json (n_routed_experts, num_experts_per_tok, scoring, groups,
+// norm_topk_prob, routed_scaling_factor) as RouterParams; validated.
+RouterParams router_params_of(const ModelConfig& c);
+
+// The router weight as the backends use it: [E, H] bf16 bits (F32 rounded RNE).
+std::vector<uint16_t> router_weight_bf16(const MoeLayerWeights& w);
+// One MLP's weights in float32: w13 [2I, H] (rows 0..I-1 gate, I..2I-1 up), w2 [H, I].
+void dequantize_mlp(const ExpertMlpView& m, int H, int I, float* w13, float* w2);
+
+// Backend constructors (make_moe_layer dispatches here after the checks).
+std::unique_ptr<MoeLayerRunner> make_cpu_moe_layer(const MoeLayerWeights& w, int max_tokens);
+// Defined in ops/moe/moe_layer_cuda.cu.
+std::unique_ptr<MoeLayerRunner> make_cuda_w4a16_moe_layer(const MoeLayerWeights& w,
+                                                          int max_tokens, TokenLayout layout);
+
+}  // namespace tetra::moe

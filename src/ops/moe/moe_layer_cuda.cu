@@ -1,0 +1,363 @@
+// cuda-w4a16 MoE layer runner (see moe_layer_cuda.h).
+#include "ops/moe/moe_layer_cuda.h"
+
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "moe/expert_weights.h"
+#include "ops/moe/moe_ops_cuda.h"
+#include "ops/moe/w4a16_moe.h"
+
+namespace tetra::moe {
+namespace {
+
+constexpr int kScanThreads = cuda::kMaxExperts;  // one thread per expert
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+// The row bookkeeping the GEMMs need, from the layout builder's output, in one tiny launch:
+//   row_count[e] = offsets[e+1] - offsets[e] (contiguous only; masked reads masked_m directly)
+//   slots[0..num_slots) = experts with rows, ascending, then -1 (so GEMM grids skip idle experts)
+//   sh_rows = {0, T}: the shared expert's one-expert problem (T is a kernel argument, so a
+//   captured graph holds it without a host copy).
+__global__ void prepare_rows_kernel(const int32_t* offsets, const int32_t* masked_m, int E, int T,
+                                    int num_slots, int32_t* row_count, int32_t* slots,
+                                    int32_t* sh_rows) {
+  using Scan = cub::BlockScan<int, kScanThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  const int e = threadIdx.x;
+  int count = 0;
+  if (e < E) {
+    count = offsets ? offsets[e + 1] - offsets[e] : masked_m[e];
+    if (offsets) row_count[e] = count;
+  }
+  const int active = count > 0 ? 1 : 0;
+  int pos = 0, total = 0;
+  Scan(scan_tmp).ExclusiveSum(active, pos, total);
+  if (active && pos < num_slots) slots[pos] = e;
+  if (e >= total && e < num_slots) slots[e] = -1;
+  if (e == 0 && sh_rows) {
+    sh_rows[0] = 0;
+    sh_rows[1] = T;
+  }
+}
+
+// Random bytes for the benchmark's weights: lo + hash % span (span 0 = any byte).
+__global__ void fill_random_bytes(uint8_t* p, size_t n, uint32_t seed, uint8_t lo, uint8_t span) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed * 0x85EBCA77u ^ uint32_t(i >> 32) * 0xC2B2AE3Du;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    p[i] = span ? uint8_t(lo + h % span) : uint8_t(h);
+  }
+}
+
+// Random bf16 in (-scale, scale): router weights of the benchmark.
+__global__ void fill_random_bf16(uint16_t* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed * 0x85EBCA77u;
+    h ^= h >> 16;
+    h *= 0x7FEB352Du;
+    h ^= h >> 15;
+    const float v = (float(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f) * scale;
+    const uint32_t bits = __float_as_uint(v);
+    p[i] = uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
+}
+
+__global__ void fill_f32(float* p, size_t n, float v) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x)
+    p[i] = v;
+}
+
+// Carves 256-byte aligned regions out of one allocation (two passes: size, then place).
+class Carver {
+ public:
+  explicit Carver(uint8_t* base) : base_(base) {}
+  template <typename T>
+  T* take(size_t count) {
+    T* p = base_ ? reinterpret_cast<T*>(base_ + used_) : nullptr;
+    used_ += align256(std::max<size_t>(count, 1) * sizeof(T));
+    return p;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  uint8_t* base_;
+  size_t used_ = 0;
+};
+
+void check_launch(cudaError_t e, const char* what, const std::string& layer) {
+  if (e != cudaSuccess) TETRA_FAIL(layer, ": cuda-w4a16 ", what, " failed: ", cudaGetErrorString(e));
+}
+
+MoeGemmProblem gemm_problem(int E, int H, int I, int total_rows, int num_slots, int rows_hint) {
+  MoeGemmProblem p;
+  p.num_experts = E;
+  p.hidden = H;
+  p.inter = I;
+  p.total_rows = total_rows;
+  p.num_slots = num_slots;
+  p.max_rows_hint = rows_hint;
+  return p;
+}
+
+}  // namespace
+
+void CudaW4a16MoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
+  E_ = E, H_ = H, I_ = I, Is_ = Is;
+  const std::string why = moe_shape_unsupported_reason(H, I);
+  if (!why.empty()) TETRA_FAIL(name_, ": ", why);
+  if (Is > 0) {
+    const std::string why_sh = moe_shape_unsupported_reason(H, Is);
+    if (!why_sh.empty()) TETRA_FAIL(name_, ".shared_experts: ", why_sh);
+  }
+  if (E > cuda::kMaxExperts) TETRA_FAIL(name_, ": ", E, " experts; the CUDA router takes at most ", cuda::kMaxExperts);
+  const int K = router_.top_k, T = max_tokens_;
+  const size_t pairs = size_t(T) * K;
+  const size_t rows_cap = layout_ == TokenLayout::Masked ? size_t(E) * T : pairs;
+  if (rows_cap > size_t(INT32_MAX) / 2) TETRA_FAIL(name_, ": max_tokens ", T, " too large for the ", token_layout_name(layout_), " layout");
+  workspace_bytes_ = cuda::layout_workspace_bytes(T, K, E);
+  const size_t w13b = packed_weight_bytes(2 * I, H), s13b = packed_scale_bytes(2 * I, H);
+  const size_t w2b = packed_weight_bytes(H, I), s2b = packed_scale_bytes(H, I);
+  auto carve = [&](Carver& c) {
+    MoeWeightsDevice w;
+    w.w13 = c.take<uint8_t>(E * w13b);
+    w.s13 = c.take<uint8_t>(E * s13b);
+    w.w2 = c.take<uint8_t>(E * w2b);
+    w.s2 = c.take<uint8_t>(E * s2b);
+    w.alpha_gate = c.take<float>(E);
+    w.alpha_up = c.take<float>(E);
+    w.alpha_down = c.take<float>(E);
+    w_ = w;
+    if (Is > 0) {
+      MoeWeightsDevice s;
+      s.w13 = c.take<uint8_t>(packed_weight_bytes(2 * Is, H));
+      s.s13 = c.take<uint8_t>(packed_scale_bytes(2 * Is, H));
+      s.w2 = c.take<uint8_t>(packed_weight_bytes(H, Is));
+      s.s2 = c.take<uint8_t>(packed_scale_bytes(H, Is));
+      s.alpha_gate = c.take<float>(1);
+      s.alpha_up = c.take<float>(1);
+      s.alpha_down = c.take<float>(1);
+      ws_ = s;
+      act_sh_ = c.take<uint16_t>(size_t(T) * Is);
+      y_sh_ = c.take<uint16_t>(size_t(T) * H);
+      sh_rows_ = c.take<int32_t>(2);
+    }
+    gate_ = c.take<uint16_t>(size_t(E) * H);
+    bias_ = has_bias ? c.take<float>(E) : nullptr;
+    logits_ = c.take<float>(size_t(T) * E);
+    ids_ = c.take<int32_t>(pairs);
+    weights_ = c.take<float>(pairs);
+    offsets_ = c.take<int32_t>(size_t(E) + 1);
+    row_token_ = c.take<int32_t>(rows_cap);
+    slot_of_ = c.take<int32_t>(pairs);
+    masked_m_ = c.take<int32_t>(E);
+    row_start_ = c.take<int32_t>(E);
+    row_count_ = c.take<int32_t>(E);
+    slots_ = c.take<int32_t>(E);
+    dropped_ = c.take<int32_t>(1);
+    act_ = c.take<uint16_t>(rows_cap * I);
+    y_ = c.take<float>(rows_cap * H);
+    workspace_ = c.take<uint8_t>(workspace_bytes_);
+  };
+  Carver sizing(nullptr);
+  carve(sizing);
+  bytes_ = sizing.used();
+  TETRA_CUDA_CHECK(cudaMalloc(&mem_, bytes_));
+  Carver placing(static_cast<uint8_t*>(mem_));
+  carve(placing);
+  if (workspace_bytes_ == 0) workspace_ = nullptr;
+  TETRA_CUDA_CHECK(cudaMemset(dropped_, 0, sizeof(int32_t)));
+  if (layout_ == TokenLayout::Masked) {
+    std::vector<int32_t> start(static_cast<size_t>(E));  // [E] expert e owns rows e*max_T ..
+    for (int e = 0; e < E; ++e) start[size_t(e)] = e * T;
+    TETRA_CUDA_CHECK(cudaMemcpy(row_start_, start.data(), start.size() * 4, cudaMemcpyHostToDevice));
+  }
+}
+
+CudaW4a16MoeLayer::CudaW4a16MoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout)
+    : name_(w.name), max_tokens_(max_tokens), layout_(layout), router_(w.router) {
+  const int E = w.router.num_experts, H = w.hidden, I = w.inter;
+  const int Is = w.shared ? w.shared->gate.n : 0;
+  allocate(E, H, I, Is, w.bias != nullptr);
+  try {
+    // Pack one expert at a time: host memory stays at one expert, not the whole layer.
+    auto upload = [&](const MoeWeightsDevice& dst, int e, int inter, const ExpertMlpView& v) {
+      PackedMoeLayer one = make_packed_moe_layer(1, H, inter);
+      pack_moe_expert(one, 0, v.gate, v.up, v.down);
+      auto put = [](const void* d, size_t stride, int i, const std::vector<uint8_t>& src) {
+        TETRA_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(const_cast<void*>(d)) + stride * i,
+                                    src.data(), src.size(), cudaMemcpyHostToDevice));
+      };
+      put(dst.w13, one.w13.size(), e, one.w13);
+      put(dst.s13, one.s13.size(), e, one.s13);
+      put(dst.w2, one.w2.size(), e, one.w2);
+      put(dst.s2, one.s2.size(), e, one.s2);
+      const float* alphas[3] = {dst.alpha_gate, dst.alpha_up, dst.alpha_down};
+      const float vals[3] = {one.alpha_gate[0], one.alpha_up[0], one.alpha_down[0]};
+      for (int i = 0; i < 3; ++i)
+        TETRA_CUDA_CHECK(cudaMemcpy(const_cast<float*>(alphas[i]) + e, &vals[i], 4,
+                                    cudaMemcpyHostToDevice));
+    };
+    for (int e = 0; e < E; ++e) upload(w_, e, I, w.experts[size_t(e)]);
+    if (w.shared) upload(ws_, 0, Is, *w.shared);
+    const std::vector<uint16_t> gate = router_weight_bf16(w);
+    TETRA_CUDA_CHECK(cudaMemcpy(gate_, gate.data(), gate.size() * 2, cudaMemcpyHostToDevice));
+    if (w.bias) TETRA_CUDA_CHECK(cudaMemcpy(bias_, w.bias, size_t(E) * 4, cudaMemcpyHostToDevice));
+  } catch (...) {
+    cudaFree(mem_);
+    throw;
+  }
+}
+
+CudaW4a16MoeLayer::CudaW4a16MoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayout layout)
+    : name_("random layer"), max_tokens_(max_tokens), layout_(layout), router_(s.router) {
+  validate_router_params(s.router);
+  if (s.router.num_experts != s.experts) TETRA_FAIL("random layer: router has ", s.router.num_experts, " experts, layer ", s.experts);
+  if (!s.bias.empty() && int(s.bias.size()) != s.experts) TETRA_FAIL("random layer: bias has ", s.bias.size(), " entries for ", s.experts, " experts");
+  allocate(s.experts, s.hidden, s.inter, s.shared_inter, !s.bias.empty());
+  auto fill = [&](const MoeWeightsDevice& d, int E, int inter, uint32_t seed) {
+    const size_t w13b = packed_weight_bytes(2 * inter, H_) * E, s13b = packed_scale_bytes(2 * inter, H_) * E;
+    const size_t w2b = packed_weight_bytes(H_, inter) * E, s2b = packed_scale_bytes(H_, inter) * E;
+    // Scale codes 72..87: block scales 0.5 .. ~1.9 (ue5m3, expert_weights.h). alpha keeps the
+    // outputs O(1): |w| ~ 2 per element, so alpha ~ 1 / (2 sqrt(k)) (times 2^10 for ue5m3).
+    fill_random_bytes<<<1024, 256>>>(const_cast<uint8_t*>(d.w13), w13b, seed, 0, 0);
+    fill_random_bytes<<<1024, 256>>>(const_cast<uint8_t*>(d.s13), s13b, seed + 1, 72, 16);
+    fill_random_bytes<<<1024, 256>>>(const_cast<uint8_t*>(d.w2), w2b, seed + 2, 0, 0);
+    fill_random_bytes<<<1024, 256>>>(const_cast<uint8_t*>(d.s2), s2b, seed + 3, 72, 16);
+    fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_gate), E, packed_alpha(0.5f / std::sqrt(float(H_))));
+    fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_up), E, packed_alpha(0.5f / std::sqrt(float(H_))));
+    fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_down), E, packed_alpha(0.5f / std::sqrt(float(inter))));
+  };
+  fill(w_, E_, I_, s.seed * 16);
+  if (Is_ > 0) fill(ws_, 1, Is_, s.seed * 16 + 8);
+  // Router weights ~ U(-a, a) with a = sqrt(3/H): logits of unit-variance x are O(1).
+  fill_random_bf16<<<1024, 256>>>(gate_, size_t(E_) * H_, s.seed * 16 + 12, std::sqrt(3.0f / H_));
+  TETRA_CUDA_CHECK(cudaGetLastError());
+  if (!s.bias.empty())
+    TETRA_CUDA_CHECK(cudaMemcpy(bias_, s.bias.data(), s.bias.size() * 4, cudaMemcpyHostToDevice));
+  TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+CudaW4a16MoeLayer::~CudaW4a16MoeLayer() {
+  if (mem_) cudaFree(mem_);
+}
+
+size_t CudaW4a16MoeLayer::expert_bytes() const {
+  return packed_weight_bytes(2 * I_, H_) + packed_scale_bytes(2 * I_, H_) +
+         packed_weight_bytes(H_, I_) + packed_scale_bytes(H_, I_);
+}
+
+size_t CudaW4a16MoeLayer::shared_bytes() const {
+  if (Is_ == 0) return 0;
+  return packed_weight_bytes(2 * Is_, H_) + packed_scale_bytes(2 * Is_, H_) +
+         packed_weight_bytes(H_, Is_) + packed_scale_bytes(H_, Is_);
+}
+
+int CudaW4a16MoeLayer::dropped_pairs() const {
+  int32_t d = 0;
+  TETRA_CUDA_CHECK(cudaMemcpy(&d, dropped_, 4, cudaMemcpyDeviceToHost));
+  return d;
+}
+
+std::vector<int32_t> CudaW4a16MoeLayer::last_ids(int T) const {
+  TETRA_CHECK(T >= 0 && T <= max_tokens_, "T=", T);
+  std::vector<int32_t> ids(size_t(T) * router_.top_k);
+  if (!ids.empty())
+    TETRA_CUDA_CHECK(cudaMemcpy(ids.data(), ids_, ids.size() * 4, cudaMemcpyDeviceToHost));
+  return ids;
+}
+
+void CudaW4a16MoeLayer::forward(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
+                                cudaStream_t stream) {
+  run(x, T, out, residual, stream, nullptr);
+}
+
+void CudaW4a16MoeLayer::forward_marked(const uint16_t* x, int T, uint16_t* out,
+                                       const uint16_t* residual, cudaStream_t stream,
+                                       cudaEvent_t const* marks) {
+  run(x, T, out, residual, stream, marks);
+}
+
+void CudaW4a16MoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
+                            cudaStream_t stream, cudaEvent_t const* marks) {
+  if (T < 0 || T > max_tokens_)
+    TETRA_FAIL(name_, ": forward with ", T, " tokens; the layer was built for 0..", max_tokens_);
+  if (T == 0) return;
+  auto mark = [&](int i) {
+    if (marks) TETRA_CUDA_CHECK(cudaEventRecord(marks[i], stream));
+  };
+  const int E = E_, H = H_, K = router_.top_k;
+  const int pairs = T * K;
+  mark(0);
+  check_launch(cuda::router_logits(x, DType::BF16, gate_, T, H, E, logits_, stream),
+               "router_logits", name_);
+  check_launch(cuda::route(logits_, bias_, T, router_, ids_, weights_, stream), "route", name_);
+  const bool masked = layout_ == TokenLayout::Masked;
+  if (masked) {
+    cuda::MaskedLayoutView v;
+    v.max_m = max_tokens_;
+    v.masked_m = masked_m_;
+    v.row_token = row_token_;
+    v.slot_of = slot_of_;
+    v.dropped = dropped_;
+    check_launch(cuda::build_masked(ids_, T, K, E, workspace_, workspace_bytes_, v, stream),
+                 "build_masked", name_);
+  } else {
+    cuda::ContiguousLayoutView v;
+    v.expert_offsets = offsets_;
+    v.slot_token = row_token_;
+    v.slot_of = slot_of_;
+    v.dropped = dropped_;
+    check_launch(cuda::build_contiguous(ids_, T, K, E, workspace_, workspace_bytes_, v, stream),
+                 "build_contiguous", name_);
+  }
+  const int num_slots = std::min(E, pairs);
+  prepare_rows_kernel<<<1, kScanThreads, 0, stream>>>(masked ? nullptr : offsets_, masked_m_, E,
+                                                      T, num_slots, row_count_, slots_, sh_rows_);
+  check_launch(cudaGetLastError(), "prepare_rows", name_);
+  mark(1);
+
+  MoeRows rows;
+  rows.row_start = masked ? row_start_ : offsets_;
+  rows.row_count = masked ? masked_m_ : row_count_;
+  rows.expert_ids = slots_;
+  rows.gather = row_token_;  // GEMM1 reads x[token of row]: no permute pass
+  const int total_rows = masked ? E * max_tokens_ : pairs;
+  const int hint = (pairs + num_slots - 1) / num_slots;
+  const MoeGemmProblem p = gemm_problem(E, H, I_, total_rows, num_slots, hint);
+  MoeRows sh;
+  MoeGemmProblem ps;
+  if (Is_ > 0) {
+    sh.row_start = sh_rows_;
+    sh.row_count = sh_rows_ + 1;
+    ps = gemm_problem(1, H, Is_, T, 0, T);
+  }
+  check_launch(moe_w4a16_gemm1(p, w_, rows, x, act_, stream), "GEMM1", name_);
+  if (Is_ > 0) check_launch(moe_w4a16_gemm1(ps, ws_, sh, x, act_sh_, stream), "shared GEMM1", name_);
+  mark(2);
+  check_launch(moe_w4a16_gemm2(p, w_, rows, act_, y_, true, stream), "GEMM2", name_);
+  if (Is_ > 0)
+    check_launch(moe_w4a16_gemm2(ps, ws_, sh, act_sh_, y_sh_, false, stream), "shared GEMM2", name_);
+  mark(3);
+  check_launch(cuda::combine_bf16(y_, DType::F32, T, H, K, slot_of_, weights_,
+                                  Is_ > 0 ? y_sh_ : nullptr, residual, out, stream),
+               "combine", name_);
+  mark(4);
+}
+
+std::unique_ptr<MoeLayerRunner> make_cuda_w4a16_moe_layer(const MoeLayerWeights& w,
+                                                          int max_tokens, TokenLayout layout) {
+  return std::make_unique<CudaW4a16MoeLayer>(w, max_tokens, layout);
+}
+
+}  // namespace tetra::moe

@@ -1,0 +1,98 @@
+// The cuda-w4a16 MoE layer: router logits -> route -> layout -> W4A16 GEMM1 (gathering x) ->
+// GEMM2 (f32 rows) -> shared expert (the same GEMMs as a one-expert problem) -> combine.
+// Weights are packed and uploaded once; every scratch buffer is allocated at construction for
+// max_tokens, so forward allocates nothing and never synchronises (CUDA-graph capturable).
+//
+// Layouts: contiguous rows [T*top_k, .]; masked rows [E, max_tokens, .] (an expert can receive
+// at most one row per token, so nothing is ever dropped; memory grows with E * max_tokens, meant
+// for decode-sized max_tokens).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "moe/moe_layer.h"
+#include "ops/moe/w4a16_moe.h"
+
+namespace tetra::moe {
+
+// For the benchmark: a layer of the given shape with random NVFP4 weights generated on the GPU
+// (no host copy), a random bf16 router weight and an e_score_correction_bias.
+struct RandomW4a16Layer {
+  int experts = 0, hidden = 0, inter = 0;
+  int shared_inter = 0;  // 0 = no shared expert
+  RouterParams router;   // num_experts == experts
+  // [E] correction bias (host values, uploaded); empty = none. Skews the choice of experts.
+  std::vector<float> bias;
+  uint32_t seed = 1;
+};
+
+class CudaW4a16MoeLayer final : public MoeLayerRunner {
+ public:
+  // Packs and uploads w (validated by make_moe_layer). Throws on CUDA errors.
+  CudaW4a16MoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout);
+  CudaW4a16MoeLayer(const RandomW4a16Layer& spec, int max_tokens, TokenLayout layout);
+  ~CudaW4a16MoeLayer() override;
+  CudaW4a16MoeLayer(const CudaW4a16MoeLayer&) = delete;
+  CudaW4a16MoeLayer& operator=(const CudaW4a16MoeLayer&) = delete;
+
+  const std::string& backend() const override { return backend_; }
+  bool on_device() const override { return true; }
+  int max_tokens() const override { return max_tokens_; }
+  void forward(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
+               cudaStream_t stream) override;
+
+  // forward that records marks[0..4] around its parts: [0] start, [1] after route + layout,
+  // [2] after GEMM1, [3] after GEMM2 (routed and shared), [4] after combine. For the benchmark.
+  void forward_marked(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
+                      cudaStream_t stream, cudaEvent_t const* marks);
+
+  // Bytes of the routed experts' packed weights + scales per expert, and of the shared expert.
+  size_t expert_bytes() const;
+  size_t shared_bytes() const;
+  size_t device_bytes() const { return bytes_; }
+  // After a forward (synchronise first): pairs the layout builder dropped (always 0 when the
+  // routing is valid) and the routed experts of the last call (a copy of the device ids).
+  int dropped_pairs() const;
+  std::vector<int32_t> last_ids(int T) const;  // [T, top_k]
+
+ private:
+  void allocate(int E, int H, int I, int Is, bool has_bias);
+  void run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
+           cudaStream_t stream, cudaEvent_t const* marks);
+
+  std::string backend_ = "cuda-w4a16";
+  std::string name_;
+  int E_ = 0, H_ = 0, I_ = 0, Is_ = 0, max_tokens_ = 0;
+  TokenLayout layout_ = TokenLayout::Contiguous;
+  RouterParams router_;
+  void* mem_ = nullptr;  // one allocation: weights, router, scratch (each 256-byte aligned)
+  size_t bytes_ = 0;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+
+  // Weights.
+  tetra::MoeWeightsDevice w_{}, ws_{};       // routed [E], shared [1]
+  uint16_t* gate_ = nullptr;         // [E, H] bf16 router weight
+  float* bias_ = nullptr;            // [E] or nullptr
+  // Scratch.
+  float* logits_ = nullptr;          // [max_T, E]
+  int32_t* ids_ = nullptr;           // [max_T, K]
+  float* weights_ = nullptr;         // [max_T, K]
+  int32_t* offsets_ = nullptr;       // [E + 1] contiguous
+  int32_t* row_token_ = nullptr;     // contiguous [max_T*K] slot_token; masked [E*max_T]
+  int32_t* slot_of_ = nullptr;       // [max_T*K]
+  int32_t* masked_m_ = nullptr;      // [E] masked
+  int32_t* row_start_ = nullptr;     // [E] masked: e*max_T (constant); contiguous: = offsets_
+  int32_t* row_count_ = nullptr;     // [E] contiguous: offsets diff; masked: = masked_m_
+  int32_t* slots_ = nullptr;         // [E] active experts first, then -1
+  int32_t* dropped_ = nullptr;       // [1]
+  int32_t* sh_rows_ = nullptr;       // [2] shared problem: row_start 0, row_count T
+  uint16_t* act_ = nullptr;          // [rows_cap, I] bf16
+  float* y_ = nullptr;               // [rows_cap, H] f32
+  uint16_t* act_sh_ = nullptr;       // [max_T, Is] bf16
+  uint16_t* y_sh_ = nullptr;         // [max_T, H] bf16
+};
+
+}  // namespace tetra::moe
