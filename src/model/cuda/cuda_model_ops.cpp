@@ -292,10 +292,11 @@ class CudaModelOps final : public CudaModelOpsApi {
                                          cudaMemcpyDeviceToDevice, stream_));
       return;
     }
-    TETRA_CHECK(width <= buf_width(gate, c_) && width <= buf_width(up, c_), "silu_mul width");
-    // Gate and Up rows are [T, I] in separate buffers: interleave-free variant via a [T, 2I]
-    // scratch would cost a copy, so run silu_mul on the pair directly.
-    ck(silu_mul_pair(buf(gate), buf(up), int64_t(T_) * width, buf(out)));
+    // Gate, Up and out rows are [T, width] with no padding, so the op runs over T * width.
+    TETRA_CHECK(width == buf_width(gate, c_) && width == buf_width(up, c_) &&
+                    width == buf_width(out, c_),
+                "silu_mul over a part of a row is not supported (width ", width, ")");
+    ck(lin::silu_mul_split(buf(gate), buf(up), int64_t(T_) * width, buf(out), stream_));
   }
   void moe(int layer, Buf in, Buf out) override {
     if (skip()) return;
@@ -386,7 +387,6 @@ class CudaModelOps final : public CudaModelOpsApi {
     nh_ = int(c_.num_attention_heads);
     nkv_ = int(c_.num_key_value_heads);
     seed = seed * 0x9E3779B97F4A7C15ull + 1;
-    const size_t free_before = free_bytes();
 
     embedding_ = random ? random_bf16(c_.vocab_size * H_, 1.0f, seed, stream_)
                         : upload_bf16(w.embedding);
@@ -476,7 +476,6 @@ class CudaModelOps final : public CudaModelOpsApi {
         if (l) weight_bytes_ += l->bytes();
     }
     weight_bytes_ += moe_bytes_;
-    (void)free_before;
   }
 
   std::unique_ptr<moe::MoeLayerRunner> make_moe(const MoeWeights& mw, int layer, int max_tokens,
@@ -603,10 +602,6 @@ class CudaModelOps final : public CudaModelOpsApi {
   bool skip() const { return mode_ == Mode::Replay; }
   void ck(cudaError_t e) const { TETRA_CUDA_CHECK(e); }
 
-  cudaError_t silu_mul_pair(const uint16_t* gate, const uint16_t* up, int64_t n, uint16_t* out) {
-    return lin::silu_mul_split(gate, up, n, out, stream_);
-  }
-
   void run_linear(const DevLinear& l, const uint16_t* x, int M, void* y, DType out_dtype) {
     if (l.nvfp4)
       ck(lin::linear_nvfp4(l.q.view(), x, M, *rows_, y, out_dtype, stream_));
@@ -637,11 +632,6 @@ class CudaModelOps final : public CudaModelOpsApi {
     }
   }
 
-  static size_t free_bytes() {
-    size_t f = 0, t = 0;
-    cudaMemGetInfo(&f, &t);
-    return f;
-  }
   uint16_t* buf(Buf b) { return bufs_[size_t(b)].as<uint16_t>(); }
   float eps() const { return float(c_.rms_norm_eps); }
   uint8_t* dev_base() const { return dev_arrays_.as<uint8_t>(); }
