@@ -1,6 +1,7 @@
 // tetra demo: what the README's first command runs. Makes (and caches) a tiny NVFP4 model of
 // a tiny preset, shows what Tetra sees in it (inspect + check), then generates a few tokens
-// greedily on the best available backend and prints the decode timing.
+// greedily on the best available backend (falling back to the cpu when a GPU backend refuses
+// the tiny shapes, saying why) and prints the decode timing.
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -8,6 +9,7 @@
 
 #include "cli/check_report.h"
 #include "cli/commands.h"
+#include "core/error.h"
 #include "format/checkpoint.h"
 #include "model/model_ops.h"
 #include "moe/backend_select.h"
@@ -45,6 +47,30 @@ void print_check(const Checkpoint& ck) {
   std::cout << check_report_text(r);
 }
 
+// Greedy generation from prompt ids 1..8 on `backend`, streamed, then the timing.
+void generate(const std::filesystem::path& dir, const std::string& backend, int tokens) {
+  runtime::EngineOptions eo;
+  eo.backend = backend;
+  eo.max_batch = 1;
+  eo.max_context = 8 + tokens;
+  auto engine = runtime::Engine::load(dir, eo);
+  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
+  ops::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const int64_t id = engine->add_request(prompt, greedy, tokens);
+  std::printf("\ngenerate (%s backend, greedy, prompt ids 1..8):", engine->backend_name().c_str());
+  while (engine->has_work())
+    for (const runtime::TokenEvent& ev : engine->step()) {
+      std::printf(" %d", ev.token);
+      std::fflush(stdout);
+    }
+  const runtime::EngineStats& s = engine->stats();
+  std::printf("\nfinish: %s; prefill %lld tokens at %.0f tokens/s; decode %.3f ms/token over %lld "
+              "steps\n",
+              runtime::finish_reason_name(engine->request(id).finish), (long long)s.prefill_tokens,
+              s.prefill_tokens_per_s(), s.decode_ms_per_step(), (long long)s.decode_steps);
+}
+
 void run_demo(const std::string& cache_dir, const std::string& preset, int tokens) {
   namespace fs = std::filesystem;
   fs::path root = cache_dir;
@@ -69,26 +95,17 @@ void run_demo(const std::string& cache_dir, const std::string& preset, int token
   std::cout << format_inspect_report(inspect_report(ck)) << "\n";
   print_check(ck);
 
-  runtime::EngineOptions eo;
-  eo.backend = model::resolve_model_ops_name("auto");
-  eo.max_batch = 1;
-  eo.max_context = 64;
-  auto engine = runtime::Engine::load(dir, eo);
-  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7, 8};
-  ops::SamplingParams greedy;
-  greedy.temperature = 0.0f;
-  const int64_t id = engine->add_request(prompt, greedy, tokens);
-  std::printf("\ngenerate (%s backend, greedy, prompt ids 1..8):", engine->backend_name().c_str());
-  while (engine->has_work())
-    for (const runtime::TokenEvent& ev : engine->step()) {
-      std::printf(" %d", ev.token);
-      std::fflush(stdout);
-    }
-  const runtime::EngineStats& s = engine->stats();
-  std::printf("\nfinish: %s; prefill %lld tokens at %.0f tokens/s; decode %.3f ms/token over %lld "
-              "steps\n",
-              runtime::finish_reason_name(engine->request(id).finish), (long long)s.prefill_tokens,
-              s.prefill_tokens_per_s(), s.decode_ms_per_step(), (long long)s.decode_steps);
+  const std::string best = model::resolve_model_ops_name("auto");
+  try {
+    generate(dir, best, tokens);
+  } catch (const Error& e) {
+    if (best == "cpu") throw;
+    // A GPU backend may not take the tiny shapes (e.g. its attention kernels' head sizes):
+    // say why and show the pipeline on the CPU instead.
+    std::printf("\n%s backend cannot run this model: %s\nfalling back to the cpu backend\n",
+                best.c_str(), e.what());
+    generate(dir, "cpu", tokens);
+  }
   std::printf("(random weights: the tokens are meaningless; the demo shows the pipeline runs)\n");
 }
 
