@@ -35,7 +35,7 @@ void run_bench_allreduce(BenchAllReduceArgs& a) {
   a.opts.sizes_bytes = dist::parse_byte_sizes(a.sizes);
   if (a.opts.reps < 1 || a.opts.calls_per_rep < 1) TETRA_FAIL("--reps must be at least 1");
   a.opts.command_line = str("tetra bench allreduce --sizes ", a.sizes, " --gpus ", a.opts.gpus,
-                            " --reps ", a.opts.reps);
+                            " --reps ", a.opts.reps, a.opts.push ? " --push" : "");
   const int visible = dist::visible_gpu_count();
   if (visible < a.opts.gpus) {
     std::fprintf(stderr, "tetra: error: tetra bench allreduce --gpus %d needs %d CUDA GPUs; this "
@@ -69,6 +69,8 @@ static void add_bench_allreduce(CLI::App& app) {
                   "or both");
   cmd->add_option("--gpus", a->opts.gpus, "GPUs to reduce across (default 2)");
   cmd->add_option("--reps", a->opts.reps, "timed repetitions per size and path (default 50)");
+  cmd->add_flag("--push", a->opts.push,
+                "one-shot variant that writes into peers' buffers instead of reading them");
   cmd->add_option("--json", a->json_path, "also write the results as JSON to this file");
   cmd->add_option("--markdown", a->markdown_path, "also write the markdown table to this file");
   cmd->callback([a] { run_bench_allreduce(*a); });

@@ -16,7 +16,7 @@
 namespace tetra::dist {
 
 // On 2 H200s (NVLink) the one-shot kernel beat NCCL at every size measured, 2 KB to 4 MB
-// (bench/results/2026-11-29-allreduce-h200x2.md). It reads (ranks - 1) copies of the message, so
+// (bench/results/2026-11-29-allreduce-h200x2*.md). It reads (ranks - 1) copies of the message, so
 // its edge shrinks with more GPUs: 1 MB is a conservative limit, not measured beyond 2 GPUs.
 constexpr size_t kDefaultOneShotMaxBytes = size_t(1) << 20;
 

@@ -116,13 +116,14 @@ AllReduceBenchReport run_allreduce_bench(const AllReduceBenchOptions& o) {
   r.threads = o.threads;
   r.reps = o.reps;
   r.calls_per_rep = o.calls_per_rep;
+  r.push = o.push;
   cudaDeviceProp prop{};
   TETRA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   r.gpu = prop.name;
 
   NcclCommunicators nccl_comms(devices);
   r.nccl_version = nccl_version_string();
-  PeerAllReduce peer(devices, PeerAllReduceOptions{max_bytes, o.blocks, o.threads});
+  PeerAllReduce peer(devices, PeerAllReduceOptions{max_bytes, o.blocks, o.threads, o.push});
 
   const int n = o.gpus;
   std::vector<SizeResult> results(o.sizes_bytes.size());
@@ -271,7 +272,8 @@ std::string allreduce_bench_markdown(const AllReduceBenchReport& r) {
      << "- date " << r.date << ", commit " << r.commit << ", " << r.gpus << " x " << r.gpu
      << ", NCCL " << r.nccl_version << " (NCCL_NVLS_ENABLE=0)\n"
      << "- command: `" << r.command << "`\n"
-     << "- one-shot grid " << r.blocks << " x " << r.threads << "; per-call time = median of "
+     << "- one-shot variant " << (r.push ? "push (writes into peers' buffers)"
+                                        : "pull (reads peers' buffers)") << ", grid " << r.blocks << " x " << r.threads << "; per-call time = median of "
      << r.reps << " runs of " << r.calls_per_rep << " back-to-back calls (eager launches, or one "
      << "CUDA graph of them), rank 0's stream\n\n"
      << "| size | one-shot eager us | NCCL eager us | one-shot graph us | NCCL graph us | "
@@ -307,6 +309,7 @@ nlohmann::json allreduce_bench_json(const AllReduceBenchReport& r) {
   j["command"] = r.command;
   j["one_shot_blocks"] = r.blocks;
   j["one_shot_threads"] = r.threads;
+  j["one_shot_variant"] = r.push ? "push" : "pull";
   j["reps"] = r.reps;
   j["calls_per_rep"] = r.calls_per_rep;
   j["crossover_bytes"] = r.crossover_bytes;

@@ -22,6 +22,7 @@ struct AllReduceBenchOptions {
   int reps = 50;
   int calls_per_rep = 20;
   int blocks = 32, threads = 512;   // one-shot kernel grid
+  bool push = false;                // one-shot variant (PeerAllReduceOptions::push)
   std::string command_line;
 };
 
@@ -36,6 +37,7 @@ struct AllReduceBenchRow {
 struct AllReduceBenchReport {
   std::string date, commit, gpu, nccl_version, command;
   int gpus = 0, blocks = 0, threads = 0, reps = 0, calls_per_rep = 0;
+  bool push = false;
   std::vector<AllReduceBenchRow> rows;
   // Largest size at which the one-shot graph time beats NCCL's graph time (0 when never).
   size_t crossover_bytes = 0;

@@ -16,7 +16,7 @@ constexpr uint64_t kWaitTimeoutNs = 20ull * 1000 * 1000 * 1000;
 
 // Every rank's buffers, by rank; passed by value so the kernel needs no extra lookup.
 struct PeerTable {
-  const uint16_t* data[kMaxPeerRanks];  // rank q's [2][half_elems] bf16
+  const uint16_t* data[kMaxPeerRanks];  // rank q's [2][slots][slot_elems] bf16 (slots: 1 pull, N push)
   uint32_t* flags[kMaxPeerRanks];       // rank q's [kMaxOneShotBlocks][kMaxPeerRanks]
 };
 
@@ -94,10 +94,14 @@ __device__ __forceinline__ void for_my_elements(size_t count, Fn&& fn) {
   if (V > 1 && first < tail) fn.template operator()<1>(items * V + first);
 }
 
-template <int N, int V>
+// kPush false (pull): I copy my input into my own buffer, peers read it over NVLink.
+// kPush true: I write my input into slot `rank` of every peer's buffer (stores cross NVLink,
+// one way), then every rank reads its N slots locally: one NVLink round trip fewer.
+template <int N, int V, bool kPush>
 __global__ void __launch_bounds__(1024)
     one_shot_all_reduce(PeerTable peers, uint32_t* counters, int rank, const uint16_t* in,
-                        uint16_t* out, size_t count, size_t half_elems) {
+                        uint16_t* out, size_t count, size_t slot_elems) {
+  const size_t half_elems = (kPush ? N : 1) * slot_elems;
   __shared__ uint32_t s_epoch;
   const int b = blockIdx.x;
   if (threadIdx.x == 0) s_epoch = counters[b] + 1;  // only this block touches counters[b]
@@ -106,8 +110,17 @@ __global__ void __launch_bounds__(1024)
   const size_t half = size_t(epoch_half(epoch)) * half_elems;
   uint16_t* mine = const_cast<uint16_t*>(peers.data[rank]) + half;
 
-  // Phase 1: my slice of the input into my buffer.
-  for_my_elements<V>(count, [&]<int W>(size_t e) { Pack<W>::load(in + e).store(mine + e); });
+  // Phase 1: my slice of the input into my buffer (pull) or into my slot of every buffer (push).
+  for_my_elements<V>(count, [&]<int W>(size_t e) {
+    const Pack<W> v = Pack<W>::load(in + e);
+    if constexpr (kPush) {
+#pragma unroll
+      for (int q = 0; q < N; ++q)
+        v.store(const_cast<uint16_t*>(peers.data[q]) + half + size_t(rank) * slot_elems + e);
+    } else {
+      v.store(mine + e);
+    }
+  });
   __syncthreads();
 
   // Flags: tell every peer's block b that my slice is there, then wait for theirs.
@@ -134,18 +147,25 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
     for (int k = 0; k < W; ++k) acc[k] = 0.0f;
 #pragma unroll
-    for (int q = 0; q < N; ++q) Pack<W>::load_peer(peers.data[q] + half + e).add_to(acc);
+    for (int q = 0; q < N; ++q) {
+      const uint16_t* src = kPush ? mine + size_t(q) * slot_elems + e : peers.data[q] + half + e;
+      Pack<W>::load_peer(src).add_to(acc);
+    }
     Pack<W>::from(acc).store(out + e);
   });
 }
 
 template <int N>
-void launch_n(bool vec, dim3 grid, dim3 block, cudaStream_t s, const PeerTable& t, uint32_t* c,
-              int rank, const uint16_t* in, uint16_t* out, size_t count, size_t half) {
-  if (vec)
-    one_shot_all_reduce<N, 8><<<grid, block, 0, s>>>(t, c, rank, in, out, count, half);
+void launch_n(bool push, bool vec, dim3 grid, dim3 block, cudaStream_t s, const PeerTable& t,
+              uint32_t* c, int rank, const uint16_t* in, uint16_t* out, size_t count, size_t slot) {
+  if (push && vec)
+    one_shot_all_reduce<N, 8, true><<<grid, block, 0, s>>>(t, c, rank, in, out, count, slot);
+  else if (push)
+    one_shot_all_reduce<N, 1, true><<<grid, block, 0, s>>>(t, c, rank, in, out, count, slot);
+  else if (vec)
+    one_shot_all_reduce<N, 8, false><<<grid, block, 0, s>>>(t, c, rank, in, out, count, slot);
   else
-    one_shot_all_reduce<N, 1><<<grid, block, 0, s>>>(t, c, rank, in, out, count, half);
+    one_shot_all_reduce<N, 1, false><<<grid, block, 0, s>>>(t, c, rank, in, out, count, slot);
 }
 
 void enable_peer_access(const std::vector<int>& devices) {
@@ -186,7 +206,8 @@ PeerAllReduce::PeerAllReduce(std::vector<int> devices, PeerAllReduceOptions opti
   for (size_t r = 0; r < devices_.size(); ++r) {
     TETRA_CUDA_CHECK(cudaSetDevice(devices_[r]));
     Rank& k = ranks_[r];
-    TETRA_CUDA_CHECK(cudaMalloc(&k.data, 2 * options_.max_bytes));
+    const size_t slots = options_.push ? devices_.size() : 1;
+    TETRA_CUDA_CHECK(cudaMalloc(&k.data, 2 * slots * options_.max_bytes));
     TETRA_CUDA_CHECK(cudaMalloc(&k.flags, sizeof(uint32_t) * kMaxOneShotBlocks * kMaxPeerRanks));
     TETRA_CUDA_CHECK(cudaMalloc(&k.counters, sizeof(uint32_t) * kMaxOneShotBlocks));
     TETRA_CUDA_CHECK(cudaMemset(k.flags, 0, sizeof(uint32_t) * kMaxOneShotBlocks * kMaxPeerRanks));
@@ -228,17 +249,18 @@ void PeerAllReduce::run(int rank, const uint16_t* in, uint16_t* out, size_t coun
     t.flags[q] = ranks_[size_t(q)].flags;
   }
   const bool vec = (reinterpret_cast<uintptr_t>(in) | reinterpret_cast<uintptr_t>(out)) % 16 == 0;
-  const size_t half = options_.max_bytes / sizeof(uint16_t);
+  const size_t slot = options_.max_bytes / sizeof(uint16_t);  // elements per rank slot
   const dim3 grid(unsigned(options_.blocks)), block(unsigned(options_.threads));
   uint32_t* c = ranks_[size_t(rank)].counters;
+  const bool push = options_.push;
   switch (size()) {
-    case 2: launch_n<2>(vec, grid, block, stream, t, c, rank, in, out, count, half); break;
-    case 3: launch_n<3>(vec, grid, block, stream, t, c, rank, in, out, count, half); break;
-    case 4: launch_n<4>(vec, grid, block, stream, t, c, rank, in, out, count, half); break;
-    case 5: launch_n<5>(vec, grid, block, stream, t, c, rank, in, out, count, half); break;
-    case 6: launch_n<6>(vec, grid, block, stream, t, c, rank, in, out, count, half); break;
-    case 7: launch_n<7>(vec, grid, block, stream, t, c, rank, in, out, count, half); break;
-    case 8: launch_n<8>(vec, grid, block, stream, t, c, rank, in, out, count, half); break;
+    case 2: launch_n<2>(push, vec, grid, block, stream, t, c, rank, in, out, count, slot); break;
+    case 3: launch_n<3>(push, vec, grid, block, stream, t, c, rank, in, out, count, slot); break;
+    case 4: launch_n<4>(push, vec, grid, block, stream, t, c, rank, in, out, count, slot); break;
+    case 5: launch_n<5>(push, vec, grid, block, stream, t, c, rank, in, out, count, slot); break;
+    case 6: launch_n<6>(push, vec, grid, block, stream, t, c, rank, in, out, count, slot); break;
+    case 7: launch_n<7>(push, vec, grid, block, stream, t, c, rank, in, out, count, slot); break;
+    case 8: launch_n<8>(push, vec, grid, block, stream, t, c, rank, in, out, count, slot); break;
     default: TETRA_FAIL("one-shot all-reduce: ", size(), " ranks not supported");
   }
   TETRA_CUDA_CHECK(cudaGetLastError());

@@ -21,6 +21,9 @@ struct PeerAllReduceOptions {
   size_t max_bytes = size_t(1) << 20;  // largest message; each rank allocates 2x this
   int blocks = 32;                     // fixed grid (<= kMaxOneShotBlocks); every call uses it
   int threads = 512;                   // per block
+  // Each rank writes its input into every peer's buffer (one-way NVLink stores) instead of peers
+  // reading it (round trips); buffers grow to 2 x ranks x max_bytes.
+  bool push = false;
 };
 
 class PeerAllReduce {
@@ -49,7 +52,8 @@ class PeerAllReduce {
 
  private:
   struct Rank {
-    uint16_t* data = nullptr;     // [2][max_bytes / 2] bf16: the two halves, by epoch parity
+    uint16_t* data = nullptr;     // [2][slots][max_bytes / 2] bf16: halves by epoch parity;
+                                  // slots = 1 (pull) or size() (push, slot q written by rank q)
     uint32_t* flags = nullptr;    // [kMaxOneShotBlocks][kMaxPeerRanks] last epoch peer q's block b raised
     uint32_t* counters = nullptr; // [kMaxOneShotBlocks] this rank's epoch per block
   };

@@ -133,6 +133,10 @@ class AllReduceTest : public ::testing::Test {
   }
 
   static std::unique_ptr<AllReduceGroup> group_;
+
+ public:
+  // Every count of kCounts, aligned and not, on every rank of `peer`.
+  void counts_body(PeerAllReduce& peer);
 };
 
 std::unique_ptr<AllReduceGroup> AllReduceTest::group_;
@@ -140,14 +144,28 @@ std::unique_ptr<AllReduceGroup> AllReduceTest::group_;
 const std::vector<size_t> kCounts = {1, 3, 7, 8, 9, 19, 99, 989, 4095, 4096, 12345, 65539, 262144,
                                      kOneShotMax / 2};
 
-TEST_F(AllReduceTest, OneShotEqualsCpuTwinOnEveryRank) {
+// 40 back-to-back calls per rank crossing the epoch wrap, no host sync between them.
+void check_back_to_back(PeerAllReduce& peer);
+
+TEST_F(AllReduceTest, OneShotEqualsCpuTwinOnEveryRank) { counts_body(*group_->peer()); }
+
+TEST_F(AllReduceTest, PushVariantEqualsCpuTwin) {
+  PeerAllReduceOptions o;
+  o.max_bytes = kOneShotMax;
+  o.push = true;
+  PeerAllReduce push(first_devices(kRanks), o);
+  counts_body(push);
+  check_back_to_back(push);
+}
+
+void AllReduceTest::counts_body(PeerAllReduce& peer) {
   for (size_t shift : {0, 1}) {  // 1: unaligned pointers, scalar path
     for (size_t count : kCounts) {
       if (count * 2 + shift * 2 > kOneShotMax) continue;
       std::vector<std::vector<uint16_t>> inputs;
       auto out = reduce_once(count, shift, uint32_t(count * 7 + shift), inputs,
                              [&](int r, const uint16_t* in, uint16_t* o, size_t n, cudaStream_t s) {
-                               group_->peer()->run(r, in, o, n, s);
+                               peer.run(r, in, o, n, s);
                              });
       const auto want = cpu_sum(inputs);
       for (int r = 0; r < kRanks; ++r)
@@ -197,8 +215,10 @@ TEST_F(AllReduceTest, InPlaceAndFacadeBothPaths) {
   }
 }
 
-TEST_F(AllReduceTest, RepeatedCallsAcrossEpochWrap) {
-  group_->peer()->reset_epochs_for_test(0xFFFFFFFFu - 6);  // wraps after 6 calls
+TEST_F(AllReduceTest, RepeatedCallsAcrossEpochWrap) { check_back_to_back(*group_->peer()); }
+
+void check_back_to_back(PeerAllReduce& peer) {
+  peer.reset_epochs_for_test(0xFFFFFFFFu - 6);  // wraps after 6 calls
   constexpr int kCalls = 40;
   constexpr size_t kCount = 5001;
   std::vector<std::vector<std::vector<uint16_t>>> inputs(kCalls);  // [call][rank][count]
@@ -218,7 +238,8 @@ TEST_F(AllReduceTest, RepeatedCallsAcrossEpochWrap) {
     }
     cudaStream_t s;
     TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    for (int c = 0; c < kCalls; ++c) group_->peer()->run(rank, in[size_t(c)]->get(), out[size_t(c)]->get(), kCount, s);
+    for (int c = 0; c < kCalls; ++c)
+      peer.run(rank, in[size_t(c)]->get(), out[size_t(c)]->get(), kCount, s);
     TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
     TETRA_CUDA_CHECK(cudaStreamDestroy(s));
     for (int c = 0; c < kCalls; ++c) outputs[size_t(c)][size_t(rank)] = out[size_t(c)]->download();
