@@ -4,7 +4,7 @@
 # failure or any finding: crash, sanitizer report, exception other than tetra::Error, broken
 # invariant, timeout, leak or memory blow-up. Findings are kept and their path printed.
 #   usage: bash fuzz/run.sh [SECONDS] [TARGET]      env: CLANGXX (default clang++-14), FUZZ_JOBS
-#   TARGET: safetensors_header (default), tokenizer_json, tokenizer_encode
+#   TARGET: safetensors_header (default), tokenizer_json, tokenizer_encode, server_request
 set -euo pipefail
 seconds="${1:-60}"
 target="${2:-safetensors_header}"
@@ -32,7 +32,11 @@ case "$target" in
     sources=("$root/fuzz/fuzz_$target.cpp" "$root"/src/tokenizer/*.cpp "$root/src/core/error.cpp")
     if [ "$target" = tokenizer_json ]; then seeds=("$root"/tests/data/tokenizers/*.json)
     else seeds=("$root"/fuzz/corpus_tokenizer_encode/*); fi ;;
-  *) echo "fuzz/run.sh: unknown target '$target' (safetensors_header, tokenizer_json, tokenizer_encode)" >&2
+  server_request)
+    sources=("$root/fuzz/fuzz_server_request.cpp" "$root/src/server/http_message.cpp"
+             "$root/src/server/openai_request.cpp" "$root/src/core/error.cpp")
+    seeds=("$root"/fuzz/corpus_server_request/*) ;;
+  *) echo "fuzz/run.sh: unknown target '$target' (safetensors_header, tokenizer_json, tokenizer_encode, server_request)" >&2
      exit 1 ;;
 esac
 common=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined

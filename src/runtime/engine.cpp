@@ -31,6 +31,7 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::Length: return "length";
     case FinishReason::Stop: return "stop";
     case FinishReason::Error: return "error";
+    case FinishReason::Cancelled: return "cancelled";
   }
   return "?";
 }
@@ -88,6 +89,28 @@ const RequestState& Engine::request(int64_t id) const {
   const auto it = requests_.find(id);
   if (it == requests_.end()) TETRA_FAIL("no request with id ", id);
   return it->second;
+}
+
+bool Engine::cancel(int64_t id) {
+  auto matches = [id](const Running& r) { return r.id == id; };
+  auto w = std::find_if(waiting_.begin(), waiting_.end(), matches);
+  if (w != waiting_.end()) {
+    waiting_.erase(w);
+  } else {
+    auto r = std::find_if(running_.begin(), running_.end(), matches);
+    if (r == running_.end()) return false;
+    running_.erase(r);
+    cache_->free_sequence(id);
+  }
+  requests_[id].finish = FinishReason::Cancelled;
+  return true;
+}
+
+void Engine::release(int64_t id) {
+  const auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  if (!it->second.done()) TETRA_FAIL("release: request ", id, " has not finished");
+  requests_.erase(it);
 }
 
 void Engine::finish_if_done(Running& r, TokenEvent& ev) {

@@ -28,8 +28,9 @@ struct EngineOptions {
   uint64_t seed = 0;                  // seeds requests that give none (seed 0 in SamplingParams)
 };
 
-enum class FinishReason { None, Length, Stop, Error };
-const char* finish_reason_name(FinishReason r);  // "", "length", "stop", "error"
+enum class FinishReason { None, Length, Stop, Error, Cancelled };
+// "", "length", "stop", "error", "cancelled"
+const char* finish_reason_name(FinishReason r);
 
 // One generated token of one request, in the order step() produced them.
 struct TokenEvent {
@@ -80,6 +81,18 @@ class Engine {
 
   const RequestState& request(int64_t id) const;
   const EngineStats& stats() const { return stats_; }
+
+  // Ends a queued or running request at once (finish "cancelled") and frees its KV blocks; a
+  // request already done or unknown is left as it is. Returns whether it was cancelled.
+  bool cancel(int64_t id);
+  // Forgets a finished request's state (prompt, output); a server calls it once the client has
+  // everything, so the request map does not grow forever. Unfinished requests are an error.
+  void release(int64_t id);
+  int num_waiting() const { return int(waiting_.size()); }
+  int num_running() const { return int(running_.size()); }
+  // KV cache blocks held by sequences, and all blocks: used / total is the KV usage.
+  int kv_blocks_used() const { return cache_->num_blocks() - cache_->free_blocks(); }
+  int kv_blocks_total() const { return cache_->num_blocks(); }
 
   // Test/reference hook: logits of every prompt position plus `decode_steps` greedy decode
   // steps, for each prompt (prefilled together as one batch, decoded together).

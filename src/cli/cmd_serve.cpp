@@ -1,0 +1,72 @@
+// tetra serve: the OpenAI-compatible HTTP server (server/server.h) until SIGINT/SIGTERM.
+// Without --model it serves the demo model (the one `tetra demo` caches).
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "model/model_ops.h"
+#include "server/demo_model.h"
+#include "server/server.h"
+
+namespace tetra::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model, host = "127.0.0.1", backend = "auto", name, cache_dir;
+  std::string preset = "tiny-glm4.5-air";
+  int port = 8000, max_running = 8, max_queued = 256, max_context = 2048;
+};
+
+void run_serve(const ServeArgs& a) {
+  // Block the stop signals in every thread (threads inherit the mask); sigwait takes them here.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  server::ServerOptions o;
+  o.model_dir = a.model.empty() ? server::demo_model_dir(a.cache_dir, a.preset) : std::filesystem::path(a.model);
+  o.served_model_name = a.name;
+  o.engine.backend = model::resolve_model_ops_name(a.backend);
+  o.engine.max_batch = a.max_running;
+  o.engine.max_context = a.max_context;
+  o.max_queued = a.max_queued;
+  server::Server srv(o);
+  const int port = srv.start(a.host, a.port);
+  std::printf("tetra serve: model '%s' (%s backend, %s, chat format %s) listening on http://%s:%d\n",
+              srv.model_name().c_str(), o.engine.backend.c_str(),
+              srv.has_tokenizer() ? "tokenizer.json" : "no tokenizer: /generate only",
+              std::string(server::chat_format_name(srv.chat_format())).c_str(), a.host.c_str(), port);
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::printf("tetra serve: stopping (signal %d)\n", sig);
+  srv.stop();
+}
+
+}  // namespace
+
+static void add_serve(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (completions, chat, "
+                                          "/generate, /metrics, profiling)");
+  auto a = std::make_shared<ServeArgs>();
+  cmd->add_option("--model", a->model, "checkpoint directory (default: the demo model)");
+  cmd->add_option("--host", a->host, "address to bind")->capture_default_str();
+  cmd->add_option("--port", a->port, "port (0: any free port, printed)")->capture_default_str();
+  cmd->add_option("--backend", a->backend, "model backend: cpu, cuda, auto")->capture_default_str();
+  cmd->add_option("--served-model-name", a->name, "model id in the API (default: directory name)");
+  cmd->add_option("--max-running", a->max_running, "sequences decoded together")->capture_default_str();
+  cmd->add_option("--max-queued", a->max_queued, "requests waiting beyond that (more get 429)")->capture_default_str();
+  cmd->add_option("--max-context", a->max_context, "prompt + generated tokens per request")->capture_default_str();
+  cmd->add_option("--cache-dir", a->cache_dir, "demo model cache (default ~/.cache/tetra)");
+  cmd->add_option("--preset", a->preset, "demo model preset when --model is not given")->capture_default_str();
+  cmd->callback([a] { run_serve(*a); });
+}
+
+static const CommandRegistration kRegistration{"serve", 95, &add_serve};
+
+}  // namespace tetra::cli

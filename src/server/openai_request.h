@@ -1,0 +1,41 @@
+// Parsing and validating the JSON bodies of /v1/completions, /v1/chat/completions and
+// /generate into one GenerationRequest. Every problem is an ApiError (400) that names the field.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ops/sampling/sampling.h"
+#include "server/api_error.h"
+
+namespace tetra::server {
+
+enum class Endpoint { Completions, Chat, Generate };
+
+struct ChatMessage {
+  std::string role;  // "system" | "user" | "assistant"
+  std::string content;
+};
+
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::Completions;
+  std::optional<std::string> model;
+  std::string prompt;                  // Completions with a text prompt
+  std::vector<ChatMessage> messages;   // Chat
+  std::vector<int32_t> input_ids;      // Generate, or Completions given a token-id prompt
+  std::optional<int> max_tokens;       // absent: the rest of the context
+  ops::SamplingParams sampling;        // temperature, top_p, top_k, min_p, penalties, seed
+  std::vector<std::string> stop;       // stop strings (text endpoints)
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool stream = false;
+  bool include_usage = false;          // stream_options.include_usage
+  bool echo = false;                   // completions: prepend the prompt to the text
+};
+
+// Throws ApiError(400) on malformed JSON, wrong types, out-of-range values or n != 1.
+GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view body);
+
+}  // namespace tetra::server

@@ -1,0 +1,106 @@
+#include "server/server.h"
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tetra::server {
+namespace {
+
+// Ids in generation_config.json's eos_token_id (a number or a list), if the file has one.
+std::vector<int32_t> generation_config_eos(const std::filesystem::path& dir) {
+  std::vector<int32_t> ids;
+  std::ifstream in(dir / "generation_config.json");
+  if (!in) return ids;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  if (!j.is_object() || !j.contains("eos_token_id")) return ids;
+  const nlohmann::json& e = j["eos_token_id"];
+  if (e.is_number_integer()) ids.push_back(e.get<int32_t>());
+  if (e.is_array())
+    for (const auto& v : e)
+      if (v.is_number_integer()) ids.push_back(v.get<int32_t>());
+  return ids;
+}
+
+}  // namespace
+
+Server::Server(const ServerOptions& opt) : opt_(opt) {
+  model_name_ = opt.served_model_name.empty() ? std::filesystem::absolute(opt.model_dir).filename().string()
+                                              : opt.served_model_name;
+  if (model_name_.empty()) model_name_ = "tetra";
+  auto engine = runtime::Engine::load(opt.model_dir, opt.engine);
+  const int64_t vocab = engine->config().vocab_size;
+  chat_format_ = chat_format_for(engine->config().arch);
+  if (std::filesystem::exists(opt.model_dir / "tokenizer.json")) {
+    tokenizer_ = tok::Tokenizer::from_file(opt.model_dir / "tokenizer.json");
+    if (tokenizer_->vocab_size() > vocab)
+      TETRA_FAIL(opt.model_dir / "tokenizer.json", " has ids up to ", tokenizer_->vocab_size() - 1,
+                 " but the model's vocabulary is ", vocab);
+    for (const std::string& t : chat_end_tokens(chat_format_))
+      if (auto id = tokenizer_->token_to_id(t)) eos_ids_.push_back(*id);
+  }
+  for (int32_t id : generation_config_eos(opt.model_dir))
+    if (id >= 0 && id < vocab && std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end())
+      eos_ids_.push_back(id);
+  created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  SchedulerOptions so;
+  so.max_queued = opt.max_queued;
+  scheduler_ = std::make_unique<Scheduler>(std::move(engine), so, metrics_, profiler_);
+}
+
+Server::~Server() { stop(); }
+
+int Server::start(const std::string& host, int port) {
+  HttpServerOptions ho;
+  ho.max_body_bytes = opt_.max_body_bytes;
+  http_ = std::make_unique<HttpServer>([this](const HttpRequest& r, HttpConnection& c) { handle(r, c); }, ho);
+  return http_->start(host, port);
+}
+
+void Server::stop() {
+  if (http_) http_->stop();
+}
+
+void Server::handle(const HttpRequest& req, HttpConnection& conn) {
+  auto reply_error = [&](int status, const std::string& msg, const std::string& code = "") {
+    metrics_.request_rejected(status);
+    conn.respond(status, "application/json", error_json(status, msg, "", code));
+  };
+  const std::string& p = req.path;
+  auto require = [&](const char* method) {
+    if (req.method == method) return true;
+    reply_error(405, str(p, " takes ", method, ", not ", req.method));
+    return false;
+  };
+  if (p == "/health") {
+    if (require("GET")) conn.respond(200, "application/json", R"({"status":"ok"})");
+  } else if (p == "/v1/models") {
+    if (!require("GET")) return;
+    nlohmann::json m = {{"id", model_name_}, {"object", "model"}, {"created", created_}, {"owned_by", "tetra"},
+                        {"max_model_len", scheduler_->max_context()}};
+    conn.respond(200, "application/json", nlohmann::json({{"object", "list"}, {"data", {m}}}).dump());
+  } else if (p == "/metrics") {
+    if (require("GET")) conn.respond(200, "text/plain; version=0.0.4", metrics_.prometheus_text());
+  } else if (p == "/start_profile") {
+    if (!require("POST")) return;
+    if (!profiler_.start()) return reply_error(400, "a profile is already running; POST /stop_profile first");
+    conn.respond(200, "application/json", R"({"status":"profiling"})");
+  } else if (p == "/stop_profile") {
+    if (!require("POST")) return;
+    std::string trace;
+    if (!profiler_.stop(trace)) return reply_error(400, "no profile is running; POST /start_profile first");
+    conn.respond(200, "application/json", trace);
+  } else if (p == "/v1/completions") {
+    if (require("POST")) handle_generation(Endpoint::Completions, req, conn);
+  } else if (p == "/v1/chat/completions") {
+    if (require("POST")) handle_generation(Endpoint::Chat, req, conn);
+  } else if (p == "/generate") {
+    if (require("POST")) handle_generation(Endpoint::Generate, req, conn);
+  } else {
+    reply_error(404, str("no route ", p));
+  }
+}
+
+}  // namespace tetra::server
