@@ -1,10 +1,12 @@
 #!/bin/bash
-# Builds only the W4A16 MoE test and bench binaries into build-d2-run/ (no full tetra_lib: other
-# parts of the tree may be mid-edit). Needs the CUDA toolkit and GoogleTest (static) installed.
+# Builds only the W4A16 MoE test and bench binaries (no full tetra_lib: other parts of the tree
+# may be mid-edit). Needs the CUDA toolkit and GoogleTest (static) installed.
+# OBJ_DIR / RUN_DIR (default build-d2/fast, build-d2-run): object and binary folders.
 set -e
 cd "$(dirname "$0")/../.."
-obj=build-d2/fast
-mkdir -p "$obj" build-d2-run
+obj=${OBJ_DIR:-build-d2/fast}
+run=${RUN_DIR:-build-d2-run}
+mkdir -p "$obj" "$run"
 NVCC="/usr/local/cuda/bin/nvcc -std=c++20 -O3 -I src -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -DTETRA_GIT_COMMIT=\"$(git rev-parse --short=12 HEAD)\""
 srcs="src/core/error.cpp src/core/cuda_check.cpp src/moe/expert_weights.cpp $(ls src/ops/moe/w4a16_*.cu)"
 pids=()
@@ -21,6 +23,6 @@ libobjs=""
 for s in $srcs; do libobjs="$libobjs $obj/$(echo "$s" | tr / _).o"; done
 for t in test_w4a16_moe bench_w4a16_moe; do
   o=$(ls $obj/tests_gpu_${t}.*.o)
-  $NVCC $o $libobjs -o build-d2-run/$t -lgtest -lgtest_main -lpthread -Xcompiler -static-libstdc++ -Xcompiler -static-libgcc
+  $NVCC $o $libobjs -o $run/$t -lgtest -lgtest_main -lpthread -Xcompiler -static-libstdc++ -Xcompiler -static-libgcc
 done
-ls -la build-d2-run
+ls -la "$run"

@@ -205,13 +205,20 @@ bool bench_one(const Shape& s, int tokens, const Variant& v, int iters, Result& 
 TEST(BenchW4a16Moe, Table) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const bool full = std::getenv("TETRA_BENCH_FULL") != nullptr;
+  // DecodeConfig fields in order: token_tiles, k_warps, tiled_blocks_per_sm, l2_prefetch,
+  // late_x, chunks_per_batch, min_blocks_per_sm.
   const Variant variants[] = {
       {"auto", MoeKernel::kAuto, {}, false},
       {"auto+pdl", MoeKernel::kAuto, {}, false, true},
-      {"decode n8 kw4", MoeKernel::kDecode, {1, 4, 2, false}, true},
-      {"decode n8 kw8", MoeKernel::kDecode, {1, 8, 2, false}, true},
-      {"decode n8 kw4 pf+pdl", MoeKernel::kDecode, {1, 4, 2, true}, true, true},
-      {"decode n16 kw4", MoeKernel::kDecode, {2, 4, 2, false}, true},
+      {"classic n8 kw4", MoeKernel::kDecode, {1, 4, 2, false}, true},
+      {"classic n8 kw4+pdl", MoeKernel::kDecode, {1, 4, 2, false}, true, true},
+      {"classic n8 kw8", MoeKernel::kDecode, {1, 8, 2, false}, true},
+      {"late n8 kw4 u4 b4", MoeKernel::kDecode, {1, 4, 2, false, true, 4, 4}, true},
+      {"late n8 kw4 u4 b5", MoeKernel::kDecode, {1, 4, 2, false, true, 4, 5}, true},
+      {"late n8 kw4 u4 b6", MoeKernel::kDecode, {1, 4, 2, false, true, 4, 6}, true},
+      {"late n8 kw4 u2 b8", MoeKernel::kDecode, {1, 4, 2, false, true, 2, 8}, true},
+      {"late n8 kw2 u8 b8", MoeKernel::kDecode, {1, 2, 2, false, true, 8, 8}, true},
+      {"classic n16 kw4", MoeKernel::kDecode, {2, 4, 2, false}, true},
       {"tiled 1/SM", MoeKernel::kTiled, {1, 4, 1, false}, true},
       {"tiled 2/SM", MoeKernel::kTiled, {1, 4, 2, false}, true},
   };
@@ -228,13 +235,27 @@ TEST(BenchW4a16Moe, Table) {
   std::printf("| shape | tokens | kernel | uniq exp | gemm1 us | gemm2 us | total us | floor us | eff | GB/s | TFLOP/s |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   const Shape shapes[] = {{"GLM-5", 256, 6144, 2048, 8}, {"GLM-4.5-Air", 128, 4096, 1408, 8}};
-  const char* only = std::getenv("TETRA_BENCH_TOKENS");  // optional: one token count
+  // Optional TETRA_BENCH_TOKENS: comma-separated token counts to run (default: all).
+  const char* only = std::getenv("TETRA_BENCH_TOKENS");
+  auto wanted = [&](int tokens) {
+    if (!only) return true;
+    for (const char* p = only; *p;) {
+      char* end = nullptr;
+      const long v = std::strtol(p, &end, 10);
+      if (end == p) break;
+      if (v == tokens) return true;
+      p = *end == ',' ? end + 1 : end;
+    }
+    return false;
+  };
   for (const Shape& s : shapes)
     for (int tokens : {1, 16, 64, 512, 4096}) {
-      if (only && std::atoi(only) != tokens) continue;
+      if (!wanted(tokens)) continue;
       for (const Variant& v : variants) {
         const bool decode = v.kernel == MoeKernel::kDecode;
         if (decode && tokens >= 512) continue;  // streams weights once per 8*NT rows: far too slow
+        if (v.kernel == MoeKernel::kTiled && tokens < 512 && std::getenv("TETRA_BENCH_NO_TILED_SMALL"))
+          continue;  // measured 2-3x slower than decode there (RESULTS.md)
         Result r;
         EXPECT_TRUE(bench_one(s, tokens, v, tokens >= 512 ? 5 : 20, r, true)) << v.label;
       }

@@ -279,6 +279,12 @@ void run_case(const Case& c, uint32_t seed) {
       {MoeKernel::kDecode, true, {1, 8, 2, false}},         // 8 k-warps
       {MoeKernel::kDecode, true, {2, 8, 2, false}},         // 16 rows per pass
       {MoeKernel::kDecode, true, {4, 4, 2, false}},         // 32 rows per pass
+      // Late activations: {.., late_x, chunks_per_batch, min_blocks_per_sm}
+      {MoeKernel::kDecode, true, {1, 4, 2, false, true, 4, 4}},
+      {MoeKernel::kDecode, true, {1, 4, 2, false, true, 4, 5}, true},
+      {MoeKernel::kDecode, true, {1, 4, 2, false, true, 4, 6}},
+      {MoeKernel::kDecode, true, {1, 4, 2, false, true, 2, 8}, true},
+      {MoeKernel::kDecode, true, {1, 2, 2, false, true, 8, 8}},
       {MoeKernel::kTiled, true, {1, 4, 1, false}},          // tiled, one block per SM
       {MoeKernel::kTiled, false, {}},                       // tiled, two blocks per SM
   };

@@ -3,7 +3,10 @@
 // Out^T = W x X^T with W on the MMA's M side (16 weight rows) and up to 8*NT tokens on its N side.
 // A block owns two 16-row tiles (gate+up pair for GEMM1, 32 output rows for GEMM2) of one expert;
 // its KW warps split k, each keeping U chunks (U x 2 x 16 B of weights per lane) in flight before
-// first use, then the partial sums meet in shared memory for the epilogue.
+// first use, then the partial sums meet in shared memory for the epilogue. The "late" variant (the
+// default at <= 8 rows per expert) reads activations from L1 just before their MMA and caps
+// registers so 8 blocks (32 warps) fit per SM: at 1..64 tokens more warps with 2 chunks each beat
+// fewer warps with 4-8 chunks each (bench/moe_kernels/RESULTS.md).
 #include <cuda_runtime.h>
 
 #include "ops/moe/w4a16_fragment.cuh"
@@ -16,9 +19,13 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-template <int NT, int KW, bool GATED, bool OUT_F32, bool PREFETCH>
-__global__ void __launch_bounds__(KW * 32) moe_decode_kernel(const GroupedGemmArgs a) {
-  constexpr int U = 4;  // chunks loaded ahead per warp
+// U: chunks per load batch. LATE: activations are read from L1 right before their MMA instead of
+// with the weights (frees U*NT*8 registers). MINB: blocks per SM the register allocation must
+// allow (0: no cap); without a cap the compiler hoists the late loads back up and spends the
+// saved registers. PREFETCH: bulk L2 prefetch two batches ahead (measured slower).
+template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32, bool PREFETCH>
+__global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
+    moe_decode_kernel(const GroupedGemmArgs a) {
   constexpr int kPrefetchBatches = 2;
   const int slot = blockIdx.y;
   const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
@@ -42,6 +49,20 @@ __global__ void __launch_bounds__(KW * 32) moe_decode_kernel(const GroupedGemmAr
 
   __shared__ float red[KW][2][NT][4][32];  // per-warp partial sums, lane fastest
 
+  // [U][2 tiles] one batch of this lane's weight words / scale pairs
+  auto load_w = [&](int c, uint4 (&wv)[U][2], uint32_t (&sv)[U][2]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (c + u < c_end) {
+        const size_t cc = size_t(c + u);
+        wv[u][0] = ld_stream_u4(wp0 + cc * kTileChunkBytes);
+        wv[u][1] = ld_stream_u4(wp1 + cc * kTileChunkBytes);
+        sv[u][0] = ld_stream_u16(sp0 + cc * kTileChunkScales);
+        sv[u][1] = ld_stream_u16(sp1 + cc * kTileChunkScales);
+      }
+    }
+  };
+
   for (int tok0 = 0; tok0 < cnt; tok0 += 8 * NT) {
     const uint16_t* xp[NT];  // this lane's token row, at k = 16t
 #pragma unroll
@@ -59,6 +80,46 @@ __global__ void __launch_bounds__(KW * 32) moe_decode_kernel(const GroupedGemmAr
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.0f;
 
+    // One chunk's 4 k-steps x 2 tiles x NT token tiles of MMAs.
+    auto compute_chunk = [&](const uint4 (&w)[2], const uint32_t (&sc)[2], const uint4 (&xv)[NT][2]) {
+      uint32_t sg[2], sg8[2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) scale_pair_to_bf16x2(sc[mt], sg[mt], sg8[mt]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          uint32_t A[4];
+          dequant_word(word_of(w[mt], j), sg[mt], sg8[mt], A);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const uint4& xh = xv[nt][j >> 1];  // k 16t+8*(j/2) .. +7
+            const uint32_t b0 = (j & 1) ? xh.z : xh.x;
+            const uint32_t b1 = (j & 1) ? xh.w : xh.y;
+            mma_bf16_16816(acc[mt][nt], A, b0, b1);
+          }
+        }
+      }
+    };
+    auto load_x = [&](int c, uint4 (&xv)[NT][2]) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        xv[nt][0] = ld_cached_u4(xp[nt] + size_t(c) * kChunkK);
+        xv[nt][1] = ld_cached_u4(xp[nt] + size_t(c) * kChunkK + 8);
+      }
+    };
+    // Batch of U chunks whose weights are already in registers; activations read now.
+    auto compute_batch_late = [&](int c, const uint4 (&wv)[U][2], const uint32_t (&sv)[U][2]) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (c + u < c_end) {
+          uint4 xv[NT][2];
+          load_x(c + u, xv);
+          compute_chunk(wv[u], sv[u], xv);
+        }
+      }
+    };
+
     // L2 prefetch runs kPrefetchBatches batches ahead of the register loads (first pass only:
     // later passes find the slice in L2 anyway).
     auto prefetch = [&](int c_lo, int c_hi) {
@@ -71,55 +132,30 @@ __global__ void __launch_bounds__(KW * 32) moe_decode_kernel(const GroupedGemmAr
         prefetch_l2_bulk(sp1 - lane * 2 + size_t(c_lo) * kTileChunkScales, n * kTileChunkScales);
       }
     };
+
     if (tok0 == 0) {
       if (PREFETCH) prefetch(c_begin, c_begin + U * kPrefetchBatches);
-      // Launched as a programmatic dependent (GEMM2 after GEMM1), this block may start while the
-      // previous grid still runs: wait for its output before reading activations. A no-op for a
-      // normal launch.
-      asm volatile("griddepcontrol.wait;" ::: "memory");
+      // Launched as a programmatic dependent (GEMM2 after GEMM1), this block may start while
+      // the previous grid still runs: wait for its output before reading activations. A no-op
+      // for a normal launch. LATE waits after issuing its first weight batch instead.
+      if (!LATE) asm volatile("griddepcontrol.wait;" ::: "memory");
     }
     for (int c = c_begin; c < c_end; c += U) {
       if (PREFETCH) prefetch(c + U * (1 + kPrefetchBatches) - U, c + U * (1 + kPrefetchBatches));
       uint4 wv[U][2];
       uint32_t sv[U][2];
-      uint4 xv[U][NT][2];
+      load_w(c, wv, sv);
+      if (LATE && tok0 == 0 && c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");
+      if constexpr (LATE) {
+        compute_batch_late(c, wv, sv);
+      } else {
+        uint4 xv[U][NT][2];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (c + u < c_end) {
-          const size_t cc = size_t(c + u);
-          wv[u][0] = ld_stream_u4(wp0 + cc * kTileChunkBytes);
-          wv[u][1] = ld_stream_u4(wp1 + cc * kTileChunkBytes);
-          sv[u][0] = ld_stream_u16(sp0 + cc * kTileChunkScales);
-          sv[u][1] = ld_stream_u16(sp1 + cc * kTileChunkScales);
+        for (int u = 0; u < U; ++u)
+          if (c + u < c_end) load_x(c + u, xv[u]);
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            xv[u][nt][0] = ld_cached_u4(xp[nt] + cc * kChunkK);
-            xv[u][nt][1] = ld_cached_u4(xp[nt] + cc * kChunkK + 8);
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (c + u < c_end) {
-          uint32_t sg[2], sg8[2];
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) scale_pair_to_bf16x2(sv[u][mt], sg[mt], sg8[mt]);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-              uint32_t A[4];
-              dequant_word(word_of(wv[u][mt], j), sg[mt], sg8[mt], A);
-#pragma unroll
-              for (int nt = 0; nt < NT; ++nt) {
-                const uint4& xh = xv[u][nt][j >> 1];  // k 16t+8*(j/2) .. +7
-                const uint32_t b0 = (j & 1) ? xh.z : xh.x;
-                const uint32_t b1 = (j & 1) ? xh.w : xh.y;
-                mma_bf16_16816(acc[mt][nt], A, b0, b1);
-              }
-            }
-          }
-        }
+        for (int u = 0; u < U; ++u)
+          if (c + u < c_end) compute_chunk(wv[u], sv[u], xv[u]);
       }
     }
 
@@ -173,8 +209,8 @@ __global__ void __launch_bounds__(KW * 32) moe_decode_kernel(const GroupedGemmAr
   }
 }
 
-template <int NT, int KW, bool PF>
-cudaError_t launch_decode_nt_kw(const GroupedGemmArgs& a, cudaStream_t stream) {
+template <int NT, int KW, int U, bool LATE, int MINB, bool PF>
+cudaError_t launch_variant(const GroupedGemmArgs& a, cudaStream_t stream) {
   const dim3 grid{unsigned(a.n / 32), unsigned(a.num_slots), 1u};
   const dim3 block(KW * 32);
   if (a.pdl) {  // programmatic dependent launch: the kernel waits before reading activations
@@ -187,27 +223,48 @@ cudaError_t launch_decode_nt_kw(const GroupedGemmArgs& a, cudaStream_t stream) {
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    if (a.gated) return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, true, false, PF>, a);
-    if (a.out_f32) return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, false, true, PF>, a);
-    return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, false, false, PF>, a);
+    if (a.gated)
+      return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, PF>, a);
+    if (a.out_f32)
+      return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, PF>, a);
+    return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, PF>, a);
   }
   if (a.gated)
-    moe_decode_kernel<NT, KW, true, false, PF><<<grid, block, 0, stream>>>(a);
+    moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, PF><<<grid, block, 0, stream>>>(a);
   else if (a.out_f32)
-    moe_decode_kernel<NT, KW, false, true, PF><<<grid, block, 0, stream>>>(a);
+    moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, PF><<<grid, block, 0, stream>>>(a);
   else
-    moe_decode_kernel<NT, KW, false, false, PF><<<grid, block, 0, stream>>>(a);
+    moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, PF><<<grid, block, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
+// The original register-streaming shape (U = 4, activations with the weights), every NT.
 template <int NT>
-cudaError_t launch_decode_nt(const GroupedGemmArgs& a, int k_warps, bool prefetch,
-                             cudaStream_t stream) {
-  if (prefetch && k_warps == 4) return launch_decode_nt_kw<NT, 4, true>(a, stream);
-  if (prefetch && k_warps == 8) return launch_decode_nt_kw<NT, 8, true>(a, stream);
+cudaError_t launch_classic(const GroupedGemmArgs& a, int k_warps, bool prefetch,
+                           cudaStream_t stream) {
+  if (prefetch && k_warps == 4) return launch_variant<NT, 4, 4, false, 0, true>(a, stream);
+  if (prefetch && k_warps == 8) return launch_variant<NT, 8, 4, false, 0, true>(a, stream);
   switch (k_warps) {
-    case 4: return launch_decode_nt_kw<NT, 4, false>(a, stream);
-    case 8: return launch_decode_nt_kw<NT, 8, false>(a, stream);
+    case 4: return launch_variant<NT, 4, 4, false, 0, false>(a, stream);
+    case 8: return launch_variant<NT, 8, 4, false, 0, false>(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// Variant key: token tiles, k-warps, chunks per batch, blocks per SM.
+constexpr int key(int nt, int kw, int u, int minb) { return ((nt * 16 + kw) * 16 + u) * 16 + minb; }
+
+// The late-activation shapes that are instantiated (each costs compile time); minb 0 means 16/KW
+// (128 registers per thread).
+cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStream_t stream) {
+  if (c.k_warps <= 0) return cudaErrorInvalidValue;
+  const int minb = c.min_blocks_per_sm > 0 ? c.min_blocks_per_sm : 16 / c.k_warps;
+  switch (key(c.token_tiles, c.k_warps, c.chunks_per_batch, minb)) {
+    case key(1, 4, 4, 4): return launch_variant<1, 4, 4, true, 4, false>(a, stream);
+    case key(1, 4, 4, 5): return launch_variant<1, 4, 4, true, 5, false>(a, stream);
+    case key(1, 4, 4, 6): return launch_variant<1, 4, 4, true, 6, false>(a, stream);
+    case key(1, 4, 2, 8): return launch_variant<1, 4, 2, true, 8, false>(a, stream);
+    case key(1, 2, 8, 8): return launch_variant<1, 2, 8, true, 8, false>(a, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -216,10 +273,12 @@ cudaError_t launch_decode_nt(const GroupedGemmArgs& a, int k_warps, bool prefetc
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream) {
   if (a.num_slots <= 0 || a.n <= 0) return cudaSuccess;
+  const bool classic = !cfg.late_x;
+  if (!classic) return cfg.l2_prefetch ? cudaErrorInvalidValue : launch_late(a, cfg, stream);
   switch (cfg.token_tiles) {
-    case 1: return launch_decode_nt<1>(a, cfg.k_warps, cfg.l2_prefetch, stream);
-    case 2: return launch_decode_nt<2>(a, cfg.k_warps, cfg.l2_prefetch, stream);
-    case 4: return launch_decode_nt<4>(a, cfg.k_warps, cfg.l2_prefetch, stream);
+    case 1: return launch_classic<1>(a, cfg.k_warps, cfg.l2_prefetch, stream);
+    case 2: return launch_classic<2>(a, cfg.k_warps, cfg.l2_prefetch, stream);
+    case 4: return launch_classic<4>(a, cfg.k_warps, cfg.l2_prefetch, stream);
     default: return cudaErrorInvalidValue;
   }
 }

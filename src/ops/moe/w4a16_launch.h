@@ -34,10 +34,16 @@ struct DecodeConfig {
   int k_warps = 4;      // warps splitting k inside a block (4 or 8)
   int tiled_blocks_per_sm = 2;  // tiled kernel only: 2 caps registers at 128 for two blocks/SM
   bool l2_prefetch = false;     // decode: bulk L2 prefetch two batches ahead (measured slower)
+  // Decode, late activations (read right before their MMA, fewer registers): off = the classic
+  // kernel (4 chunks per batch, activations loaded with the weights).
+  bool late_x = false;
+  int chunks_per_batch = 4;     // late_x: 64-k chunks per warp load batch
+  int min_blocks_per_sm = 0;    // late_x: register cap for this many blocks per SM (0: 16 / k_warps)
 };
 inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
-  return os << "decode(n" << 8 * c.token_tiles << ",kw" << c.k_warps
-            << (c.l2_prefetch ? ",pf" : "") << ")";
+  os << "decode(n" << 8 * c.token_tiles << ",kw" << c.k_warps;
+  if (c.late_x) os << ",late,u" << c.chunks_per_batch << ",b" << c.min_blocks_per_sm;
+  return os << (c.l2_prefetch ? ",pf" : "") << ")";
 }
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);

@@ -50,12 +50,18 @@ int rows_per_expert(const MoeGemmProblem& p) {
 moe_detail::DecodeConfig decode_config(const MoeGemmProblem& p) {
   moe_detail::DecodeConfig c;
   const int m = rows_per_expert(p);
-  // Measured on H200 (bench/moe_kernels/RESULTS.md): 4 k-warps and 8 rows per pass, no L2
-  // prefetch, beat 8 k-warps, wider passes, bulk-copy and cp.async-ring variants at 1..64 tokens.
+  // Measured on H200 (bench/moe_kernels/RESULTS.md, runs 6-7): 8 rows per pass, 4 k-warps,
+  // activations read late, 2 chunks per batch and a 64-register cap for 8 blocks (32 warps) per
+  // SM beat the classic kernel (4 chunks, activations with the weights, 4 blocks/SM) by 10-17% at
+  // 1..64 tokens: more warps with fewer bytes each win; 4- and 8-chunk batches, double-buffered
+  // batches, 8 k-warps, L2 bulk prefetch and wider passes were all slower.
   c.token_tiles = m <= 8 ? 1 : m <= 16 ? 2 : 4;
   c.k_warps = 4;
   c.tiled_blocks_per_sm = 2;
   c.l2_prefetch = false;
+  c.late_x = c.token_tiles == 1;  // the late kernel is instantiated for 8 rows per pass only
+  c.chunks_per_batch = 2;
+  c.min_blocks_per_sm = 8;
   return c;
 }
 
