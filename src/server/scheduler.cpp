@@ -93,6 +93,12 @@ std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt, co
 }
 
 void Scheduler::finish(const std::shared_ptr<RequestStream>& s, runtime::FinishReason why, const std::string& error) {
+  // Record first: once the stream hears of its finish the client may read metrics or the trace.
+  const auto now = std::chrono::steady_clock::now();
+  metrics_.request_finished(runtime::finish_reason_name(why), seconds(now - s->arrived_));
+  if (profiler_.active())
+    profiler_.async_end("request", s->engine_id_, profiler_.now_us(),
+                        {{"finish", runtime::finish_reason_name(why)}, {"generated", s->generated_}});
   {
     std::lock_guard<std::mutex> l(s->mu_);
     s->pending_.finish = why;
@@ -100,11 +106,6 @@ void Scheduler::finish(const std::shared_ptr<RequestStream>& s, runtime::FinishR
     s->finished_ = true;
   }
   s->cv_.notify_all();
-  const auto now = std::chrono::steady_clock::now();
-  metrics_.request_finished(runtime::finish_reason_name(why), seconds(now - s->arrived_));
-  if (profiler_.active())
-    profiler_.async_end("request", s->engine_id_, profiler_.now_us(),
-                        {{"finish", runtime::finish_reason_name(why)}, {"generated", s->generated_}});
 }
 
 void Scheduler::admit(std::vector<std::shared_ptr<RequestStream>>& fresh) {
