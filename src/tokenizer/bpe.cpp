@@ -1,5 +1,6 @@
 #include "tokenizer/bpe.h"
 
+#include <cstdint>
 #include <queue>
 
 #include "core/error.h"
@@ -8,6 +9,9 @@
 
 namespace tetra::tok {
 namespace {
+
+// Pieces up to this many symbols take the simple quadratic loop; longer ones the heap.
+constexpr int kShortWord = 16;
 
 uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
 
@@ -47,6 +51,23 @@ void Bpe::encode_word(std::string_view raw_bytes, std::vector<int32_t>& out) con
     if (const int32_t id = byte_id_[static_cast<unsigned char>(b)]; id >= 0) sym.push_back(id);
   const int n = int(sym.size());
   if (n < 2) {
+    out.insert(out.end(), sym.begin(), sym.end());
+    return;
+  }
+  if (n <= kShortWord) {
+    // Most pieces are a few symbols: rescanning every pair per merge beats building a heap.
+    while (sym.size() > 1) {
+      int32_t best_rank = INT32_MAX, best_id = -1;
+      size_t best_at = 0;
+      for (size_t i = 0; i + 1 < sym.size(); ++i) {
+        const auto it = merges_.find(pair_key(sym[i], sym[i + 1]));
+        if (it != merges_.end() && it->second.rank < best_rank)
+          best_rank = it->second.rank, best_id = it->second.merged, best_at = i;
+      }
+      if (best_id < 0) break;
+      sym[best_at] = best_id;
+      sym.erase(sym.begin() + std::ptrdiff_t(best_at) + 1);
+    }
     out.insert(out.end(), sym.begin(), sym.end());
     return;
   }

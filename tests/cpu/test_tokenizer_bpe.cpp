@@ -1,6 +1,7 @@
 // The BPE merge loop against a plain quadratic reference written here (repeatedly merge the
 // lowest-rank adjacent pair, leftmost on ties), on random words over a small alphabet whose
-// merges overlap and chain; and a very long piece, which a quadratic loop could not finish.
+// merges overlap and chain (lengths 0-39 cover both the short-word loop and the heap); and a very
+// long piece, which a quadratic loop could not finish.
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -57,7 +58,7 @@ TEST(TokenizerBpe, MatchesTheQuadraticReference) {
   const Bpe bpe(c.vocab, c.merges, false, "test");
   std::mt19937 rng(11);
   for (int trial = 0; trial < 3000; ++trial) {
-    std::string word(rng() % 24, 'a');
+    std::string word(rng() % 40, 'a');
     for (char& ch : word) ch = "aaabbc"[rng() % 6];
     std::vector<int32_t> got;
     bpe.encode_word(word, got);
