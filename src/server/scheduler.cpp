@@ -151,8 +151,11 @@ void Scheduler::run_step() {
   } catch (const std::exception& e) {
     // The engine could not step: end every request (cancel frees their KV blocks).
     for (auto& [id, s] : active_) {
-      engine_->cancel(id);
-      engine_->release(id);
+      try {  // a step that threw half-way may leave a request in neither queue: never let that escape
+        engine_->cancel(id);
+        engine_->release(id);
+      } catch (const std::exception&) {
+      }
       finish(s, runtime::FinishReason::Error, str("engine step failed: ", e.what()));
     }
     active_.clear();
