@@ -9,7 +9,8 @@
 #include "core/half.h"
 #include "core/parallel.h"
 #include "model/tensor_to_float.h"
-#include "moe/moe_reference.h"
+#include "model/moe_layer_views.h"
+#include "moe/moe_layer.h"
 #include "ops/attention/attention.h"
 #include "ops/norm/rms_norm.h"
 #include "ops/rope/rope.h"
@@ -33,33 +34,12 @@ CpuLinear prepare_linear(const LinearWeight& lw) {
   return l;
 }
 
-// One MoE layer: the float32 stacks moe_layer_cpu reads.
-struct CpuMoe {
-  std::vector<float> gate;    // [E, H] router weight
-  std::vector<float> bias;    // [E] correction bias or empty
-  std::vector<float> w13;     // [E, 2I, H] gate rows then up rows per expert
-  std::vector<float> w2;      // [E, H, I]
-  std::vector<float> sw13;    // [1, 2I_s, H] shared expert or empty
-  std::vector<float> sw2;     // [1, H, I_s]
-  moe::MoeLayerF32 layer;     // pointers into the vectors above
-};
-
-// Appends gate then up rows of one MLP to w13 and its down rows to w2.
-void append_mlp(const MlpWeights& m, std::vector<float>& w13, std::vector<float>& w2) {
-  for (const LinearWeight* lw : {&m.gate, &m.up}) {
-    const std::vector<float> f = linear_to_float(*lw);
-    w13.insert(w13.end(), f.begin(), f.end());
-  }
-  const std::vector<float> d = linear_to_float(m.down);
-  w2.insert(w2.end(), d.begin(), d.end());
-}
-
 struct CpuLayer {
   std::vector<uint16_t> input_norm, post_norm;  // [H] bf16
   std::vector<uint16_t> q_norm, k_norm;         // [head_dim] bf16 or empty
   CpuLinear q, k, v, o;
   CpuLinear gate, up, down;  // dense layers only
-  std::unique_ptr<CpuMoe> moe;
+  std::unique_ptr<moe::MoeLayerRunner> moe;  // the MoE layer runner's cpu backend
   std::vector<uint16_t> k_cache, v_cache;  // [num_blocks, block_size, n_kv, head_dim] bf16
 };
 
@@ -101,7 +81,14 @@ class CpuModelOps final : public ModelOps {
         cl.up = prepare_linear(lw.dense->up);
         cl.down = prepare_linear(lw.dense->down);
       }
-      if (lw.moe) cl.moe = prepare_moe(*lw.moe);
+      if (lw.moe) {
+        // The runner copies what it keeps, so the views may go after construction.
+        const auto views = moe_layer_views(*lw.moe, int(L), H_);
+        moe::MoeLayerOptions mo;
+        mo.backend = "cpu";
+        mo.max_tokens = lim.max_tokens;
+        cl.moe = moe::make_moe_layer(views->weights, mo);
+      }
       cl.k_cache.assign(size_t(cache_elems), 0);
       cl.v_cache.assign(size_t(cache_elems), 0);
     }
@@ -206,14 +193,9 @@ class CpuModelOps final : public ModelOps {
   }
 
   void moe(int layer, Buf in, Buf out) override {
-    const CpuMoe* m = layers_[size_t(layer)].moe.get();
+    moe::MoeLayerRunner* m = layers_[size_t(layer)].moe.get();
     TETRA_CHECK(m != nullptr, "layer ", layer, " is not a MoE layer");
-    std::vector<float> x(size_t(T_) * H_), y(size_t(T_) * H_);  // [T, H]
-    const uint16_t* src = buf(in);
-    for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float(src[i]);
-    moe::moe_layer_cpu(x.data(), T_, m->layer, y.data());
-    uint16_t* dst = buf(out);
-    for (size_t i = 0; i < y.size(); ++i) dst[i] = float_to_bf16(y[i]);
+    m->forward(buf(in), T_, buf(out), nullptr, nullptr);
   }
 
   void logits(Buf in) override {
@@ -252,22 +234,6 @@ class CpuModelOps final : public ModelOps {
   }
 
  private:
-  std::unique_ptr<CpuMoe> prepare_moe(const MoeWeights& mw) {
-    auto m = std::make_unique<CpuMoe>();
-    m->gate = tensor_to_float(mw.router);
-    if (mw.correction_bias) m->bias = tensor_to_float(*mw.correction_bias);
-    for (const MlpWeights& e : mw.experts) append_mlp(e, m->w13, m->w2);
-    if (mw.shared) append_mlp(*mw.shared, m->sw13, m->sw2);
-    moe::MoeLayerF32& L = m->layer;
-    L.gate = m->gate.data();
-    L.bias = m->bias.empty() ? nullptr : m->bias.data();
-    L.router = mw.router_params;
-    L.experts = {m->w13.data(), m->w2.data(), int(mw.experts.size()), H_,
-                 int(mw.experts.front().inter())};
-    if (mw.shared) L.shared = {m->sw13.data(), m->sw2.data(), 1, H_, int(mw.shared->inter())};
-    return m;
-  }
-
   const CpuLinear& get_linear(LinearId which, int layer) const {
     const CpuLayer& l = layers_.at(size_t(layer));
     switch (which) {

@@ -1,7 +1,8 @@
 // The CPU backend of the model runtime: the reference every other backend is compared with.
 // Weights are dequantized to float32 once (NVFP4 through format/nvfp4.h), activations are bf16
 // between ops like on the GPU, every op computes in float32 and rounds its output to bf16 once
-// (logits stay float32). The MoE block runs the float32 reference layer (moe/moe_reference.h).
+// (logits stay float32). The MoE block runs the MoE layer runner's cpu backend
+// (moe/moe_layer.h: float32 on dequantized weights, intermediate rounded to bf16 like the GPU).
 // Slow on purpose: plain loops, parallel over output features for the linears.
 #pragma once
 #include <memory>

@@ -1,9 +1,12 @@
 #include "model/model_weights.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace tetra::model {
 namespace {
@@ -18,6 +21,34 @@ float read_f32_scalar(const TensorView& v, const std::string& where) {
   return f;
 }
 
+// Index of the first Inf/NaN element of a BF16/F16/F32 tensor, or -1. Bit tests (exponent all
+// ones), parallel over chunks: this reads every high-precision weight once at load.
+int64_t first_non_finite(const TensorView& t) {
+  const int64_t n = t.numel();
+  std::vector<int64_t> found(size_t(hardware_threads()) + 1, -1);
+  std::atomic<size_t> slot{0};
+  parallel_for(n, 1 << 20, [&](int64_t b, int64_t e) {
+    int64_t hit = -1;
+    for (int64_t i = b; i < e && hit < 0; ++i) {
+      if (t.dtype == DType::F32) {
+        uint32_t u;
+        std::memcpy(&u, t.data + 4 * i, 4);
+        if ((u & 0x7f800000u) == 0x7f800000u) hit = i;
+      } else {
+        uint16_t h;
+        std::memcpy(&h, t.data + 2 * i, 2);
+        const uint16_t mask = t.dtype == DType::BF16 ? 0x7f80 : 0x7c00;
+        if ((h & mask) == mask) hit = i;
+      }
+    }
+    if (hit >= 0) found[std::min(slot++, found.size() - 1)] = hit;
+  });
+  int64_t first = -1;
+  for (int64_t f : found)
+    if (f >= 0 && (first < 0 || f < first)) first = f;
+  return first;
+}
+
 class Loader {
  public:
   explicit Loader(const Checkpoint& ck) : ck_(ck), where_(ck.dir().string()) {}
@@ -25,7 +56,16 @@ class Loader {
   TensorView tensor(const std::string& name) const {
     if (!ck_.tensors().contains(name))
       TETRA_FAIL("checkpoint ", where_, " has no tensor ", name);
-    return ck_.tensors().view(name);
+    const TensorView v = ck_.tensors().view(name);
+    check_finite(v);
+    return v;
+  }
+  void check_finite(const TensorView& v) const {
+    if (!is_float_dtype(v.dtype)) return;
+    const int64_t i = first_non_finite(v);
+    if (i >= 0)
+      TETRA_FAIL("tensor ", v.name, " in ", ck_.tensors().file_of(v.name).string(),
+                 " holds a non-finite value at element ", i);
   }
   std::optional<TensorView> optional_tensor(const std::string& name) const {
     if (!ck_.tensors().contains(name)) return std::nullopt;
@@ -41,11 +81,13 @@ class Loader {
     w.quantized = t.quantized;
     w.weight = t.weight;
     w.bias = t.bias;
+    if (t.bias) check_finite(*t.bias);
     if (t.spec->bias && !t.bias) TETRA_FAIL("checkpoint ", where_, " has no tensor ", module, ".bias");
     if (!t.quantized) {
       if (!is_float_dtype(t.weight.dtype))
         TETRA_FAIL("tensor ", t.weight.name, " in ", where_, " has dtype ", dtype_name(t.weight.dtype),
                    ", expected BF16, F16 or F32 (or U8 with weight_scale for NVFP4)");
+      check_finite(t.weight);
       return w;
     }
     ck_.check_scales_finite(t);

@@ -1,7 +1,8 @@
 // A checkpoint's tensors organised the way the forward pass reads them: per layer, as borrowed
 // views into the memory-mapped Checkpoint (zero copy). Loading checks every tensor the GQA
 // architectures (Glm4Moe, Qwen3Moe) need, names the missing or malformed one, and refuses NaN
-// block scales and non-finite global scales. MLA models (GLM-5, DeepSeek-V3) are refused: their
+// block scales, non-finite global scales and Inf/NaN in any high-precision tensor (one read of
+// each; NVFP4 codes cannot be non-finite). MLA models (GLM-5, DeepSeek-V3) are refused: their
 // attention is not built.
 //
 // Lifetime: every view points into the Checkpoint passed to load(); keep it alive (Model does).
@@ -74,7 +75,8 @@ struct ModelWeights {
 
   // Builds the views from a Checkpoint (which must outlive the result). Throws tetra::Error
   // naming the checkpoint directory and tensor for: an MLA architecture, a missing tensor, a
-  // wrong dtype or shape, a NaN block scale, a non-finite or non-positive global scale.
+  // wrong dtype or shape, a NaN block scale, a non-finite or non-positive global scale, an
+  // Inf/NaN element in a high-precision tensor.
   // Runs Checkpoint::validate() first, so shape/dtype errors come as one list.
   static ModelWeights load(const Checkpoint& ckpt);
 };
