@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "bench/serve_bench.h"
+#include "server/demo_model.h"
 #include "server/server.h"
 #include "server_fixture.h"
 
@@ -101,6 +102,20 @@ TEST(ServeCli, ServesUntilSigtermAndBenchServeTalksToIt) {
   const auto bad = test::run_tetra("bench serve --url ftp://x:1");
   EXPECT_EQ(bad.code, 1) << bad.output;
   EXPECT_NE(bad.output.find("http://"), std::string::npos) << bad.output;
+}
+
+TEST(ServeCli, DefaultModelIsTheDemoCacheEntry) {
+  // `tetra demo` makes its model; serve's default must find that same directory, not make another.
+  test::TempDir cache("serve-demo-cache");
+  const auto demo = test::run_tetra("demo --cache-dir " + cache.path().string() + " --tokens 2");
+  ASSERT_EQ(demo.code, 0) << demo.output;
+  std::vector<std::filesystem::path> before;
+  for (const auto& e : std::filesystem::directory_iterator(cache.path())) before.push_back(e.path());
+  ASSERT_EQ(before.size(), 1u);
+  EXPECT_EQ(server::demo_model_dir(cache.path().string(), "tiny-glm4.5-air"), before[0]);
+  size_t after = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(cache.path())) ++after;
+  EXPECT_EQ(after, 1u);
 }
 
 }  // namespace
