@@ -64,7 +64,7 @@ GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view b
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e999
     const std::string what = e.what();
     if (what.find("UTF-8") != std::string::npos) bad("request body is not valid UTF-8: " + what);
     bad("request body is not valid JSON: " + what);

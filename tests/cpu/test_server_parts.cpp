@@ -92,6 +92,7 @@ TEST(OpenAiRequest, RefusesBadBodiesWith400) {
   EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","stop":""})"), 400);
   EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","stream":"yes"})"), 400);
   EXPECT_EQ(status_of(Endpoint::Completions, "{\"prompt\":\"\xff\xfe\"}"), 400);
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","max_tokens":777e4400000})"), 400);  // fuzz find
   EXPECT_EQ(status_of(Endpoint::Chat, R"({"messages":[]})"), 400);
   EXPECT_EQ(status_of(Endpoint::Chat, R"({"messages":[{"role":"wizard","content":"x"}]})"), 400);
   EXPECT_EQ(status_of(Endpoint::Generate, R"({"input_ids":[-1]})"), 400);
