@@ -87,10 +87,9 @@ std::vector<BackendCaps> declare() {
     BackendCaps b;
     b.name = "cuda-bf16";
     b.summary = "BF16 expert weights, bf16 tensor-core GEMMs";
-    // GEMMs written and GPU-tested (ops/moe/bf16_moe.h); `built` flips when the layer runner
-    // dispatches to them (see cuda-w4a4).
-    b.origin = "Tetra ops/moe/bf16_moe.h (GEMMs GPU-tested; the layer runner does not call them yet)";
-    b.built = false;
+    // The layer runner (ops/moe/moe_layer_cuda.h) dispatches BF16 experts to these GEMMs.
+    b.origin = "Tetra ops/moe/bf16_moe.h through the layer runner ops/moe/moe_layer_cuda.h";
+    b.built = true;
     b.weight_formats = {WeightFormat::BF16};
     b.act_formats = {ActFormat::BF16};
     b.sms = {90};

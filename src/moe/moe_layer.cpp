@@ -109,12 +109,14 @@ MoeWorkload layer_workload(const MoeLayerWeights& w, const MoeLayerOptions& o) {
   m.memory_known = false;  // one layer: the model's memory is the runtime's business
   m.layout = o.layout;
   m.tokens_per_launch = o.max_tokens;
-  // The shared expert runs through the same GEMMs: its width must pass the same alignment.
-  if (w.shared) {
+  // A named CUDA backend runs the shared expert through GEMMs of its format: NVFP4 ones read k
+  // in chunks of 64, BF16 ones in 16-byte rows. (auto leaves it to the runner's own check.)
+  if (w.shared && o.backend != "cpu" && o.backend != "auto") {
     const int Is = mlp_width(*w.shared);
-    if (Is % 64 != 0 && o.backend != "cpu")
+    const int align = w.shared->format == ExpertFormat::NVFP4 ? 64 : 8;
+    if (Is % align != 0)
       m.model_problems.push_back(
-          str("shared expert width ", Is, " is not a multiple of 64 (the GEMMs' k chunk)"));
+          str("shared expert width ", Is, " is not a multiple of ", align, " (the GEMMs' k step)"));
   }
   return m;
 }
@@ -131,12 +133,8 @@ std::unique_ptr<MoeLayerRunner> make_moe_layer(const MoeLayerWeights& w, const M
   }
   const BackendCaps& caps = require_compatible(o.backend, layer_workload(w, o), target);
   if (caps.name == "cpu") return make_cpu_moe_layer(w, o.max_tokens);
-  if (caps.name == "cuda-w4a16") {
-    if (w.shared && w.shared->format != ExpertFormat::NVFP4)
-      TETRA_FAIL(w.name, ": cuda-w4a16 runs the shared expert with the W4A16 kernels; this "
-                 "shared expert is BF16 (use the cpu backend)");
-    return make_cuda_w4a16_moe_layer(w, o.max_tokens, o.layout);
-  }
+  if (caps.name == "cuda-w4a16" || caps.name == "cuda-bf16")
+    return make_cuda_moe_layer(w, o.max_tokens, o.layout);
   TETRA_FAIL(w.name, ": MoE backend ", caps.name, " has no layer runner in this version");
 }
 

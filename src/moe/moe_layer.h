@@ -16,7 +16,8 @@
 //   as bf16); the combine is combine_bf16's fixed-order FMA sum with one final rounding.
 //
 // Backends: "cpu" (host pointers; float32 loops on the dequantized weights), "cuda-w4a16" (device
-// pointers; NVFP4 experts), "auto" (the declarations' pick). The backend is checked with
+// pointers; NVFP4 experts), "cuda-bf16" (device pointers; BF16 experts), "auto" (the
+// declarations' pick). On the CUDA backends the shared expert may be NVFP4 or BF16. The backend is checked with
 // require_compatible, so a refusal carries the reasons `tetra check` prints.
 #pragma once
 #include <cuda_runtime.h>
@@ -116,8 +117,8 @@ void dequantize_mlp(const ExpertMlpView& m, int H, int I, float* w13, float* w2)
 
 // Backend constructors (make_moe_layer dispatches here after the checks).
 std::unique_ptr<MoeLayerRunner> make_cpu_moe_layer(const MoeLayerWeights& w, int max_tokens);
-// Defined in ops/moe/moe_layer_cuda.cu.
-std::unique_ptr<MoeLayerRunner> make_cuda_w4a16_moe_layer(const MoeLayerWeights& w,
-                                                          int max_tokens, TokenLayout layout);
+// Defined in ops/moe/moe_layer_cuda.cu: cuda-w4a16 for NVFP4 experts, cuda-bf16 for BF16 ones.
+std::unique_ptr<MoeLayerRunner> make_cuda_moe_layer(const MoeLayerWeights& w, int max_tokens,
+                                                    TokenLayout layout);
 
 }  // namespace tetra::moe

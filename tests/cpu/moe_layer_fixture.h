@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -50,23 +51,24 @@ struct HostMlp {
 struct HostMoeLayer {
   std::string name = "model.layers.1.mlp";
   int hidden = 0, inter = 0, shared_inter = 0;
-  moe::ExpertFormat format = moe::ExpertFormat::NVFP4;
+  moe::ExpertFormat format = moe::ExpertFormat::NVFP4;         // routed experts
+  moe::ExpertFormat shared_format = moe::ExpertFormat::NVFP4;  // the shared expert
   moe::RouterParams router;
   std::vector<uint16_t> gate;  // [E, H] bf16
   std::vector<float> bias;     // [E] or empty
   std::vector<HostMlp> experts;  // [E]
   HostMlp shared;
 
-  moe::ExpertMlpView view(const HostMlp& m, const std::string& prefix) const {
+  moe::ExpertMlpView view(const HostMlp& m, const std::string& prefix, moe::ExpertFormat f) const {
     moe::ExpertMlpView v;
-    v.format = format;
+    v.format = f;
     auto nv = [&](const HostMatrix& x, const char* what) {
       return Nvfp4MatrixView{x.weight.data(), x.scale.data(), x.s2, x.n, x.k, prefix + what};
     };
     auto bf = [&](const HostMatrix& x, const char* what) {
       return moe::Bf16MatrixView{x.bf16.data(), x.n, x.k, prefix + what};
     };
-    if (format == moe::ExpertFormat::NVFP4) {
+    if (f == moe::ExpertFormat::NVFP4) {
       v.gate = nv(m.gate, ".gate_proj"), v.up = nv(m.up, ".up_proj"), v.down = nv(m.down, ".down_proj");
     } else {
       v.gate_bf16 = bf(m.gate, ".gate_proj"), v.up_bf16 = bf(m.up, ".up_proj");
@@ -85,8 +87,8 @@ struct HostMoeLayer {
     w.gate_dtype = DType::BF16;
     w.bias = bias.empty() ? nullptr : bias.data();
     for (size_t e = 0; e < experts.size(); ++e)
-      w.experts.push_back(view(experts[e], name + ".experts." + std::to_string(e)));
-    if (shared_inter > 0) w.shared = view(shared, name + ".shared_experts");
+      w.experts.push_back(view(experts[e], name + ".experts." + std::to_string(e), format));
+    if (shared_inter > 0) w.shared = view(shared, name + ".shared_experts", shared_format);
     return w;
   }
 };
@@ -95,10 +97,12 @@ struct HostMoeLayer {
 // correction bias ~ U(-0.05, 0.05).
 inline HostMoeLayer random_layer(const moe::RouterParams& rp, int H, int I, int shared_inter,
                                  uint32_t seed, bool with_bias = true,
-                                 moe::ExpertFormat format = moe::ExpertFormat::NVFP4) {
+                                 moe::ExpertFormat format = moe::ExpertFormat::NVFP4,
+                                 std::optional<moe::ExpertFormat> shared_format = std::nullopt) {
   std::mt19937 rng(seed);
   HostMoeLayer L;
   L.hidden = H, L.inter = I, L.shared_inter = shared_inter, L.router = rp, L.format = format;
+  L.shared_format = shared_format.value_or(format);
   const int E = rp.num_experts;
   const float a = std::sqrt(3.0f / float(H));
   std::uniform_real_distribution<float> ug(-a, a), ub(-0.05f, 0.05f);
@@ -108,9 +112,9 @@ inline HostMoeLayer random_layer(const moe::RouterParams& rp, int H, int I, int 
     L.bias.resize(size_t(E));
     for (auto& b : L.bias) b = ub(rng);
   }
-  auto mlp = [&](int width) {
+  auto mlp = [&](int width, moe::ExpertFormat f) {
     HostMlp m;
-    if (format == moe::ExpertFormat::NVFP4) {
+    if (f == moe::ExpertFormat::NVFP4) {
       m.gate = random_nvfp4(width, H, rng), m.up = random_nvfp4(width, H, rng);
       m.down = random_nvfp4(H, width, rng);
     } else {
@@ -119,8 +123,8 @@ inline HostMoeLayer random_layer(const moe::RouterParams& rp, int H, int I, int 
     }
     return m;
   };
-  for (int e = 0; e < E; ++e) L.experts.push_back(mlp(I));
-  if (shared_inter > 0) L.shared = mlp(shared_inter);
+  for (int e = 0; e < E; ++e) L.experts.push_back(mlp(I, format));
+  if (shared_inter > 0) L.shared = mlp(shared_inter, L.shared_format);
   return L;
 }
 

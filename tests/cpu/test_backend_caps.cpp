@@ -184,8 +184,8 @@ TEST(BackendCaps, ModelTooBigForOneGpu) {
 TEST(BackendCaps, AutoPicksW4A16ForNvfp4OnH200) {
   EXPECT_EQ(auto_backend(workload("glm4.5-air", QuantAlgo::NVFP4), on("h200")), "cuda-w4a16");
   EXPECT_EQ(auto_backend(workload("glm4.5-air", QuantAlgo::W4A16_NVFP4), on("h200")), "cuda-w4a16");
-  // No BF16 GPU MoE backend is built yet: a BF16 checkpoint falls back to the cpu reference.
-  EXPECT_EQ(auto_backend(workload("tiny-glm4.5-air", QuantAlgo::None), on("h200")), "cpu");
+  // A BF16 checkpoint runs on the BF16 GEMMs through the layer runner.
+  EXPECT_EQ(auto_backend(workload("tiny-glm4.5-air", QuantAlgo::None), on("h200")), "cuda-bf16");
 }
 
 TEST(BackendCaps, AutoFallsBackToCpuWhenNoCudaBackendFits) {

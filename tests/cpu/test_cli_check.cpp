@@ -151,7 +151,7 @@ TEST(CliCheck, ModelDirectoryReadsTheQuantConfig) {
   const fs::path bf16 = write_checkpoint("tiny-qwen3-30b-a3b", QuantAlgo::None);
   const RunResult plain = run_tetra("check --model " + bf16.string() + " --gpu h200");
   EXPECT_EQ(plain.code, 0) << plain.out;
-  EXPECT_TRUE(contains(plain.out, "auto: cpu")) << plain.out;
+  EXPECT_TRUE(contains(plain.out, "auto: cuda-bf16")) << plain.out;  // the BF16 layer runner
   // Off Hopper the tiny model still runs on the cpu backend.
   const RunResult a100 = run_tetra("check --model " + nvfp4.string() + " --gpu a100");
   EXPECT_EQ(a100.code, 0) << a100.out;

@@ -63,10 +63,10 @@ RefLayer to_reference(const HostMoeLayer& L) {
   }
   if (Is > 0) {
     for (const auto* m : {&L.shared.gate, &L.shared.up}) {
-      const std::vector<float> d = deq(*m, L.format);
+      const std::vector<float> d = deq(*m, L.shared_format);
       r.sw13.insert(r.sw13.end(), d.begin(), d.end());
     }
-    r.sw2 = deq(L.shared.down, L.format);
+    r.sw2 = deq(L.shared.down, L.shared_format);
   }
   r.layer.gate = r.gate.data();
   r.layer.bias = L.bias.empty() ? nullptr : L.bias.data();
@@ -131,6 +131,19 @@ TEST(MoeLayerCpu, Bf16ExpertsMatchTheReference) {
   std::vector<uint16_t> out(x.size());
   runner->forward(x.data(), 5, out.data(), nullptr, nullptr);
   EXPECT_LE(test::nmse_bf16(out, reference_out(L, x, 5)), 1e-5);
+}
+
+TEST(MoeLayerCpu, Nvfp4ExpertsWithABf16SharedExpert) {
+  const ModelConfig c = preset_config("tiny-glm5");
+  const HostMoeLayer L = test::random_layer(router_params_of(c), 64, 64, 64, 8, true,
+                                            ExpertFormat::NVFP4, ExpertFormat::BF16);
+  ASSERT_TRUE(L.weights().shared.has_value());
+  EXPECT_EQ(L.weights().shared->format, ExpertFormat::BF16);
+  auto runner = cpu_runner(L, 6);
+  const std::vector<uint16_t> x = test::random_x(6, 64, 9);
+  std::vector<uint16_t> out(x.size());
+  runner->forward(x.data(), 6, out.data(), nullptr, nullptr);
+  EXPECT_LE(test::nmse_bf16(out, reference_out(L, x, 6)), 3e-5);
 }
 
 // One expert, top-1, weight 1: out = Expert(x). A double loop that rounds the intermediate to bf16
@@ -292,6 +305,10 @@ TEST(MoeLayerCpu, BackendChoiceUsesTheDeclarations) {
   std::string msg = error_of(L.weights(), o);
   EXPECT_NE(msg.find("no CUDA GPU on this machine"), std::string::npos) << msg;
   o.backend = "cuda-bf16";
+  msg = error_of(L.weights(), o);
+  EXPECT_NE(msg.find("takes BF16 expert weights; the checkpoint's experts are W4A16_NVFP4"),
+            std::string::npos) << msg;
+  o.backend = "trtllm-gen-fp4-sm100";
   msg = error_of(L.weights(), o);
   EXPECT_NE(msg.find("not built in this version"), std::string::npos) << msg;
   o.backend = "nope";

@@ -220,6 +220,26 @@ TEST_F(MoeLayerGpu, AllTokensOnOneExpert) {
   }
 }
 
+// An NVFP4 layer whose shared expert stayed BF16 (the shared expert runs on the BF16 GEMMs).
+TEST_F(MoeLayerGpu, Nvfp4ExpertsBf16SharedExpert) {
+  const ModelConfig c = preset_config("tiny-glm5");
+  const HostMoeLayer L = test::random_layer(moe::router_params_of(c), 256, 128, 192, 14, true,
+                                            ExpertFormat::NVFP4, ExpertFormat::BF16);
+  const int T = 37;
+  const std::vector<uint16_t> x = test::random_x(T, 256, 15);
+  std::vector<uint16_t> want(x.size());
+  runner(L, "cpu", T, TokenLayout::Contiguous)->forward(x.data(), T, want.data(), nullptr, nullptr);
+  auto gpu = runner(L, "cuda-w4a16", T, TokenLayout::Contiguous);
+  GuardedBf16 dx(x.size()), dout(x.size());
+  dx.upload(x);
+  gpu->forward(dx.ptr(), T, dout.ptr(), nullptr, nullptr);
+  TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+  const double e = test::nmse_bf16(dout.body(), want);
+  std::printf("  nvfp4 experts + bf16 shared T=%d nmse %.3g\n", T, e);
+  EXPECT_LE(e, 1e-5);
+  EXPECT_EQ(dout.guards_lost(), 0u);
+}
+
 // Many experts, few tokens: almost every expert is empty (also the GEMMs' slot padding).
 TEST_F(MoeLayerGpu, MostExpertsEmpty) {
   RouterParams rp;
@@ -232,8 +252,9 @@ TEST_F(MoeLayerGpu, MostExpertsEmpty) {
 // forward is graph-capturable: a captured forward replayed on new input equals eager.
 TEST_F(MoeLayerGpu, CapturedGraphEqualsEager) {
   const ModelConfig c = preset_config("tiny-glm5");
-  const HostMoeLayer L = test::random_layer(moe::router_params_of(c), 64, 64, 64, 13);
   for (const std::string& backend : cuda_backends()) {
+    const HostMoeLayer L = test::random_layer(moe::router_params_of(c), 64, 64, 64, 13, true,
+                                              format_of(backend));
     auto gpu = runner(L, backend, 32, TokenLayout::Masked);
     const int T = 19;
     GuardedBf16 dx(size_t(T) * 64), dout(size_t(T) * 64), dref(size_t(T) * 64);

@@ -112,12 +112,17 @@ MoeGemmProblem gemm_problem(int E, int H, int I, int total_rows, int num_slots, 
 
 }  // namespace
 
-void CudaW4a16MoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
+void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   E_ = E, H_ = H, I_ = I, Is_ = Is;
-  const std::string why = moe_shape_unsupported_reason(H, I);
+  backend_ = routed_bf16_ ? "cuda-bf16" : "cuda-w4a16";
+  auto shape_reason = [&](int inter, bool bf16) {
+    return bf16 ? moe_bf16_unsupported_reason(gemm_problem(1, H, inter, 1, 0, 1))
+                : moe_shape_unsupported_reason(H, inter);
+  };
+  const std::string why = shape_reason(I, routed_bf16_);
   if (!why.empty()) TETRA_FAIL(name_, ": ", why);
   if (Is > 0) {
-    const std::string why_sh = moe_shape_unsupported_reason(H, Is);
+    const std::string why_sh = shape_reason(Is, shared_bf16_);
     if (!why_sh.empty()) TETRA_FAIL(name_, ".shared_experts: ", why_sh);
   }
   if (E > cuda::kMaxExperts) TETRA_FAIL(name_, ": ", E, " experts; the CUDA router takes at most ", cuda::kMaxExperts);
@@ -129,16 +134,24 @@ void CudaW4a16MoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   const size_t w13b = packed_weight_bytes(2 * I, H), s13b = packed_scale_bytes(2 * I, H);
   const size_t w2b = packed_weight_bytes(H, I), s2b = packed_scale_bytes(H, I);
   auto carve = [&](Carver& c) {
-    MoeWeightsDevice w;
-    w.w13 = c.take<uint8_t>(E * w13b);
-    w.s13 = c.take<uint8_t>(E * s13b);
-    w.w2 = c.take<uint8_t>(E * w2b);
-    w.s2 = c.take<uint8_t>(E * s2b);
-    w.alpha_gate = c.take<float>(E);
-    w.alpha_up = c.take<float>(E);
-    w.alpha_down = c.take<float>(E);
-    w_ = w;
-    if (Is > 0) {
+    if (routed_bf16_) {
+      wb_.w13 = c.take<uint16_t>(size_t(E) * 2 * I * H);
+      wb_.w2 = c.take<uint16_t>(size_t(E) * H * I);
+    } else {
+      MoeWeightsDevice w;
+      w.w13 = c.take<uint8_t>(E * w13b);
+      w.s13 = c.take<uint8_t>(E * s13b);
+      w.w2 = c.take<uint8_t>(E * w2b);
+      w.s2 = c.take<uint8_t>(E * s2b);
+      w.alpha_gate = c.take<float>(E);
+      w.alpha_up = c.take<float>(E);
+      w.alpha_down = c.take<float>(E);
+      w_ = w;
+    }
+    if (Is > 0 && shared_bf16_) {
+      wsb_.w13 = c.take<uint16_t>(size_t(2) * Is * H);
+      wsb_.w2 = c.take<uint16_t>(size_t(H) * Is);
+    } else if (Is > 0) {
       MoeWeightsDevice s;
       s.w13 = c.take<uint8_t>(packed_weight_bytes(2 * Is, H));
       s.s13 = c.take<uint8_t>(packed_scale_bytes(2 * Is, H));
@@ -148,6 +161,8 @@ void CudaW4a16MoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
       s.alpha_up = c.take<float>(1);
       s.alpha_down = c.take<float>(1);
       ws_ = s;
+    }
+    if (Is > 0) {
       act_sh_ = c.take<uint16_t>(size_t(T) * Is);
       y_sh_ = c.take<uint16_t>(size_t(T) * H);
       sh_rows_ = c.take<int32_t>(2);
@@ -184,10 +199,12 @@ void CudaW4a16MoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   }
 }
 
-CudaW4a16MoeLayer::CudaW4a16MoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout)
+CudaMoeLayer::CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout)
     : name_(w.name), max_tokens_(max_tokens), layout_(layout), router_(w.router) {
   const int E = w.router.num_experts, H = w.hidden, I = w.inter;
-  const int Is = w.shared ? w.shared->gate.n : 0;
+  routed_bf16_ = w.experts[0].format == ExpertFormat::BF16;
+  shared_bf16_ = w.shared && w.shared->format == ExpertFormat::BF16;
+  const int Is = !w.shared ? 0 : shared_bf16_ ? w.shared->gate_bf16.n : w.shared->gate.n;
   allocate(E, H, I, Is, w.bias != nullptr);
   try {
     // Pack one expert at a time: host memory stays at one expert, not the whole layer.
@@ -208,8 +225,14 @@ CudaW4a16MoeLayer::CudaW4a16MoeLayer(const MoeLayerWeights& w, int max_tokens, T
         TETRA_CUDA_CHECK(cudaMemcpy(const_cast<float*>(alphas[i]) + e, &vals[i], 4,
                                     cudaMemcpyHostToDevice));
     };
-    for (int e = 0; e < E; ++e) upload(w_, e, I, w.experts[size_t(e)]);
-    if (w.shared) upload(ws_, 0, Is, *w.shared);
+    for (int e = 0; e < E; ++e) {
+      if (routed_bf16_)
+        upload_bf16(w.experts[size_t(e)], e, I, wb_);
+      else
+        upload(w_, e, I, w.experts[size_t(e)]);
+    }
+    if (w.shared && shared_bf16_) upload_bf16(*w.shared, 0, Is, wsb_);
+    if (w.shared && !shared_bf16_) upload(ws_, 0, Is, *w.shared);
     const std::vector<uint16_t> gate = router_weight_bf16(w);
     TETRA_CUDA_CHECK(cudaMemcpy(gate_, gate.data(), gate.size() * 2, cudaMemcpyHostToDevice));
     if (w.bias) TETRA_CUDA_CHECK(cudaMemcpy(bias_, w.bias, size_t(E) * 4, cudaMemcpyHostToDevice));
@@ -219,7 +242,7 @@ CudaW4a16MoeLayer::CudaW4a16MoeLayer(const MoeLayerWeights& w, int max_tokens, T
   }
 }
 
-CudaW4a16MoeLayer::CudaW4a16MoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayout layout)
+CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayout layout)
     : name_("random layer"), max_tokens_(max_tokens), layout_(layout), router_(s.router) {
   validate_router_params(s.router);
   if (s.router.num_experts != s.experts) TETRA_FAIL("random layer: router has ", s.router.num_experts, " experts, layer ", s.experts);
@@ -248,28 +271,40 @@ CudaW4a16MoeLayer::CudaW4a16MoeLayer(const RandomW4a16Layer& s, int max_tokens, 
   TETRA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-CudaW4a16MoeLayer::~CudaW4a16MoeLayer() {
+CudaMoeLayer::~CudaMoeLayer() {
   if (mem_) cudaFree(mem_);
 }
 
-size_t CudaW4a16MoeLayer::expert_bytes() const {
+void CudaMoeLayer::upload_bf16(const ExpertMlpView& v, int e, int inter,
+                               const MoeBf16WeightsDevice& dst) {
+  const size_t mat = size_t(inter) * H_;  // elements of one [I, H] or [H, I] matrix
+  uint16_t* w13 = const_cast<uint16_t*>(dst.w13) + size_t(e) * 2 * mat;
+  uint16_t* w2 = const_cast<uint16_t*>(dst.w2) + size_t(e) * mat;
+  TETRA_CUDA_CHECK(cudaMemcpy(w13, v.gate_bf16.weight, mat * 2, cudaMemcpyHostToDevice));
+  TETRA_CUDA_CHECK(cudaMemcpy(w13 + mat, v.up_bf16.weight, mat * 2, cudaMemcpyHostToDevice));
+  TETRA_CUDA_CHECK(cudaMemcpy(w2, v.down_bf16.weight, mat * 2, cudaMemcpyHostToDevice));
+}
+
+size_t CudaMoeLayer::expert_bytes() const {
+  if (routed_bf16_) return size_t(3) * I_ * H_ * 2;
   return packed_weight_bytes(2 * I_, H_) + packed_scale_bytes(2 * I_, H_) +
          packed_weight_bytes(H_, I_) + packed_scale_bytes(H_, I_);
 }
 
-size_t CudaW4a16MoeLayer::shared_bytes() const {
+size_t CudaMoeLayer::shared_bytes() const {
   if (Is_ == 0) return 0;
+  if (shared_bf16_) return size_t(3) * Is_ * H_ * 2;
   return packed_weight_bytes(2 * Is_, H_) + packed_scale_bytes(2 * Is_, H_) +
          packed_weight_bytes(H_, Is_) + packed_scale_bytes(H_, Is_);
 }
 
-int CudaW4a16MoeLayer::dropped_pairs() const {
+int CudaMoeLayer::dropped_pairs() const {
   int32_t d = 0;
   TETRA_CUDA_CHECK(cudaMemcpy(&d, dropped_, 4, cudaMemcpyDeviceToHost));
   return d;
 }
 
-std::vector<int32_t> CudaW4a16MoeLayer::last_ids(int T) const {
+std::vector<int32_t> CudaMoeLayer::last_ids(int T) const {
   TETRA_CHECK(T >= 0 && T <= max_tokens_, "T=", T);
   std::vector<int32_t> ids(size_t(T) * router_.top_k);
   if (!ids.empty())
@@ -277,18 +312,18 @@ std::vector<int32_t> CudaW4a16MoeLayer::last_ids(int T) const {
   return ids;
 }
 
-void CudaW4a16MoeLayer::forward(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
+void CudaMoeLayer::forward(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
                                 cudaStream_t stream) {
   run(x, T, out, residual, stream, nullptr);
 }
 
-void CudaW4a16MoeLayer::forward_marked(const uint16_t* x, int T, uint16_t* out,
+void CudaMoeLayer::forward_marked(const uint16_t* x, int T, uint16_t* out,
                                        const uint16_t* residual, cudaStream_t stream,
                                        cudaEvent_t const* marks) {
   run(x, T, out, residual, stream, marks);
 }
 
-void CudaW4a16MoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
+void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
                             cudaStream_t stream, cudaEvent_t const* marks) {
   if (T < 0 || T > max_tokens_)
     TETRA_FAIL(name_, ": forward with ", T, " tokens; the layer was built for 0..", max_tokens_);
@@ -342,12 +377,21 @@ void CudaW4a16MoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint1
     sh.row_count = sh_rows_ + 1;
     ps = gemm_problem(1, H, Is_, T, 0, T);
   }
-  check_launch(moe_w4a16_gemm1(p, w_, rows, x, act_, stream), "GEMM1", name_);
-  if (Is_ > 0) check_launch(moe_w4a16_gemm1(ps, ws_, sh, x, act_sh_, stream), "shared GEMM1", name_);
-  mark(2);
-  check_launch(moe_w4a16_gemm2(p, w_, rows, act_, y_, true, stream), "GEMM2", name_);
+  check_launch(routed_bf16_ ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
+                            : moe_w4a16_gemm1(p, w_, rows, x, act_, stream),
+               "GEMM1", name_);
   if (Is_ > 0)
-    check_launch(moe_w4a16_gemm2(ps, ws_, sh, act_sh_, y_sh_, false, stream), "shared GEMM2", name_);
+    check_launch(shared_bf16_ ? moe_bf16_gemm1(ps, wsb_, sh, x, act_sh_, stream)
+                              : moe_w4a16_gemm1(ps, ws_, sh, x, act_sh_, stream),
+                 "shared GEMM1", name_);
+  mark(2);
+  check_launch(routed_bf16_ ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
+                            : moe_w4a16_gemm2(p, w_, rows, act_, y_, true, stream),
+               "GEMM2", name_);
+  if (Is_ > 0)
+    check_launch(shared_bf16_ ? moe_bf16_gemm2(ps, wsb_, sh, act_sh_, y_sh_, false, stream)
+                              : moe_w4a16_gemm2(ps, ws_, sh, act_sh_, y_sh_, false, stream),
+                 "shared GEMM2", name_);
   mark(3);
   check_launch(cuda::combine_bf16(y_, DType::F32, T, H, K, slot_of_, weights_,
                                   Is_ > 0 ? y_sh_ : nullptr, residual, out, stream),
@@ -355,9 +399,9 @@ void CudaW4a16MoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint1
   mark(4);
 }
 
-std::unique_ptr<MoeLayerRunner> make_cuda_w4a16_moe_layer(const MoeLayerWeights& w,
-                                                          int max_tokens, TokenLayout layout) {
-  return std::make_unique<CudaW4a16MoeLayer>(w, max_tokens, layout);
+std::unique_ptr<MoeLayerRunner> make_cuda_moe_layer(const MoeLayerWeights& w, int max_tokens,
+                                                    TokenLayout layout) {
+  return std::make_unique<CudaMoeLayer>(w, max_tokens, layout);
 }
 
 }  // namespace tetra::moe

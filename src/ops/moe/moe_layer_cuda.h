@@ -1,5 +1,8 @@
-// The cuda-w4a16 MoE layer: router logits -> route -> layout -> W4A16 GEMM1 (gathering x) ->
-// GEMM2 (f32 rows) -> shared expert (the same GEMMs as a one-expert problem) -> combine.
+// The CUDA MoE layer: router logits -> route -> layout -> GEMM1 (gathering x) -> GEMM2 (f32 rows)
+// -> shared expert (the same GEMMs as a one-expert problem) -> combine. Two backends, one class:
+//   cuda-w4a16: NVFP4 routed experts through the W4A16 GEMMs (ops/moe/w4a16_moe.h);
+//   cuda-bf16:  BF16 routed experts through the BF16 grouped GEMMs (ops/moe/bf16_moe.h).
+// The shared expert uses the GEMMs of its own format (an NVFP4 layer may keep it in BF16).
 // Weights are packed and uploaded once; every scratch buffer is allocated at construction for
 // max_tokens, so forward allocates nothing and never synchronises (CUDA-graph capturable).
 //
@@ -13,6 +16,7 @@
 #include <string>
 
 #include "moe/moe_layer.h"
+#include "ops/moe/bf16_moe.h"
 #include "ops/moe/w4a16_moe.h"
 
 namespace tetra::moe {
@@ -28,14 +32,14 @@ struct RandomW4a16Layer {
   uint32_t seed = 1;
 };
 
-class CudaW4a16MoeLayer final : public MoeLayerRunner {
+class CudaMoeLayer final : public MoeLayerRunner {
  public:
   // Packs and uploads w (validated by make_moe_layer). Throws on CUDA errors.
-  CudaW4a16MoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout);
-  CudaW4a16MoeLayer(const RandomW4a16Layer& spec, int max_tokens, TokenLayout layout);
-  ~CudaW4a16MoeLayer() override;
-  CudaW4a16MoeLayer(const CudaW4a16MoeLayer&) = delete;
-  CudaW4a16MoeLayer& operator=(const CudaW4a16MoeLayer&) = delete;
+  CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout);
+  CudaMoeLayer(const RandomW4a16Layer& spec, int max_tokens, TokenLayout layout);
+  ~CudaMoeLayer() override;
+  CudaMoeLayer(const CudaMoeLayer&) = delete;
+  CudaMoeLayer& operator=(const CudaMoeLayer&) = delete;
 
   const std::string& backend() const override { return backend_; }
   bool on_device() const override { return true; }
@@ -48,7 +52,7 @@ class CudaW4a16MoeLayer final : public MoeLayerRunner {
   void forward_marked(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
                       cudaStream_t stream, cudaEvent_t const* marks);
 
-  // Bytes of the routed experts' packed weights + scales per expert, and of the shared expert.
+  // Bytes of one routed expert's weights (packed + scales, or bf16), and of the shared expert.
   size_t expert_bytes() const;
   size_t shared_bytes() const;
   size_t device_bytes() const { return bytes_; }
@@ -59,6 +63,7 @@ class CudaW4a16MoeLayer final : public MoeLayerRunner {
 
  private:
   void allocate(int E, int H, int I, int Is, bool has_bias);
+  void upload_bf16(const ExpertMlpView& v, int e, int inter, const MoeBf16WeightsDevice& dst);
   void run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
            cudaStream_t stream, cudaEvent_t const* marks);
 
@@ -72,8 +77,10 @@ class CudaW4a16MoeLayer final : public MoeLayerRunner {
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
 
-  // Weights.
+  // Weights: packed NVFP4 (w_, ws_) or BF16 (wb_, wsb_), per the flags.
+  bool routed_bf16_ = false, shared_bf16_ = false;
   tetra::MoeWeightsDevice w_{}, ws_{};       // routed [E], shared [1]
+  tetra::MoeBf16WeightsDevice wb_{}, wsb_{};  // routed w13 [E, 2I, H], w2 [E, H, I]; shared [1, ..]
   uint16_t* gate_ = nullptr;         // [E, H] bf16 router weight
   float* bias_ = nullptr;            // [E] or nullptr
   // Scratch.
@@ -94,5 +101,8 @@ class CudaW4a16MoeLayer final : public MoeLayerRunner {
   uint16_t* act_sh_ = nullptr;       // [max_T, Is] bf16
   uint16_t* y_sh_ = nullptr;         // [max_T, H] bf16
 };
+
+// The name it had while it ran W4A16 only (the model runtime and decode benchmark use it).
+using CudaW4a16MoeLayer = CudaMoeLayer;
 
 }  // namespace tetra::moe
