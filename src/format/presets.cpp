@@ -133,7 +133,7 @@ json tiny_gqa(json j) {
   j = tiny_common(std::move(j));
   j["num_attention_heads"] = 4;
   j["num_key_value_heads"] = 2;
-  j["head_dim"] = 32;  // heads * head_dim (128) != hidden (64), as in the real GLM-4.x/Qwen3
+  j["head_dim"] = 64;  // heads * head_dim (256) != hidden (64), as in the real GLM-4.x/Qwen3
   return j;
 }
 

@@ -52,7 +52,7 @@ QuantConfig nvfp4(std::vector<std::string> exclude = {"lm_head"}) {
 }  // namespace
 
 TEST(ModelLayout, Bf16NamesDtypesShapesGlm47) {
-  // tiny-glm4.7: hidden 64, 3 layers (layer 0 dense), 4 heads / 2 KV heads of 32, q/k/v bias,
+  // tiny-glm4.7: hidden 64, 3 layers (layer 0 dense), 4 heads / 2 KV heads of 64, q/k/v bias,
   // q/k norm, 16 experts of width 64, 1 shared expert, dense width 128, vocab 512.
   const ModelConfig c = preset_config("tiny-glm4.7");
   const auto m = by_name(expected_tensors(model_layout(c), QuantConfig{}));
@@ -64,16 +64,16 @@ TEST(ModelLayout, Bf16NamesDtypesShapesGlm47) {
     const std::string p = "model.layers." + std::to_string(L) + ".";
     expect_tensor(m, p + "input_layernorm.weight", bf, {64});
     expect_tensor(m, p + "post_attention_layernorm.weight", bf, {64});
-    expect_tensor(m, p + "self_attn.q_proj.weight", bf, {128, 64});
-    expect_tensor(m, p + "self_attn.q_proj.bias", bf, {128});
-    expect_tensor(m, p + "self_attn.k_proj.weight", bf, {64, 64});
-    expect_tensor(m, p + "self_attn.k_proj.bias", bf, {64});
-    expect_tensor(m, p + "self_attn.v_proj.weight", bf, {64, 64});
-    expect_tensor(m, p + "self_attn.v_proj.bias", bf, {64});
-    expect_tensor(m, p + "self_attn.o_proj.weight", bf, {64, 128});
+    expect_tensor(m, p + "self_attn.q_proj.weight", bf, {256, 64});
+    expect_tensor(m, p + "self_attn.q_proj.bias", bf, {256});
+    expect_tensor(m, p + "self_attn.k_proj.weight", bf, {128, 64});
+    expect_tensor(m, p + "self_attn.k_proj.bias", bf, {128});
+    expect_tensor(m, p + "self_attn.v_proj.weight", bf, {128, 64});
+    expect_tensor(m, p + "self_attn.v_proj.bias", bf, {128});
+    expect_tensor(m, p + "self_attn.o_proj.weight", bf, {64, 256});
     EXPECT_FALSE(m.count(p + "self_attn.o_proj.bias"));  // GLM never biases o_proj
-    expect_tensor(m, p + "self_attn.q_norm.weight", bf, {32});
-    expect_tensor(m, p + "self_attn.k_norm.weight", bf, {32});
+    expect_tensor(m, p + "self_attn.q_norm.weight", bf, {64});
+    expect_tensor(m, p + "self_attn.k_norm.weight", bf, {64});
   }
   expect_tensor(m, "model.layers.0.mlp.gate_proj.weight", bf, {128, 64});
   expect_tensor(m, "model.layers.0.mlp.up_proj.weight", bf, {128, 64});
@@ -141,7 +141,7 @@ TEST(ModelLayout, WeightOnlyHasNoInputScales) {
   }
   const auto m = by_name(expected_tensors(model_layout(preset_config("tiny-qwen3-30b-a3b")), q));
   expect_tensor(m, "model.layers.0.mlp.experts.0.up_proj.weight_scale_2", DType::F32, {});
-  expect_tensor(m, "model.layers.0.self_attn.q_proj.weight", DType::U8, {128, 32});
+  expect_tensor(m, "model.layers.0.self_attn.q_proj.weight", DType::U8, {256, 32});
   // lm_head is never quantized, even when nothing excludes it.
   expect_tensor(m, "lm_head.weight", DType::BF16, {512, 64});
 }
@@ -151,10 +151,10 @@ TEST(ModelLayout, ExcludedModulesStayHighPrecision) {
   const auto m = by_name(expected_tensors(model_layout(c),
                                           nvfp4({"lm_head", "model.layers.1.self_attn*"}),
                                           DType::F16));
-  expect_tensor(m, "model.layers.1.self_attn.q_proj.weight", DType::F16, {128, 64});
-  expect_tensor(m, "model.layers.1.self_attn.q_proj.bias", DType::F16, {128});
-  expect_tensor(m, "model.layers.2.self_attn.q_proj.weight", DType::U8, {128, 32});
-  expect_tensor(m, "model.layers.2.self_attn.q_proj.bias", DType::F16, {128});  // biases stay
+  expect_tensor(m, "model.layers.1.self_attn.q_proj.weight", DType::F16, {256, 64});
+  expect_tensor(m, "model.layers.1.self_attn.q_proj.bias", DType::F16, {256});
+  expect_tensor(m, "model.layers.2.self_attn.q_proj.weight", DType::U8, {256, 32});
+  expect_tensor(m, "model.layers.2.self_attn.q_proj.bias", DType::F16, {256});  // biases stay
   expect_tensor(m, "model.layers.1.mlp.gate.e_score_correction_bias", DType::F32, {16});
   expect_tensor(m, "model.norm.weight", DType::F16, {64});
 }
@@ -192,7 +192,7 @@ TEST(ModelLayout, IndexerOnlyOnLayersThatRunIt) {
 TEST(ModelLayout, QwenDifferences) {
   const auto m = by_name(expected_tensors(model_layout(preset_config("tiny-qwen3-30b-a3b")),
                                           QuantConfig{}));
-  expect_tensor(m, "model.layers.0.self_attn.q_norm.weight", DType::BF16, {32});
+  expect_tensor(m, "model.layers.0.self_attn.q_norm.weight", DType::BF16, {64});
   expect_tensor(m, "model.layers.0.mlp.gate.weight", DType::BF16, {16, 64});  // all layers MoE
   EXPECT_FALSE(m.count("model.layers.0.mlp.gate.e_score_correction_bias"));
   EXPECT_FALSE(m.count("model.layers.0.mlp.shared_experts.gate_proj.weight"));
@@ -302,7 +302,7 @@ TEST(ModelSize, TinyCountsByHand) {
   // tiny-glm4.7, every number written out from the config (see Bf16NamesDtypesShapesGlm47).
   const ModelConfig c = preset_config("tiny-glm4.7");
   const int64_t embed = 512 * 64, lm_head = 512 * 64, final_norm = 64;
-  const int64_t attn = (128 * 64 + 128) + (64 * 64 + 64) * 2 + 64 * 128 + 32 * 2 + 64 * 2;
+  const int64_t attn = (256 * 64 + 256) + (128 * 64 + 128) * 2 + 64 * 256 + 64 * 2 + 64 * 2;
   const int64_t dense = 3 * 128 * 64;
   const int64_t router = 16 * 64;
   const int64_t expert = 3 * 64 * 64;

@@ -3,8 +3,8 @@
 // steps through the paged KV cache; and decode steps replayed as CUDA graphs against the same
 // steps run eagerly (with a batch that needs padding to its bucket).
 //
-// The tiny presets use head_dim 32; the CUDA attention kernels take head_dim 64 or 128, so these
-// checkpoints are the tiny presets with head_dim 64 (written the way `tetra make-model` writes).
+// The checkpoints are the tiny presets (head_dim 64, which the CUDA attention kernels take),
+// written the way `tetra make-model` writes them.
 //
 // Bound, CPU vs CUDA: relative L2 error of a logits row <= 2e-2 (the bound against
 // transformers), and the same top-1 wherever the CPU's top-1 leads its runner-up by more than
@@ -52,8 +52,7 @@ fs::path tiny_model(const std::string& preset, const std::string& dtype) {
   const std::string key = preset + "-" + dtype;
   if (auto it = made.find(key); it != made.end()) return it->second;
   const fs::path dir = fs::temp_directory_path() / ("tetra-model-cuda-" + std::to_string(::getpid())) / key;
-  ModelConfig cfg = preset_config(preset);
-  cfg.head_dim = 64;
+  const ModelConfig cfg = preset_config(preset);
   const bool quantized = dtype == "nvfp4";
   const ModelLayout layout = model_layout(cfg);
   RandomSource source(layout, cfg.num_layers, DType::BF16, 11);
