@@ -3,7 +3,6 @@
 // greedily on the best available backend (falling back to the cpu when a GPU backend refuses
 // the tiny shapes, saying why) and prints the decode timing.
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -16,21 +15,12 @@
 #include "moe/moe_workload.h"
 #include "perf/gpu_spec.h"
 #include "runtime/engine.h"
+#include "tools/demo_model.h"
 #include "tools/inspect_report.h"
 #include "tools/model_writer.h"
 
 namespace tetra::cli {
 namespace {
-
-// FNV-1a of the preset's config: a preset whose shape changes gets a new cache entry.
-std::string config_key(const std::string& preset) {
-  const std::string text = model_config_to_json(preset_config(preset)).dump();
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)h);
-  return std::string(buf, 12);
-}
 
 void print_check(const Checkpoint& ck) {
   CheckResult r;
@@ -73,12 +63,7 @@ void generate(const std::filesystem::path& dir, const std::string& backend, int 
 
 void run_demo(const std::string& cache_dir, const std::string& preset, int tokens) {
   namespace fs = std::filesystem;
-  fs::path root = cache_dir;
-  if (root.empty()) {
-    const char* home = std::getenv("HOME");
-    root = fs::path(home ? home : "/tmp") / ".cache" / "tetra";
-  }
-  const fs::path dir = root / ("demo-" + preset + "-nvfp4-" + config_key(preset));
+  const fs::path dir = demo_model_path(cache_dir, preset);
   if (!fs::exists(dir / "config.json")) {
     MakeModelOptions opt;
     opt.preset = preset;

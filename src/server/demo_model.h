@@ -1,6 +1,5 @@
 // The demo model `tetra demo` caches (a tiny NVFP4 checkpoint made from a preset), found or made
-// here too so `tetra serve` without --model serves it. The directory name keys on the preset's
-// config exactly as cmd_demo.cpp does, so both commands share one cache entry.
+// here too so `tetra serve` without --model serves it (same cache entry: tools/demo_model.h).
 #pragma once
 #include <filesystem>
 #include <string>
