@@ -12,7 +12,6 @@
 #include "cli/commands.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
-#include "model/cuda/cuda_model_ops.h"
 
 namespace tetra::cli {
 namespace {
@@ -79,7 +78,6 @@ void run_bench_decode(BenchDecodeArgs& a) {
                          "this machine\n");
     throw CLI::RuntimeError(kExitNoGpu);
   }
-  model::cuda::link_cuda_model_ops();
   const bench::DecodeBenchReport r = bench::run_decode_bench(a.opts);
   const std::string md = bench::decode_bench_markdown(r);
   std::cout << md;
