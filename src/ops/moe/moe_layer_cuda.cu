@@ -370,6 +370,10 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   const int total_rows = masked ? E * max_tokens_ : pairs;
   const int hint = (pairs + num_slots - 1) / num_slots;
   const MoeGemmProblem p = gemm_problem(E, H, I_, total_rows, num_slots, hint);
+  // The routed GEMM2 prefetches its weights while the kernel before it (GEMM1, routed or shared)
+  // finishes: it reads act_ only after griddepcontrol.wait, and nothing else it reads changes.
+  MoeGemmProblem p2 = p;
+  p2.gemm2_pdl = true;
   MoeRows sh;
   MoeGemmProblem ps;
   if (Is_ > 0) {
@@ -386,7 +390,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
                  "shared GEMM1", name_);
   mark(2);
   check_launch(routed_bf16_ ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
-                            : moe_w4a16_gemm2(p, w_, rows, act_, y_, true, stream),
+                            : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream),
                "GEMM2", name_);
   if (Is_ > 0)
     check_launch(shared_bf16_ ? moe_bf16_gemm2(ps, wsb_, sh, act_sh_, y_sh_, false, stream)
