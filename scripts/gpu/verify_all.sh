@@ -37,11 +37,11 @@ tests_lane() {
 
 bench_lane() {
   local t="$bin/tetra"
-  step bench_moe_glm5 200 "$bench_gpu" "$t" bench moe --preset glm5 --tokens 1,16,64,4096 \
+  step bench_moe_glm5 150 "$bench_gpu" "$t" bench moe --preset glm5 --tokens 1,16,64,4096 \
     --json "$out/moe-glm5.json" --markdown "$out/moe-glm5.md"
-  step bench_moe_air 120 "$bench_gpu" "$t" bench moe --preset glm4.5-air --tokens 1,16,64 \
+  step bench_moe_air 90 "$bench_gpu" "$t" bench moe --preset glm4.5-air --tokens 1,16,64 \
     --json "$out/moe-air.json" --markdown "$out/moe-air.md"
-  step bench_decode_air 300 "$bench_gpu" "$t" bench decode --preset glm4.5-air --random-weights \
+  step bench_decode_air 220 "$bench_gpu" "$t" bench decode --preset glm4.5-air --random-weights \
     --batch 1,64 --context 1024 --prefill-tokens 4096 --json "$out/decode-air.json" \
     --markdown "$out/decode-air.md"
 }
@@ -56,7 +56,7 @@ serve_load() {  # tiny demo model on the cuda backend, 64 concurrent streams
     python3 -c "import urllib.request as u; u.urlopen('$url/health', timeout=2)" 2>/dev/null && break
     sleep 1
   done
-  step bench_serve 150 0 "$bin/tetra" bench serve --url "$url" \
+  step bench_serve 120 0 "$bin/tetra" bench serve --url "$url" \
     --concurrency 1,8,64 --requests 128 --input-len 128 --output-len 128 \
     --json "$out/serve.json" --markdown "$out/serve.md"
   python3 -c "import urllib.request as u; print(u.urlopen('$url/metrics').read().decode())" \
