@@ -90,7 +90,7 @@ void add_bench_moe(CLI::App& bench) {
 }
 
 static void add_bench(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "GPU benchmarks (exit 4: no CUDA GPU here)");
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: moe, decode, allreduce on the GPU (exit 4: no CUDA GPU here); serve over HTTP");
   bench->require_subcommand(1);
   add_bench_moe(*bench);
 }

@@ -52,7 +52,7 @@ void run_bench_allreduce(BenchAllReduceArgs& a) {
 CLI::App* find_or_add_bench(CLI::App& app) {
   auto found = app.get_subcommands([](CLI::App* c) { return c->get_name() == "bench"; });
   if (!found.empty()) return found.front();
-  CLI::App* bench = app.add_subcommand("bench", "GPU benchmarks (exit 4: no CUDA GPU here)");
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks: moe, decode, allreduce on the GPU (exit 4: no CUDA GPU here); serve over HTTP");
   bench->require_subcommand(1);
   return bench;
 }
