@@ -230,9 +230,6 @@ TEST_P(ModelCuda, LogitsMatchCpuPrefillThenDecode) {
 
 TEST_P(ModelCuda, GraphReplayEqualsEager) {
   const auto [preset, dtype] = GetParam();
-  if (dtype == "bf16")
-    GTEST_SKIP() << "BF16 experts run on the host MoE runner (no CUDA bf16 MoE runner yet), "
-                    "which turns graphs off";
   Twin t(tiny_model(preset, dtype));
   auto eager = cuda::make_cuda_model_ops_api();
   eager->set_options({.graphs = false});

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "model/cuda/device_mem.h"
 #include "model/cuda/split_decode_attention.h"
+#include "model/moe_layer_views.h"
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention_cuda.h"
@@ -496,60 +497,15 @@ class CudaModelOps final : public CudaModelOpsApi {
       moe_bytes_ += size_t(E) * r->expert_bytes() + r->shared_bytes();
       return r;
     }
-    moe::MoeLayerWeights lw;
-    lw.name = str("model.layers.", layer, ".mlp");
-    lw.hidden = H_;
-    lw.inter = I;
-    lw.router = mw.router_params;
-    lw.gate = mw.router.data;
-    lw.gate_dtype = mw.router.dtype;
-    std::vector<uint16_t> gate_bf16;
-    if (mw.router.dtype != DType::BF16 && mw.router.dtype != DType::F32) {
-      gate_bf16 = tensor_to_bf16(mw.router);
-      lw.gate = gate_bf16.data();
-      lw.gate_dtype = DType::BF16;
-    }
-    std::vector<float> bias;
-    if (mw.correction_bias) {
-      bias = tensor_to_float(*mw.correction_bias);
-      lw.bias = bias.data();
-    }
-    std::vector<std::vector<uint16_t>> converted;  // bf16 copies of F32/F16 expert weights
-    auto bf16_of = [&](const LinearWeight& l) {
-      moe::Bf16MatrixView v{nullptr, int(l.out_features), int(l.in_features), l.module};
-      if (l.weight.dtype == DType::BF16) {
-        v.weight = reinterpret_cast<const uint16_t*>(l.weight.data);
-      } else {
-        converted.push_back(tensor_to_bf16(l.weight));
-        v.weight = converted.back().data();
-      }
-      return v;
-    };
-    auto view_of = [&](const MlpWeights& m) {
-      moe::ExpertMlpView v;
-      if (m.gate.quantized) {
-        v.format = moe::ExpertFormat::NVFP4;
-        v.gate = nvfp4_view(m.gate);
-        v.up = nvfp4_view(m.up);
-        v.down = nvfp4_view(m.down);
-      } else {
-        v.format = moe::ExpertFormat::BF16;
-        v.gate_bf16 = bf16_of(m.gate);
-        v.up_bf16 = bf16_of(m.up);
-        v.down_bf16 = bf16_of(m.down);
-      }
-      return v;
-    };
-    converted.reserve(3 * (mw.experts.size() + 1));  // views keep pointers into it
-    for (const MlpWeights& e : mw.experts) lw.experts.push_back(view_of(e));
-    if (mw.shared) lw.shared = view_of(*mw.shared);
+    // The runner uploads (or, on the host, converts) everything it needs while it is built, so
+    // the views only have to outlive the constructor.
+    const auto views = moe_layer_views(mw, layer, H_);
     moe::MoeLayerOptions o;
-    const bool nvfp4 = mw.experts.front().gate.quantized;
-    // BF16 experts: no CUDA MoE layer runner exists yet, so they run on the host runner (copies
-    // in and out, and no CUDA graphs). NVFP4: the W4A16 runner unless another is asked for.
-    o.backend = lim_.moe_backend != "auto" ? lim_.moe_backend : nvfp4 ? "cuda-w4a16" : "cpu";
+    // "auto" takes the backend the declarations pick for this layer (cuda-w4a16 for NVFP4 and
+    // cuda-bf16 for BF16 experts on SM90); one that runs on the host turns graphs off.
+    o.backend = lim_.moe_backend;
     o.max_tokens = max_tokens;
-    auto r = moe::make_moe_layer(lw, o);
+    auto r = moe::make_moe_layer(views->weights, o);
     if (!r->on_device()) host_moe_ = true;
     return r;
   }
