@@ -4,47 +4,19 @@
 // Exit codes: 0 done; 1 bad arguments (unknown preset, backend, routing, token list);
 //             4 no CUDA GPU on this machine; CLI11's own codes (>= 100) for malformed lines.
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
 
 #include "bench/moe_bench.h"
 #include "cli/bench_commands.h"
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 
 namespace tetra::cli {
 namespace {
-
-// "1,4,16" -> {1, 4, 16}; anything else is an error naming the bad piece.
-std::vector<int> parse_token_list(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string piece;
-  while (std::getline(ss, piece, ',')) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(piece, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (piece.empty() || used != piece.size())
-      TETRA_FAIL("--tokens: '", piece, "' is not a whole number (expected e.g. 1,4,16)");
-    out.push_back(v);
-  }
-  if (out.empty()) TETRA_FAIL("--tokens: give at least one token count");
-  return out;
-}
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  if (!f) TETRA_FAIL("cannot write ", path);
-  f << text;
-  if (!f) TETRA_FAIL("error writing ", path);
-}
 
 struct BenchMoeArgs {
   bench::MoeBenchOptions opts;
@@ -53,7 +25,7 @@ struct BenchMoeArgs {
 };
 
 void run_bench_moe(BenchMoeArgs& a) {
-  a.opts.tokens = parse_token_list(a.tokens);
+  a.opts.tokens = parse_int_list(a.tokens, "--tokens");
   bench::validate_moe_bench_options(a.opts);
   std::ostringstream cmd;
   cmd << "tetra bench moe --preset " << a.opts.preset << " --tokens " << a.tokens << " --backend "
@@ -68,8 +40,8 @@ void run_bench_moe(BenchMoeArgs& a) {
   const bench::MoeBenchReport r = bench::run_moe_bench(a.opts);
   const std::string md = bench::moe_bench_markdown(r);
   std::cout << md;
-  if (!a.markdown_path.empty()) write_file(a.markdown_path, md);
-  if (!a.json_path.empty()) write_file(a.json_path, bench::moe_bench_json(r).dump(2) + "\n");
+  if (!a.markdown_path.empty()) write_text_file(a.markdown_path, md);
+  if (!a.json_path.empty()) write_text_file(a.json_path, bench::moe_bench_json(r).dump(2) + "\n");
 }
 
 }  // namespace

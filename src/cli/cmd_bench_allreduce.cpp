@@ -5,11 +5,11 @@
 // Exit codes: 0 done; 1 bad arguments or a missing requirement (NCCL, peer access);
 //             4 fewer GPUs than --gpus.
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 
 #include "cli/bench_commands.h"
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "dist/allreduce_bench.h"
@@ -23,13 +23,6 @@ struct BenchAllReduceArgs {
   dist::AllReduceBenchOptions opts;
   std::string json_path, markdown_path;
 };
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  if (!f) TETRA_FAIL("cannot write ", path);
-  f << text;
-  if (!f) TETRA_FAIL("error writing ", path);
-}
 
 void run_bench_allreduce(BenchAllReduceArgs& a) {
   a.opts.sizes_bytes = dist::parse_byte_sizes(a.sizes);
@@ -45,8 +38,8 @@ void run_bench_allreduce(BenchAllReduceArgs& a) {
   const dist::AllReduceBenchReport r = dist::run_allreduce_bench(a.opts);
   const std::string md = dist::allreduce_bench_markdown(r);
   std::cout << md;
-  if (!a.markdown_path.empty()) write_text(a.markdown_path, md);
-  if (!a.json_path.empty()) write_text(a.json_path, dist::allreduce_bench_json(r).dump(2) + "\n");
+  if (!a.markdown_path.empty()) write_text_file(a.markdown_path, md);
+  if (!a.json_path.empty()) write_text_file(a.json_path, dist::allreduce_bench_json(r).dump(2) + "\n");
 }
 
 CLI::App* find_or_add_bench(CLI::App& app) {

@@ -2,46 +2,19 @@
 // Registered after `bench` (order 62) and hung under it, so cmd_bench.cpp needs no line for it.
 // Exit codes: 0 done; 1 bad arguments; 4 no CUDA GPU here.
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
 
 #include "bench/decode_bench.h"
 #include "cli/bench_commands.h"
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 
 namespace tetra::cli {
 namespace {
-
-std::vector<int> parse_int_list(const std::string& s, const char* option) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string piece;
-  while (std::getline(ss, piece, ',')) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(piece, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (piece.empty() || used != piece.size() || v < 1)
-      TETRA_FAIL(option, ": '", piece, "' is not a positive whole number (expected e.g. 1,8,32)");
-    out.push_back(v);
-  }
-  if (out.empty()) TETRA_FAIL(option, ": give at least one value");
-  return out;
-}
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  if (!f) TETRA_FAIL("cannot write ", path);
-  f << text;
-  if (!f) TETRA_FAIL("error writing ", path);
-}
 
 struct BenchDecodeArgs {
   bench::DecodeBenchOptions opts;
@@ -81,8 +54,8 @@ void run_bench_decode(BenchDecodeArgs& a) {
   const bench::DecodeBenchReport r = bench::run_decode_bench(a.opts);
   const std::string md = bench::decode_bench_markdown(r);
   std::cout << md;
-  if (!a.markdown_path.empty()) write_file(a.markdown_path, md);
-  if (!a.json_path.empty()) write_file(a.json_path, bench::decode_bench_json(r).dump(2) + "\n");
+  if (!a.markdown_path.empty()) write_text_file(a.markdown_path, md);
+  if (!a.json_path.empty()) write_text_file(a.json_path, bench::decode_bench_json(r).dump(2) + "\n");
 }
 
 CLI::App* find_or_add_bench(CLI::App& app) {

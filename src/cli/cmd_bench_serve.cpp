@@ -1,12 +1,11 @@
 // `tetra bench serve`: load test of a running `tetra serve` (bench/serve_bench.h). It adds itself
 // to the `bench` command when that is registered (order 60, before this one); otherwise it stands
 // alone as `tetra bench-serve`.
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 
 #include "bench/serve_bench.h"
+#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "core/error.h"
 
@@ -19,37 +18,15 @@ struct BenchServeArgs {
   std::string json_path, markdown_path;
 };
 
-std::vector<int> parse_levels(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string piece;
-  while (std::getline(ss, piece, ',')) {
-    size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(piece, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (piece.empty() || used != piece.size())
-      TETRA_FAIL("--concurrency: '", piece, "' is not a whole number (expected e.g. 1,8,64)");
-    out.push_back(v);
-  }
-  return out;
-}
-
 void run_bench_serve(BenchServeArgs& a) {
-  a.opts.concurrency = parse_levels(a.concurrency);
+  a.opts.concurrency = parse_int_list(a.concurrency, "--concurrency");
   bench::validate_serve_bench_options(a.opts);
   const auto points = bench::run_serve_bench(a.opts);
   const std::string md = bench::serve_bench_markdown(a.opts, points);
   std::cout << md;
-  if (!a.markdown_path.empty()) std::ofstream(a.markdown_path) << md;
-  if (!a.json_path.empty()) {
-    std::ofstream f(a.json_path);
-    if (!f) TETRA_FAIL("cannot write ", a.json_path);
-    f << bench::serve_bench_json(a.opts, points).dump(2) << "\n";
-  }
+  if (!a.markdown_path.empty()) write_text_file(a.markdown_path, md);
+  if (!a.json_path.empty())
+    write_text_file(a.json_path, bench::serve_bench_json(a.opts, points).dump(2) + "\n");
   for (const auto& p : points)
     if (p.completed == 0) TETRA_FAIL("every request failed at concurrency ", p.concurrency, ": ", p.first_error);
 }

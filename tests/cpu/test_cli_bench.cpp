@@ -18,7 +18,8 @@ void expect_error(const std::string& args, int code, const std::string& words) {
 TEST(CliBench, BadArgumentsAreRefusedNamingTheValue) {
   expect_error("bench moe --tokens 1,x", 1, "--tokens: 'x' is not a whole number");
   expect_error("bench moe --tokens 4,,16", 1, "--tokens: '' is not a whole number");
-  expect_error("bench moe --tokens 0", 1, "--tokens: 0 is outside 1..65536");
+  expect_error("bench moe --tokens 0", 1, "--tokens: 0 is below the minimum 1");
+  expect_error("bench moe --tokens 70000", 1, "--tokens: 70000 is outside 1..65536");
   expect_error("bench moe --preset nope", 1, "unknown preset 'nope'");
   expect_error("bench moe --routing zipf", 1, "--routing: 'zipf' is neither uniform nor skewed");
   expect_error("bench moe --backend foo", 1, "unknown backend 'foo'; known: all, cpu, cuda-w4a16");
