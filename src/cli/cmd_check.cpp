@@ -11,6 +11,7 @@
 #include "cli/check_report.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "format/presets.h"
 #include "dist/parallel_check.h"
 #include "dist/rank_threads.h"
 #include "format/model_config.h"
@@ -27,23 +28,6 @@ struct CheckOptions {
   int tp = 1, ep = 1;
   bool json = false;
 };
-
-// A preset has no checkpoint: --quant says which ModelOpt export to assume.
-QuantConfig preset_quant(const std::string& name) {
-  QuantConfig q;
-  q.group_size = 16;
-  q.producer = "tetra check --preset";
-  if (name == "nvfp4")
-    q.algo = QuantAlgo::NVFP4;
-  else if (name == "w4a16_nvfp4")
-    q.algo = QuantAlgo::W4A16_NVFP4;
-  else if (name == "bf16")
-    q.algo = QuantAlgo::None;
-  else
-    TETRA_FAIL("unknown --quant '", name, "'; known: nvfp4, w4a16_nvfp4, bf16");
-  if (q.algo != QuantAlgo::None) q.exclude = {"lm_head"};
-  return q;
-}
 
 std::string known_backends() {
   std::string out = "auto, all";
@@ -65,7 +49,7 @@ int run_check(const CheckOptions& o) {
     label = o.model_dir;
   } else {
     cfg = preset_config(o.preset);
-    quant = preset_quant(o.quant);
+    quant = preset_quant(o.quant, "tetra check --preset");
     label = o.preset;
   }
 

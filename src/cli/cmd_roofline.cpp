@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "format/presets.h"
 #include "format/model_config.h"
 #include "format/quant_config.h"
 #include "perf/gpu_spec.h"
@@ -29,23 +30,6 @@ struct RooflineCliOptions {
   bool json = false;
 };
 
-// A preset has no checkpoint: --quant says which ModelOpt export to assume (as `check` does:
-// everything quantizable in NVFP4, lm_head excluded).
-QuantConfig preset_quant(const std::string& name) {
-  QuantConfig q;
-  q.group_size = 16;
-  if (name == "nvfp4")
-    q.algo = QuantAlgo::NVFP4;
-  else if (name == "w4a16_nvfp4")
-    q.algo = QuantAlgo::W4A16_NVFP4;
-  else if (name == "bf16")
-    q.algo = QuantAlgo::None;
-  else
-    TETRA_FAIL("unknown --quant '", name, "'; known: nvfp4, w4a16_nvfp4, bf16");
-  if (q.algo != QuantAlgo::None) q.exclude = {"lm_head"};
-  return q;
-}
-
 void run_roofline(const RooflineCliOptions& o) {
   if (o.model_dir.empty() && o.preset.empty()) {
     std::string names;
@@ -59,7 +43,7 @@ void run_roofline(const RooflineCliOptions& o) {
     quant = load_quant_config(o.model_dir);
   } else {
     cfg = preset_config(o.preset);
-    quant = preset_quant(o.quant);
+    quant = preset_quant(o.quant, "tetra roofline --preset");
   }
   const std::optional<GpuSpec> gpu = resolve_gpu(o.gpu);
   if (!gpu) {

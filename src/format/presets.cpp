@@ -211,4 +211,20 @@ ModelConfig with_num_layers(ModelConfig c, int64_t n) {
   return c;
 }
 
+QuantConfig preset_quant(std::string_view name, const std::string& producer) {
+  QuantConfig q;
+  q.group_size = 16;
+  q.producer = producer;
+  if (name == "nvfp4")
+    q.algo = QuantAlgo::NVFP4;
+  else if (name == "w4a16_nvfp4")
+    q.algo = QuantAlgo::W4A16_NVFP4;
+  else if (name == "bf16")
+    q.algo = QuantAlgo::None;
+  else
+    TETRA_FAIL("unknown --quant '", name, "'; known: nvfp4, w4a16_nvfp4, bf16");
+  if (q.algo != QuantAlgo::None) q.exclude = {"lm_head"};
+  return q;
+}
+
 }  // namespace tetra

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "format/model_config.h"
+#include "format/quant_config.h"
 
 namespace tetra {
 
@@ -18,5 +19,9 @@ ModelConfig preset_config(std::string_view name);
 // The same model with n main layers: layer i < n keeps its original MLP kind and indexer type
 // (so the dense-first prefix stays); layers past the original depth copy the last layer's.
 ModelConfig with_num_layers(ModelConfig c, int64_t n);
+// A preset has no checkpoint: the ModelOpt export to assume for it. "nvfp4" (W4A4 with
+// input_scale), "w4a16_nvfp4" (weights only) or "bf16"; the NVFP4 ones quantize everything
+// quantizable and exclude lm_head, as `tetra quantize` does. Error on any other name.
+QuantConfig preset_quant(std::string_view name, const std::string& producer);
 
 }  // namespace tetra
