@@ -8,8 +8,9 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "core/parallel.h"
-#include "model/tensor_to_float.h"
+#include "model/attention_shapes.h"
 #include "model/moe_layer_views.h"
+#include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention.h"
 #include "ops/norm/rms_norm.h"
@@ -92,21 +93,9 @@ class CpuModelOps final : public ModelOps {
       cl.k_cache.assign(size_t(cache_elems), 0);
       cl.v_cache.assign(size_t(cache_elems), 0);
     }
-    const int rotary = int(std::lround(double(hd_) * c_.rope.partial_rotary_factor));
-    inv_freq_ = ops::rope_inv_freq(c_.rope.theta, rotary);
-    rope_.head_dim = hd_;
-    rope_.rotary_dim = rotary;
-    rope_.n_q_heads = nh_;
-    rope_.n_k_heads = nkv_;
-    rope_.q_stride = int64_t(nh_) * hd_;
-    rope_.k_stride = int64_t(nkv_) * hd_;
-    rope_.style = c_.rope.interleave ? ops::RopeStyle::GptJ : ops::RopeStyle::NeoX;
-    ops::check_rope_shape(rope_);
-    attn_.n_heads = nh_;
-    attn_.n_kv_heads = nkv_;
-    attn_.head_dim = hd_;
-    attn_.scale = float(1.0 / std::sqrt(double(hd_)));
-    ops::check_attention_shape(attn_);
+    inv_freq_ = rope_inv_freq_of(c_);
+    rope_ = rope_shape_of(c_);
+    attn_ = attention_shape_of(c_);
     for (int b = 0; b < int(Buf::Count); ++b)
       bufs_[size_t(b)].assign(size_t(lim.max_tokens) * size_t(buf_width(Buf(b), c_)), 0);
     logits_.assign(size_t(lim.max_tokens) * size_t(c_.vocab_size), 0.0f);

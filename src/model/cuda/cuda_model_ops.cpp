@@ -14,6 +14,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "model/cuda/device_mem.h"
+#include "model/attention_shapes.h"
 #include "model/cuda/split_decode_attention.h"
 #include "model/moe_layer_views.h"
 #include "model/tensor_to_float.h"
@@ -427,25 +428,11 @@ class CudaModelOps final : public CudaModelOpsApi {
       TETRA_CUDA_CHECK(cudaMemsetAsync(L.v_cache.as(), 0, L.v_cache.bytes(), stream_));
     }
 
-    const int rotary = int(std::lround(double(hd_) * c_.rope.partial_rotary_factor));
-    const std::vector<float> inv = ops::rope_inv_freq(c_.rope.theta, rotary);
+    const std::vector<float> inv = rope_inv_freq_of(c_);
     inv_freq_ = DeviceMem(inv.size() * 4);
     inv_freq_.upload(inv.data(), inv.size() * 4);
-    rope_ = {};
-    rope_.head_dim = hd_;
-    rope_.rotary_dim = rotary;
-    rope_.n_q_heads = nh_;
-    rope_.n_k_heads = nkv_;
-    rope_.q_stride = int64_t(nh_) * hd_;
-    rope_.k_stride = int64_t(nkv_) * hd_;
-    rope_.style = c_.rope.interleave ? ops::RopeStyle::GptJ : ops::RopeStyle::NeoX;
-    ops::check_rope_shape(rope_);
-    attn_ = {};
-    attn_.n_heads = nh_;
-    attn_.n_kv_heads = nkv_;
-    attn_.head_dim = hd_;
-    attn_.scale = float(1.0 / std::sqrt(double(hd_)));
-    ops::check_attention_shape(attn_);
+    rope_ = rope_shape_of(c_);
+    attn_ = attention_shape_of(c_);
 
     for (int b = 0; b < int(Buf::Count); ++b)
       bufs_[size_t(b)] = DeviceMem(size_t(lim.max_tokens) * size_t(buf_width(Buf(b), c_)) * 2);
