@@ -14,6 +14,7 @@
 
 #include "core/cuda_check.h"
 #include "core/half.h"
+#include "guarded_device_array.h"
 #include "ops/attention/attention.h"
 #include "ops/attention/attention_cuda.h"
 #include "ops/norm/rms_norm.h"
@@ -26,47 +27,8 @@
 namespace tetra::ops {
 namespace {
 
-constexpr unsigned char kGuardByte = 0xA5;
-
-// Device array with guard elements on both sides (checked after every launch).
 template <typename T>
-class Dev {
- public:
-  static constexpr size_t kGuard = 64;  // elements per side; keeps ptr() 16-byte aligned
-  explicit Dev(size_t n) : n_(n) {
-    TETRA_CUDA_CHECK(cudaMalloc(&base_, bytes_total()));
-    TETRA_CUDA_CHECK(cudaMemset(base_, kGuardByte, bytes_total()));
-  }
-  explicit Dev(const std::vector<T>& v) : Dev(v.size()) { upload(v); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(base_); }
-  T* ptr() { return base_ + kGuard; }
-  size_t size() const { return n_; }
-  void upload(const std::vector<T>& v) {
-    TETRA_CHECK_EQ(v.size(), n_);
-    TETRA_CUDA_CHECK(cudaMemcpy(ptr(), v.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  void poison() { TETRA_CUDA_CHECK(cudaMemset(ptr(), 0xFF, n_ * sizeof(T))); }
-  std::vector<T> download() {
-    std::vector<T> v(n_);
-    TETRA_CUDA_CHECK(cudaMemcpy(v.data(), ptr(), n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-  bool guards_intact() {
-    std::vector<unsigned char> all(bytes_total());
-    TETRA_CUDA_CHECK(cudaMemcpy(all.data(), base_, all.size(), cudaMemcpyDeviceToHost));
-    const size_t g = kGuard * sizeof(T);
-    for (size_t i = 0; i < g; ++i)
-      if (all[i] != kGuardByte || all[all.size() - 1 - i] != kGuardByte) return false;
-    return true;
-  }
-
- private:
-  size_t bytes_total() const { return (n_ + 2 * kGuard) * sizeof(T); }
-  size_t n_;
-  T* base_ = nullptr;
-};
+using Dev = test::GuardedDeviceArray<T>;
 
 void sync_ok(cudaError_t launch) {
   TETRA_CUDA_CHECK(launch);
