@@ -26,6 +26,7 @@ void attention(ModelOps& ops, const LayerWeights& lw, StepKind kind) {
   else
     ops.decode_attention(L, Buf::Q, Buf::Attn);
   ops.linear(LinearId::O, L, Buf::Attn, Buf::Out);
+  ops.all_reduce(Buf::Out);  // o_proj is split by input columns under tensor parallelism
 }
 
 void mlp(ModelOps& ops, const LayerWeights& lw) {
@@ -54,6 +55,7 @@ void run_forward(ModelOps& ops, const ModelWeights& w, const StepBatch& step) {
     attention(ops, lw, step.kind);
     ops.add_rms_norm(NormId::PostAttention, lw.index, Buf::Out, Buf::Residual, Buf::Normed);
     mlp(ops, lw);
+    ops.all_reduce(Buf::Out);  // down projections (dense, experts, shared) hold partial sums
   }
   ops.add_rms_norm(NormId::Final, -1, Buf::Out, Buf::Residual, Buf::Normed);
   if (step.num_logit_rows() > 0) ops.logits(Buf::Normed);

@@ -95,6 +95,9 @@ class ModelOps {
   // tokens [R] int32 on the host.
   virtual void sample(const ops::SamplingParams* params, const ops::TokenHistory& history,
                       int32_t* tokens) = 0;
+  // Tensor parallel: b [T, H] (a row-split layer's partial sums) becomes the sum over all ranks.
+  // A no-op on a backend that runs the whole model on one device.
+  virtual void all_reduce(Buf b) { (void)b; }
   // Copy-on-write after a fork: every layer's block src becomes a copy into dst.
   virtual void copy_kv_blocks(const std::vector<runtime::BlockCopy>& copies) = 0;
 };

@@ -13,16 +13,15 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "model/cuda/cuda_moe_block.h"
 #include "model/cuda/device_mem.h"
 #include "model/attention_shapes.h"
 #include "model/cuda/split_decode_attention.h"
-#include "model/moe_layer_views.h"
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention_cuda.h"
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/linear/linear_cuda.h"
-#include "ops/moe/moe_layer_cuda.h"
 #include "ops/norm/rms_norm_cuda.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/sampling/sampling.h"
@@ -356,6 +355,11 @@ class CudaModelOps final : public CudaModelOpsApi {
     read_logits(host_logits_.data());
     ops::sample_cpu(host_logits_.data(), R_, int(c_.vocab_size), params, history, tokens);
   }
+  void set_all_reduce_hook(AllReduceHook hook) override { all_reduce_ = std::move(hook); }
+  void all_reduce(Buf b) override {
+    if (skip() || !all_reduce_) return;
+    all_reduce_(buf(b), size_t(T_) * size_t(buf_width(b, c_)), stream_);
+  }
   void copy_kv_blocks(const std::vector<runtime::BlockCopy>& copies) override {
     if (copies.empty()) return;
     TETRA_CHECK_LE(copies.size(), size_t(lim_.kv_num_blocks));
@@ -421,7 +425,19 @@ class CudaModelOps final : public CudaModelOpsApi {
         }
         L.down = make_linear(lw.dense->down, random, seed, stream_);
       }
-      if (lw.moe) L.moe = make_moe(*lw.moe, int(i), moe_tokens, random, seed);
+      if (lw.moe) {
+        CudaMoeBlockSpec spec;
+        spec.layer = int(i);
+        spec.hidden = H_;
+        spec.max_tokens = moe_tokens;
+        spec.backend = lim.moe_backend;
+        spec.random = random;
+        spec.seed = &seed;
+        CudaMoeBlock block = make_cuda_moe_block(*lw.moe, spec);
+        if (!block.runner->on_device()) host_moe_ = true;
+        moe_bytes_ += block.weight_bytes;
+        L.moe = std::move(block.runner);
+      }
       L.k_cache = DeviceMem(size_t(cache_elems) * 2);
       L.v_cache = DeviceMem(size_t(cache_elems) * 2);
       TETRA_CUDA_CHECK(cudaMemsetAsync(L.k_cache.as(), 0, L.k_cache.bytes(), stream_));
@@ -464,37 +480,6 @@ class CudaModelOps final : public CudaModelOpsApi {
         if (l) weight_bytes_ += l->bytes();
     }
     weight_bytes_ += moe_bytes_;
-  }
-
-  std::unique_ptr<moe::MoeLayerRunner> make_moe(const MoeWeights& mw, int layer, int max_tokens,
-                                                bool random, uint64_t& seed) {
-    const int E = int(mw.experts.size());
-    TETRA_CHECK(E > 0, "layer ", layer, " has no experts");
-    const int I = int(mw.experts.front().inter());
-    if (random) {
-      moe::RandomW4a16Layer spec;
-      spec.experts = E;
-      spec.hidden = H_;
-      spec.inter = I;
-      spec.shared_inter = mw.shared ? int(mw.shared->inter()) : 0;
-      spec.router = mw.router_params;
-      spec.seed = uint32_t(seed++);
-      auto r = std::make_unique<moe::CudaW4a16MoeLayer>(spec, max_tokens,
-                                                        TokenLayout::Contiguous);
-      moe_bytes_ += size_t(E) * r->expert_bytes() + r->shared_bytes();
-      return r;
-    }
-    // The runner uploads (or, on the host, converts) everything it needs while it is built, so
-    // the views only have to outlive the constructor.
-    const auto views = moe_layer_views(mw, layer, H_);
-    moe::MoeLayerOptions o;
-    // "auto" takes the backend the declarations pick for this layer (cuda-w4a16 for NVFP4 and
-    // cuda-bf16 for BF16 experts on SM90); one that runs on the host turns graphs off.
-    o.backend = lim_.moe_backend;
-    o.max_tokens = max_tokens;
-    auto r = moe::make_moe_layer(views->weights, o);
-    if (!r->on_device()) host_moe_ = true;
-    return r;
   }
 
   // Uploads the step's arrays (padded to S_run sequences / R_run logit rows for graphs).
@@ -587,6 +572,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   const int32_t* d_rows() const { return reinterpret_cast<const int32_t*>(dev_base() + arrays_.rows); }
 
   CudaOpsOptions opt_;
+  AllReduceHook all_reduce_;  // tensor parallel sum, or empty
   ModelConfig c_;
   OpsLimits lim_;
   int H_ = 0, hd_ = 0, nh_ = 0, nkv_ = 0;

@@ -12,6 +12,7 @@
 //   - Sampling copies the logits to the host and runs the CPU sampler (same ids as the GPU one).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -44,6 +45,11 @@ class CudaModelOpsApi : public ModelOps {
   // Graphs captured so far (tests check replay happens).
   virtual int graphs_captured() const = 0;
   virtual void* stream() const = 0;  // cudaStream_t
+  // Tensor parallel: all_reduce(Buf) calls this with the buffer's first T rows (count bf16
+  // elements) on the backend's stream, while recording or running eagerly (a replayed graph
+  // holds the calls it recorded). Without a hook all_reduce does nothing. Set before prepare.
+  using AllReduceHook = std::function<void(uint16_t* data, size_t count, void* stream)>;
+  virtual void set_all_reduce_hook(AllReduceHook hook) = 0;
 };
 
 std::unique_ptr<CudaModelOpsApi> make_cuda_model_ops_api();
