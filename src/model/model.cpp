@@ -11,6 +11,9 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
     TETRA_FAIL("model limits must be positive (max_tokens ", lim.max_tokens, ", max_seqs ",
                lim.max_seqs, ", kv_block_size ", lim.kv_block_size, ", kv_num_blocks ",
                lim.kv_num_blocks, ", max_blocks_per_seq ", lim.max_blocks_per_seq, ")");
+  if (opt.tp != 1 || opt.ep != 1)
+    TETRA_FAIL("tensor/expert parallel model loading (tp ", opt.tp, ", ep ", opt.ep,
+               ") is not built yet");
   std::unique_ptr<Model> m(new Model());
   m->ckpt_ = std::make_unique<Checkpoint>(Checkpoint::open(dir));
   m->weights_ = ModelWeights::load(*m->ckpt_);

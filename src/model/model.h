@@ -21,6 +21,8 @@ namespace tetra::model {
 struct ModelOptions {
   std::string backend = "cpu";  // a make_model_ops name: "cpu", "cuda", "auto"
   OpsLimits limits;             // buffers and KV cache the backend is sized for
+  // Tensor / expert parallel ranks (GPUs 0 .. max(tp, ep) - 1, cuda backend): dist/sharding_plan.h.
+  int tp = 1, ep = 1;
 };
 
 class Model {

@@ -53,6 +53,8 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   mo.limits.kv_num_blocks = e->opt_.kv_num_blocks;
   mo.limits.max_blocks_per_seq = blocks_per_seq;
   mo.limits.moe_backend = opt.moe_backend;
+  mo.tp = opt.tp;
+  mo.ep = opt.ep;
   e->model_ = model::Model::load(dir, mo);
   e->cache_ = std::make_unique<PagedKvCache>(e->opt_.kv_num_blocks, opt.kv_block_size);
   return e;

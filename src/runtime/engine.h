@@ -26,6 +26,7 @@ struct EngineOptions {
   int kv_block_size = 16;
   int kv_num_blocks = 0;              // 0: enough for max_batch full contexts
   uint64_t seed = 0;                  // seeds requests that give none (seed 0 in SamplingParams)
+  int tp = 1, ep = 1;                 // tensor / expert parallel GPUs (model/model.h)
 };
 
 enum class FinishReason { None, Length, Stop, Error, Cancelled };
