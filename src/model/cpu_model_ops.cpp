@@ -46,7 +46,12 @@ struct CpuLayer {
 
 class CpuModelOps final : public ModelOps {
  public:
+  explicit CpuModelOps(CpuAllReduceHook hook = {}) : all_reduce_(std::move(hook)) {}
   std::string name() const override { return "cpu"; }
+
+  void all_reduce(Buf b) override {
+    if (all_reduce_) all_reduce_(buf(b), size_t(T_) * size_t(buf_width(b, c_)));
+  }
 
   void prepare(const ModelWeights& w, const OpsLimits& lim) override {
     if (lim.moe_backend != "auto" && lim.moe_backend != "cpu")
@@ -290,10 +295,14 @@ class CpuModelOps final : public ModelOps {
   std::vector<float> logits_;         // [max_tokens, vocab] f32, first R rows valid
   const StepBatch* step_ = nullptr;
   int T_ = 0;
+  CpuAllReduceHook all_reduce_;  // tensor parallel sum, or empty
 };
 
 }  // namespace
 
 std::unique_ptr<ModelOps> make_cpu_model_ops() { return std::make_unique<CpuModelOps>(); }
+std::unique_ptr<ModelOps> make_cpu_model_ops(CpuAllReduceHook hook) {
+  return std::make_unique<CpuModelOps>(std::move(hook));
+}
 
 }  // namespace tetra::model
