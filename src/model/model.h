@@ -21,7 +21,9 @@ namespace tetra::model {
 struct ModelOptions {
   std::string backend = "cpu";  // a make_model_ops name: "cpu", "cuda", "auto"
   OpsLimits limits;             // buffers and KV cache the backend is sized for
-  // Tensor / expert parallel ranks (GPUs 0 .. max(tp, ep) - 1, cuda backend): dist/sharding_plan.h.
+  // Tensor / expert parallel ranks (dist/sharding_plan.h): the cuda backend on GPUs
+  // 0 .. max(tp, ep) - 1 (model/parallel/parallel_model_ops.h); the cpu backend simulates the
+  // ranks on threads (tests). load() refuses splits the model does not divide into.
   int tp = 1, ep = 1;
 };
 

@@ -21,6 +21,11 @@ Nvfp4MatrixView nvfp4_view(const LinearWeight& l) {
 
 std::unique_ptr<MoeLayerViews> moe_layer_views(const MoeWeights& mw, int layer, int64_t hidden) {
   TETRA_CHECK(!mw.experts.empty(), "layer ", layer, " has no experts");
+  if (mw.global_experts != 0 && mw.global_experts != int(mw.experts.size()))
+    TETRA_FAIL("layer ", layer, " holds experts ", mw.expert_begin, "..",
+               mw.expert_begin + int(mw.experts.size()) - 1, " of ", mw.global_experts,
+               ": expert parallel needs the MoE layer runner to take a block of the experts, "
+               "which it cannot yet");
   auto out = std::make_unique<MoeLayerViews>();
   MoeLayerViews& v = *out;
   moe::MoeLayerWeights& w = v.weights;

@@ -13,6 +13,10 @@ CudaMoeBlock make_cuda_moe_block(const MoeWeights& mw, const CudaMoeBlockSpec& s
   CudaMoeBlock block;
   if (spec.random) {
     TETRA_CHECK(spec.seed != nullptr, "random MoE block without a seed");
+    if (mw.global_experts != 0 && mw.global_experts != E)
+      TETRA_FAIL("layer ", spec.layer, " holds ", E, " of ", mw.global_experts,
+                 " experts: expert parallel needs the MoE layer runner to take a block of the "
+                 "experts, which it cannot yet");
     moe::RandomW4a16Layer r;
     r.experts = E;
     r.hidden = spec.hidden;
