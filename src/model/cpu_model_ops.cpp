@@ -13,6 +13,7 @@
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/paged_extend_attention_cpu.h"
 #include "ops/norm/rms_norm.h"
 #include "ops/rope/rope.h"
 
@@ -160,16 +161,12 @@ class CpuModelOps final : public ModelOps {
   }
 
   void decode_attention(int layer, Buf q, Buf out) override {
-    const CpuLayer& l = layers_[size_t(layer)];
-    ops::PagedKv kv;
-    kv.k_cache = l.k_cache.data();
-    kv.v_cache = l.v_cache.data();
-    kv.block_tables = step_->block_tables.data();
-    kv.seq_lens = step_->seq_lens.data();
-    kv.num_blocks = lim_.kv_num_blocks;
-    kv.block_size = lim_.kv_block_size;
-    kv.max_blocks_per_seq = step_->max_blocks_per_seq;
-    ops::paged_decode_attention_cpu(buf(q), kv, step_->num_seqs(), attn_, buf(out));
+    ops::paged_decode_attention_cpu(buf(q), paged_kv(layer), step_->num_seqs(), attn_, buf(out));
+  }
+
+  void extend_attention(int layer, Buf q, Buf out) override {
+    ops::paged_extend_attention_cpu(buf(q), step_->cu_seqlens.data(), step_->num_seqs(),
+                                    paged_kv(layer), attn_, buf(out));
   }
 
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
@@ -276,6 +273,20 @@ class CpuModelOps final : public ModelOps {
         }
       }
     });
+  }
+
+  // Layer's cache with the step's block tables (decode, prefix prefill).
+  ops::PagedKv paged_kv(int layer) const {
+    const CpuLayer& l = layers_[size_t(layer)];
+    ops::PagedKv kv;
+    kv.k_cache = l.k_cache.data();
+    kv.v_cache = l.v_cache.data();
+    kv.block_tables = step_->block_tables.data();
+    kv.seq_lens = step_->seq_lens.data();
+    kv.num_blocks = lim_.kv_num_blocks;
+    kv.block_size = lim_.kv_block_size;
+    kv.max_blocks_per_seq = step_->max_blocks_per_seq;
+    return kv;
   }
 
   uint16_t* buf(Buf b) { return bufs_[size_t(b)].data(); }

@@ -11,7 +11,7 @@
 namespace tetra::model {
 namespace {
 
-void attention(ModelOps& ops, const LayerWeights& lw, StepKind kind) {
+void attention(ModelOps& ops, const LayerWeights& lw, const StepBatch& step) {
   const int L = lw.index;
   ops.linear(LinearId::Q, L, Buf::Normed, Buf::Q);
   ops.linear(LinearId::K, L, Buf::Normed, Buf::K);
@@ -21,7 +21,9 @@ void attention(ModelOps& ops, const LayerWeights& lw, StepKind kind) {
   if (lw.attn.k_norm) ops.head_norm(NormId::KHead, L, Buf::K);
   ops.rope(Buf::Q, Buf::K);
   ops.write_kv(L, Buf::K, Buf::V);
-  if (kind == StepKind::Prefill)
+  if (step.has_cached_prefix())  // chunked prefill: the chunk reads the earlier chunks' cache
+    ops.extend_attention(L, Buf::Q, Buf::Attn);
+  else if (step.kind == StepKind::Prefill)
     ops.prefill_attention(Buf::Q, Buf::K, Buf::V, Buf::Attn);
   else
     ops.decode_attention(L, Buf::Q, Buf::Attn);
@@ -52,7 +54,7 @@ void run_forward(ModelOps& ops, const ModelWeights& w, const StepBatch& step) {
       ops.rms_norm(NormId::Input, 0, Buf::Residual, Buf::Normed);
     else
       ops.add_rms_norm(NormId::Input, lw.index, Buf::Out, Buf::Residual, Buf::Normed);
-    attention(ops, lw, step.kind);
+    attention(ops, lw, step);
     ops.add_rms_norm(NormId::PostAttention, lw.index, Buf::Out, Buf::Residual, Buf::Normed);
     mlp(ops, lw);
     ops.all_reduce(Buf::Out);  // down projections (dense, experts, shared) hold partial sums

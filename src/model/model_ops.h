@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/error.h"
 #include "model/model_weights.h"
 #include "model/step_batch.h"
 #include "ops/sampling/sampling.h"
@@ -82,6 +83,15 @@ class ModelOps {
   // Decode: each sequence's one query attends to its seq_lens[s] cached tokens of `layer`
   // (block tables of the step). q [S, n_heads, hd] -> out [S, n_heads, hd].
   virtual void decode_attention(int layer, Buf q, Buf out) = 0;
+  // Prefill with a cached prefix (step.has_cached_prefix(), after write_kv stored this step's
+  // k/v): each new token attends causally to its sequence's cache positions 0 .. its own
+  // (block tables and seq_lens of the step, GQA, scale head_dim^-0.5).
+  // q [T, n_heads, hd] -> out [T, n_heads, hd]. Backends without it refuse chunked prefill.
+  virtual void extend_attention(int layer, Buf q, Buf out) {
+    (void)layer, (void)q, (void)out;
+    TETRA_FAIL("backend ", name(), " cannot prefill with a cached prefix (chunked prefill or "
+               "recompute after preemption); it has no extend_attention");
+  }
   // out [T, width] = silu(gate) * up (out may be gate).
   virtual void silu_mul(Buf gate, Buf up, int64_t width, Buf out) = 0;
   // The whole MoE block of `layer`: route, routed experts, + shared expert.

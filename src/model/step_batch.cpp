@@ -4,6 +4,40 @@
 
 namespace tetra::model {
 
+// Decode, and prefill with a cached prefix: sequence s holds seq_lens[s] cached tokens (this
+// step's included), its len_s new tokens are the last ones (positions seq_lens[s] - len_s ..),
+// and the table names valid blocks for all of them.
+void StepBatch::validate_block_tables(const OpsLimits& lim) const {
+  const int S = num_seqs();
+  const char* what = kind == StepKind::Prefill ? "prefill step" : "decode step";
+  if (max_blocks_per_seq <= 0 || max_blocks_per_seq > lim.max_blocks_per_seq)
+    TETRA_FAIL(what, ": max_blocks_per_seq ", max_blocks_per_seq, " must be in [1, ",
+               lim.max_blocks_per_seq, "]");
+  if (block_tables.size() != size_t(S) * size_t(max_blocks_per_seq) || seq_lens.size() != size_t(S))
+    TETRA_FAIL(what, ": block_tables must be [", S, ", ", max_blocks_per_seq, "] and seq_lens [",
+               S, "]");
+  for (int s = 0; s < S; ++s) {
+    const int len = seq_lens[size_t(s)];
+    const int n_new = cu_seqlens[size_t(s) + 1] - cu_seqlens[size_t(s)];
+    if (len < n_new || len > max_blocks_per_seq * lim.kv_block_size)
+      TETRA_FAIL(what, ": seq_lens[", s, "] = ", len, " does not fit its block table or is shorter than its ",
+                 n_new, " new tokens");
+    for (int i = 0; i < n_new; ++i) {
+      const int32_t pos = positions[size_t(cu_seqlens[size_t(s)] + i)];
+      if (pos != len - n_new + i)
+        TETRA_FAIL(what, ": sequence ", s, " has position ", pos, " at new token ", i, " but holds ", len,
+                   " cached tokens (the new tokens must be the last ", n_new, ")");
+    }
+    const int used = (len + lim.kv_block_size - 1) / lim.kv_block_size;
+    for (int b = 0; b < used; ++b) {
+      const int32_t id = block_tables[size_t(s) * size_t(max_blocks_per_seq) + size_t(b)];
+      if (id < 0 || id >= lim.kv_num_blocks)
+        TETRA_FAIL(what, ": block table of sequence ", s, " names block ", id, " outside [0, ",
+                   lim.kv_num_blocks, ")");
+    }
+  }
+}
+
 void StepBatch::validate(const OpsLimits& lim, int64_t vocab_size) const {
   const int T = num_tokens();
   const int S = num_seqs();
@@ -28,32 +62,9 @@ void StepBatch::validate(const OpsLimits& lim, int64_t vocab_size) const {
       TETRA_FAIL(what, ": KV slot ", slots[size_t(t)], " at row ", t, " is outside the cache (",
                  total_slots, " slots)");
   }
-  if (kind == StepKind::Decode) {
-    if (T != S) TETRA_FAIL("decode step needs exactly one token per sequence (", T, " tokens, ", S, " sequences)");
-    if (max_blocks_per_seq <= 0 || max_blocks_per_seq > lim.max_blocks_per_seq)
-      TETRA_FAIL("decode step: max_blocks_per_seq ", max_blocks_per_seq, " must be in [1, ",
-                 lim.max_blocks_per_seq, "]");
-    if (block_tables.size() != size_t(S) * size_t(max_blocks_per_seq) || seq_lens.size() != size_t(S))
-      TETRA_FAIL("decode step: block_tables must be [", S, ", ", max_blocks_per_seq,
-                 "] and seq_lens [", S, "]");
-    for (int s = 0; s < S; ++s) {
-      const int len = seq_lens[size_t(s)];
-      if (len < 1 || len > max_blocks_per_seq * lim.kv_block_size)
-        TETRA_FAIL("decode step: seq_lens[", s, "] = ", len, " does not fit its block table");
-      if (positions[size_t(s)] != len - 1)
-        TETRA_FAIL("decode step: sequence ", s, " decodes position ", positions[size_t(s)],
-                   " but holds ", len, " cached tokens (the new token must be the last)");
-      const int used = (len + lim.kv_block_size - 1) / lim.kv_block_size;
-      for (int b = 0; b < used; ++b) {
-        const int32_t id = block_tables[size_t(s) * size_t(max_blocks_per_seq) + size_t(b)];
-        if (id < 0 || id >= lim.kv_num_blocks)
-          TETRA_FAIL("decode step: block table of sequence ", s, " names block ", id,
-                     " outside [0, ", lim.kv_num_blocks, ")");
-      }
-    }
-  } else if (!block_tables.empty() || !seq_lens.empty()) {
-    TETRA_FAIL("prefill step must not carry block tables (prefill attends to its own tokens)");
-  }
+  if (kind == StepKind::Decode && T != S)
+    TETRA_FAIL("decode step needs exactly one token per sequence (", T, " tokens, ", S, " sequences)");
+  if (kind == StepKind::Decode || has_cached_prefix()) validate_block_tables(lim);
   int prev = -1;
   for (int32_t r : logit_rows) {
     if (r <= prev || r >= T)

@@ -1,7 +1,9 @@
 // One forward step of the model: a set of sequences, each bringing new tokens. A step is either
-// a prefill (each sequence's tokens are its whole prompt: causal attention over themselves, no
-// cached prefix) or a decode (exactly one new token per sequence, attending to its paged KV
-// cache, its own k/v included). Plain host arrays: the backend copies them where it needs them.
+// a prefill (each sequence brings a run of tokens with causal attention over themselves and,
+// when the step carries block tables, over a prefix already in the paged KV cache: chunked
+// prefill, recompute after preemption) or a decode (exactly one new token per sequence,
+// attending to its paged KV cache, its own k/v included). Plain host arrays: the backend copies
+// them where it needs them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,20 +29,28 @@ struct StepBatch {
   std::vector<int32_t> positions;  // [T] position of each token in its sequence
   std::vector<int64_t> slots;      // [T] KV cache slot (block * block_size + offset) per token
   std::vector<int32_t> cu_seqlens; // [S + 1] sequence s owns token rows cu[s] .. cu[s+1]
-  // Decode only (empty for prefill):
+  // Decode: always. Prefill: only with a cached prefix (empty: every sequence starts at 0).
+  // Then sequence s's new tokens sit at positions seq_lens[s] - len_s .. seq_lens[s] - 1 and
+  // attend to cache positions 0 .. their own (ModelOps::extend_attention).
   int max_blocks_per_seq = 0;
   std::vector<int32_t> block_tables;  // [S, max_blocks_per_seq] block ids, unused entries -1
-  std::vector<int32_t> seq_lens;      // [S] tokens in the cache, the new one included
+  std::vector<int32_t> seq_lens;      // [S] tokens in the cache after this step's writes
   // Token rows whose logits the step computes, ascending (e.g. each sequence's last row).
   std::vector<int32_t> logit_rows;    // [R]
 
   int num_tokens() const { return int(tokens.size()); }
   int num_seqs() const { return cu_seqlens.empty() ? 0 : int(cu_seqlens.size()) - 1; }
   int num_logit_rows() const { return int(logit_rows.size()); }
+  // A prefill whose sequences may continue a cached prefix (it carries block tables).
+  bool has_cached_prefix() const { return kind == StepKind::Prefill && !block_tables.empty(); }
 
   // Throws tetra::Error when the arrays disagree with each other, with the kind (decode: one
-  // token per sequence) or with the limits (tokens, sequences, block ids, vocab ids).
+  // token per sequence; a prefix prefill: positions continue the prefix) or with the limits
+  // (tokens, sequences, block ids, vocab ids).
   void validate(const OpsLimits& limits, int64_t vocab_size) const;
+
+ private:
+  void validate_block_tables(const OpsLimits& limits) const;
 };
 
 }  // namespace tetra::model

@@ -72,8 +72,10 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const ops::SamplingPara
   if (int64_t(prompt.size()) + max_new_tokens > opt_.max_context)
     TETRA_FAIL("prompt (", prompt.size(), " tokens) + max_new_tokens (", max_new_tokens,
                ") exceeds the context limit ", opt_.max_context);
-  if (int(prompt.size()) > opt_.max_prefill_tokens)
-    TETRA_FAIL("prompt (", prompt.size(), " tokens) exceeds the prefill budget ", opt_.max_prefill_tokens);
+  if (int64_t(prompt.size()) + max_new_tokens > kv_capacity_tokens())
+    TETRA_FAIL("prompt (", prompt.size(), " tokens) + max_new_tokens (", max_new_tokens,
+               ") needs more KV cache than the engine has (", cache_->num_blocks(), " blocks of ",
+               cache_->block_size(), " = ", kv_capacity_tokens(), " tokens): it could never run");
   ops::check_sampling_params(params, 0);
   Running r;
   r.id = next_id_++;
@@ -158,100 +160,152 @@ std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& r
   return events;
 }
 
-std::vector<TokenEvent> Engine::prefill_waiting() {
+int Engine::prefill_target(int64_t id) const {
+  const RequestState& st = requests_.at(id);
+  return int(st.prompt.size() + st.output.size());
+}
+
+int32_t Engine::token_at(int64_t id, int i) const {
+  const RequestState& st = requests_.at(id);
+  const int P = int(st.prompt.size());
+  return i < P ? st.prompt[size_t(i)] : st.output[size_t(i - P)];
+}
+
+void Engine::preempt_newest() {
+  Running r = std::move(running_.back());
+  running_.pop_back();
+  cache_->free_sequence(r.id);
+  r.prefilled = false;
+  waiting_.push_front(std::move(r));
+  stats_.preemptions += 1;
+}
+
+bool Engine::append_or_preempt(size_t i, int n, std::vector<int64_t>* slots) {
+  const int64_t id = running_[i].id;
+  while (cache_->blocks_needed(id, n) > cache_->free_blocks()) {
+    const bool self = running_.size() == i + 1;  // running_[i] is the newest
+    preempt_newest();
+    if (self) return false;
+  }
+  std::vector<BlockCopy> copies;
+  *slots = cache_->append(id, n, &copies);
+  model_->ops().copy_kv_blocks(copies);
+  return true;
+}
+
+bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>* stepped) {
   model::StepBatch b;
   b.kind = model::StepKind::Prefill;
   b.cu_seqlens = {0};
-  std::vector<Running> admitted;
-  while (!waiting_.empty() && int(running_.size() + admitted.size()) < opt_.max_batch) {
-    Running& r = waiting_.front();
-    const std::vector<int32_t>& prompt = requests_[r.id].prompt;
-    const int n = int(prompt.size());
-    if (b.num_tokens() + n > opt_.max_prefill_tokens) break;
-    // Reserve the whole context up front so decode never runs out of blocks mid-request.
-    const int need = ceil_div(n + r.max_new_tokens, opt_.kv_block_size);
-    int reserved = 0;
-    for (const Running& a : admitted)
-      reserved += ceil_div(int(requests_[a.id].prompt.size()) + a.max_new_tokens, opt_.kv_block_size);
-    for (const Running& a : running_)
-      reserved += ceil_div(int(requests_[a.id].prompt.size()) + a.max_new_tokens, opt_.kv_block_size) -
-                  int(cache_->block_table(a.id).size());
-    if (need > cache_->free_blocks() - reserved) break;
-    cache_->add_sequence(r.id);
-    std::vector<BlockCopy> copies;
-    const std::vector<int64_t> slots = cache_->append(r.id, n, &copies);
-    for (int i = 0; i < n; ++i) {
-      b.tokens.push_back(prompt[size_t(i)]);
-      b.positions.push_back(i);
-      b.slots.push_back(slots[size_t(i)]);
+  int budget = opt_.max_prefill_tokens;
+  bool any_prefix = false;
+  std::vector<int64_t> seqs;  // [S] sequence ids of the batch
+  auto add_run = [&](int64_t id, int start, const std::vector<int64_t>& slots) {
+    for (size_t k = 0; k < slots.size(); ++k) {
+      b.tokens.push_back(token_at(id, start + int(k)));
+      b.positions.push_back(start + int(k));
+      b.slots.push_back(slots[k]);
     }
     b.cu_seqlens.push_back(b.num_tokens());
-    b.logit_rows.push_back(b.num_tokens() - 1);
-    admitted.push_back(std::move(r));
-    waiting_.erase(waiting_.begin());
+    if (start > 0) any_prefix = true;
+    budget -= int(slots.size());
+    seqs.push_back(id);
+  };
+  // 1. The next chunk of requests already admitted but not fully prefilled (oldest first).
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    if (running_[i].prefilled) continue;
+    const int64_t id = running_[i].id;
+    const int done = cache_->seq_len(id);
+    const int chunk = std::min(prefill_target(id) - done, budget);
+    std::vector<int64_t> slots;
+    if (!append_or_preempt(i, chunk, &slots)) break;  // it was the newest: nothing newer runs
+    add_run(id, done, slots);
   }
-  if (admitted.empty()) return {};
+  // 2. Admissions from the front of the queue: a batch slot and blocks for the first chunk,
+  //    plus one block of headroom for decode unless nothing else is running.
+  while (!waiting_.empty() && int(running_.size()) < opt_.max_batch && budget > 0) {
+    const int64_t id = waiting_.front().id;
+    const int chunk = std::min(prefill_target(id), budget);
+    const int need = ceil_div(chunk, opt_.kv_block_size) + (running_.empty() ? 0 : 1);
+    if (need > cache_->free_blocks()) break;
+    Running r = std::move(waiting_.front());
+    waiting_.pop_front();
+    r.admitted = next_admission_++;
+    cache_->add_sequence(id);
+    running_.push_back(std::move(r));
+    std::vector<int64_t> slots;
+    const bool ok = append_or_preempt(running_.size() - 1, chunk, &slots);
+    TETRA_CHECK(ok, "engine: admission of request ", id, " found fewer free blocks than counted");
+    add_run(id, 0, slots);
+  }
+  if (seqs.empty()) return false;
+  // A sequence that reached its target samples its next token from its last row.
+  std::vector<Running*> rows;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int64_t id = seqs[s];
+    if (cache_->seq_len(id) < prefill_target(id)) continue;
+    b.logit_rows.push_back(b.cu_seqlens[s + 1] - 1);
+    for (Running& r : running_)
+      if (r.id == id) rows.push_back(&r);
+  }
+  if (any_prefix) {
+    b.max_blocks_per_seq = ceil_div(opt_.max_context, opt_.kv_block_size);
+    b.block_tables.resize(seqs.size() * size_t(b.max_blocks_per_seq));
+    b.seq_lens.resize(seqs.size());
+    cache_->fill_block_tables(seqs, b.max_blocks_per_seq, b.block_tables.data(), b.seq_lens.data());
+  }
   const auto t0 = std::chrono::steady_clock::now();
   model_->forward(b);
-  std::vector<Running*> rows;
-  for (Running& r : admitted) rows.push_back(&r);
-  std::vector<TokenEvent> events = sample_and_record(rows);
+  std::vector<TokenEvent> sampled;
+  if (!rows.empty()) sampled = sample_and_record(rows);
   stats_.prefill_seconds += seconds_since(t0);
   stats_.prefill_tokens += b.num_tokens();
-  for (Running& r : admitted) {
-    if (requests_[r.id].done())
-      cache_->free_sequence(r.id);
-    else
-      running_.push_back(std::move(r));
-  }
-  return events;
+  stats_.prefill_chunks += int64_t(seqs.size());
+  for (Running* r : rows) r->prefilled = true;
+  events.insert(events.end(), sampled.begin(), sampled.end());
+  stepped->insert(stepped->end(), seqs.begin(), seqs.end());
+  return true;
 }
 
-std::vector<TokenEvent> Engine::decode_running(const std::vector<int64_t>& skip) {
+bool Engine::decode_step(std::vector<TokenEvent>& events, const std::vector<int64_t>& skip) {
   model::StepBatch b;
   b.kind = model::StepKind::Decode;
   b.cu_seqlens = {0};
   b.max_blocks_per_seq = ceil_div(opt_.max_context, opt_.kv_block_size);
-  std::vector<Running*> rows;
   std::vector<int64_t> seqs;
-  for (Running& r : running_) {
-    if (std::find(skip.begin(), skip.end(), r.id) != skip.end()) continue;
-    const RequestState& st = requests_[r.id];
-    std::vector<BlockCopy> copies;
-    const std::vector<int64_t> slot = cache_->append(r.id, 1, &copies);
-    model_->ops().copy_kv_blocks(copies);
-    b.tokens.push_back(st.output.back());
-    b.positions.push_back(cache_->seq_len(r.id) - 1);
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Running& r = running_[i];
+    if (!r.prefilled || std::find(skip.begin(), skip.end(), r.id) != skip.end()) continue;
+    const int64_t id = r.id;
+    std::vector<int64_t> slot;
+    if (!append_or_preempt(i, 1, &slot)) break;  // it was the newest: nothing after it is left
+    b.tokens.push_back(requests_[id].output.back());
+    b.positions.push_back(cache_->seq_len(id) - 1);
     b.slots.push_back(slot[0]);
     b.cu_seqlens.push_back(b.num_tokens());
     b.logit_rows.push_back(b.num_tokens() - 1);
-    rows.push_back(&r);
-    seqs.push_back(r.id);
+    seqs.push_back(id);
   }
-  if (rows.empty()) return {};
+  if (seqs.empty()) return false;
+  // Pointers only now: preemption above pops running_'s tail.
+  std::vector<Running*> rows;
+  for (int64_t id : seqs)
+    for (Running& r : running_)
+      if (r.id == id) rows.push_back(&r);
   b.block_tables.resize(seqs.size() * size_t(b.max_blocks_per_seq));
   b.seq_lens.resize(seqs.size());
   cache_->fill_block_tables(seqs, b.max_blocks_per_seq, b.block_tables.data(), b.seq_lens.data());
   const auto t0 = std::chrono::steady_clock::now();
   model_->forward(b);
-  std::vector<TokenEvent> events = sample_and_record(rows);
+  std::vector<TokenEvent> sampled = sample_and_record(rows);
   stats_.decode_seconds += seconds_since(t0);
   stats_.decode_steps += 1;
   stats_.decode_tokens += b.num_tokens();
-  return events;
+  events.insert(events.end(), sampled.begin(), sampled.end());
+  return true;
 }
 
-std::vector<TokenEvent> Engine::step() {
-  std::vector<int64_t> before;
-  for (const Running& r : running_) before.push_back(r.id);
-  std::vector<TokenEvent> events = prefill_waiting();
-  // Decode only the requests that were running before this step's prefill.
-  std::vector<int64_t> fresh;
-  for (const Running& r : running_)
-    if (std::find(before.begin(), before.end(), r.id) == before.end()) fresh.push_back(r.id);
-  std::vector<TokenEvent> dec = decode_running(fresh);
-  events.insert(events.end(), dec.begin(), dec.end());
-  // Retire finished requests.
+void Engine::retire_finished() {
   for (auto it = running_.begin(); it != running_.end();) {
     if (requests_[it->id].done()) {
       cache_->free_sequence(it->id);
@@ -260,8 +314,20 @@ std::vector<TokenEvent> Engine::step() {
       ++it;
     }
   }
-  if (events.empty() && !waiting_.empty() && running_.empty())
-    TETRA_FAIL("the next request does not fit the KV cache or prefill budget even alone");
+}
+
+std::vector<TokenEvent> Engine::step() {
+  std::vector<TokenEvent> events;
+  std::vector<int64_t> prefilled_now;
+  bool ran = prefill_step(events, &prefilled_now);
+  retire_finished();
+  // Decode only the requests that were not in this step's prefill.
+  ran = decode_step(events, prefilled_now) || ran;
+  retire_finished();
+  if (!ran && !waiting_.empty() && running_.empty())
+    TETRA_FAIL("the next request does not fit the KV cache even alone (",
+               prefill_target(waiting_.front().id), " tokens, ", cache_->free_blocks(), " free blocks of ",
+               opt_.kv_block_size, ")");
   return events;
 }
 

@@ -1,10 +1,20 @@
-// The generation engine: requests in, streamed tokens out. Each step() first prefills every
-// waiting request that fits (one varlen batch, up to max_batch running sequences and the
-// prefill token budget), then runs one decode step for all running requests that did not just
-// prefill. Sampling is per request (ops/sampling/sampling.h); the KV cache is paged
+// The generation engine: requests in, streamed tokens out. Each step() runs one prefill batch
+// (up to max_prefill_tokens tokens: first the next chunks of requests whose prompt is longer
+// than the budget, then waiting requests admitted from the front of the queue while there are
+// batch slots and KV blocks for their first chunk plus one), then one decode step for every
+// running request that did not take part in that prefill: a long prompt's chunks alternate
+// with decode steps of the others. Later chunks attend to the earlier chunks' paged KV.
+// KV blocks are taken on demand (admission takes only the first chunk's blocks, decode a block
+// whenever a sequence crosses a block edge). When the pool runs out, the newest running
+// request is preempted by recompute: its blocks are freed and it goes back to the front of the
+// queue; when readmitted, its prompt plus the tokens it generated so far are prefilled again
+// and generation continues with the same sampler stream (the seed stream is indexed by output
+// position), so its output is the same as an uninterrupted run.
+// Sampling is per request (ops/sampling/sampling.h); the KV cache is paged
 // (runtime/kv_cache.h bookkeeping, storage in the backend).
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -22,7 +32,8 @@ struct EngineOptions {
   std::string moe_backend = "auto";   // MoE runner for the backend
   int max_batch = 8;                  // running sequences at once
   int max_context = 2048;             // prompt + generated tokens per sequence
-  int max_prefill_tokens = 0;         // tokens per prefill step; 0: max(max_context, 256)
+  int max_prefill_tokens = 0;         // tokens per prefill step (longer prompts are chunked);
+                                      // 0: max(max_context, 256)
   int kv_block_size = 16;
   int kv_num_blocks = 0;              // 0: enough for max_batch full contexts
   uint64_t seed = 0;                  // seeds requests that give none (seed 0 in SamplingParams)
@@ -53,6 +64,8 @@ struct EngineStats {
   int64_t decode_steps = 0;
   int64_t decode_tokens = 0;  // tokens produced by decode steps (sum of their batch sizes)
   double decode_seconds = 0;
+  int64_t prefill_chunks = 0;  // sequence runs prefilled (a prompt cut in 3 chunks counts 3)
+  int64_t preemptions = 0;     // requests preempted (KV freed, recomputed later)
   double prefill_tokens_per_s() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0; }
   double decode_ms_per_step() const { return decode_steps ? 1e3 * decode_seconds / decode_steps : 0; }
 };
@@ -67,8 +80,9 @@ class Engine {
   const EngineOptions& options() const { return opt_; }
   std::string backend_name() { return model_->ops().name(); }
 
-  // Queues a request; returns its id. Prompt ids must be in [0, vocab), the prompt non-empty and
-  // prompt + max_new_tokens <= max_context (else tetra::Error). Generation stops after
+  // Queues a request; returns its id. Prompt ids must be in [0, vocab), the prompt non-empty,
+  // prompt + max_new_tokens <= max_context, and that many tokens must fit the whole KV cache
+  // (else tetra::Error: a request that could never run alone is refused, not queued forever). Generation stops after
   // max_new_tokens (finish "length") or when a token in stop_ids is produced (finish "stop";
   // the stop token is reported).
   int64_t add_request(std::vector<int32_t> prompt, const ops::SamplingParams& params,
@@ -94,6 +108,8 @@ class Engine {
   // KV cache blocks held by sequences, and all blocks: used / total is the KV usage.
   int kv_blocks_used() const { return cache_->num_blocks() - cache_->free_blocks(); }
   int kv_blocks_total() const { return cache_->num_blocks(); }
+  // Tokens the whole KV cache holds: the most prompt + max_new_tokens a request may ask for.
+  int64_t kv_capacity_tokens() const { return int64_t(cache_->num_blocks()) * cache_->block_size(); }
 
   // Test/reference hook: logits of every prompt position plus `decode_steps` greedy decode
   // steps, for each prompt (prefilled together as one batch, decoded together).
@@ -110,19 +126,34 @@ class Engine {
     ops::SamplingParams params;
     int max_new_tokens = 0;
     std::vector<int32_t> stop_ids;
+    int64_t admitted = 0;    // admission counter: the largest is the newest (preempted first)
+    bool prefilled = false;  // its prompt (+ output, after a preemption) is in the cache
   };
   Engine() = default;
-  std::vector<TokenEvent> prefill_waiting();
-  std::vector<TokenEvent> decode_running(const std::vector<int64_t>& skip);
+  // Prefill step: chunks of running requests, then admissions. Appends the prefilled ids to
+  // *stepped; whether a forward ran.
+  bool prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>* stepped);
+  // Decode step of the prefilled running requests not in `skip`; whether a forward ran.
+  bool decode_step(std::vector<TokenEvent>& events, const std::vector<int64_t>& skip);
   std::vector<TokenEvent> sample_and_record(const std::vector<Running*>& rows);
   void finish_if_done(Running& r, TokenEvent& ev);
+  // Tokens a (re)prefill covers: prompt + output so far. Token i of that sequence.
+  int prefill_target(int64_t id) const;
+  int32_t token_at(int64_t id, int i) const;
+  // Frees the newest running request's blocks and puts it at the front of the queue.
+  void preempt_newest();
+  // Appends n slots to running_[i]'s sequence, preempting newer requests while the pool is
+  // short; false when running_[i] itself had to go (then nothing was appended).
+  bool append_or_preempt(size_t i, int n, std::vector<int64_t>* slots);
+  void retire_finished();
 
   EngineOptions opt_;
   std::unique_ptr<model::Model> model_;
   std::unique_ptr<PagedKvCache> cache_;
   int64_t next_id_ = 1;
-  std::vector<Running> waiting_;
-  std::vector<Running> running_;
+  int64_t next_admission_ = 1;
+  std::deque<Running> waiting_;   // front: admitted first (preempted requests go here)
+  std::vector<Running> running_;  // in admission order
   std::map<int64_t, RequestState> requests_;
   EngineStats stats_;
 };
