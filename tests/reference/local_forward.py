@@ -88,11 +88,15 @@ def top_k_margin(sel, k):
 
 
 @torch.no_grad()
-def forward(t, c, ids, bf16_between_ops=False, forced_ids=None, embed_noise=0.0, noise_seed=0):
+def forward(t, c, ids, bf16_between_ops=False, forced_ids=None, embed_noise=0.0, noise_seed=0,
+            fp32_residual=False):
     """t: HF-named tensors; ids: list of token ids (one sequence). forced_ids: {layer: [T, k]}
-    replaces the router's choice (weights still from the unforced scores of those experts)."""
+    replaces the router's choice (weights still from the unforced scores of those experts).
+    bf16_between_ops: every op's output rounded to bf16 (fp32 inside ops), as a bf16 engine;
+    fp32_residual: ... except the residual stream, kept in fp32 (an emulated alternative)."""
     f = lambda name: t[name].float()
     rd = (lambda v: v.bfloat16().float()) if bf16_between_ops else (lambda v: v)
+    rr = (lambda v: v) if fp32_residual else rd  # rounding of the residual additions
     H, hd = c["hidden_size"], c["head_dim"]
     nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
     T = len(ids)
@@ -131,10 +135,10 @@ def forward(t, c, ids, bf16_between_ops=False, forced_ids=None, embed_noise=0.0,
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)   # [T, nh, hd]
         s = torch.einsum("qhd,khd->hqk", q, k) * hd ** -0.5 + causal
         o = rd(torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v).reshape(T, nh * hd))
-        x = rd(x + lin(p + "self_attn.o_proj", o))
+        x = rr(x + lin(p + "self_attn.o_proj", o))
         m = rd(rms_norm(x, f(p + "post_attention_layernorm.weight"), eps))
         if not layer_is_moe(c, L):
-            x = rd(x + mlp(p + "mlp.", m))
+            x = rr(x + mlp(p + "mlp.", m))
             continue
         logits = m @ f(p + "mlp.gate.weight").T                                # [T, E] f32
         bias = t.get(p + "mlp.gate.e_score_correction_bias")
@@ -151,6 +155,6 @@ def forward(t, c, ids, bf16_between_ops=False, forced_ids=None, embed_noise=0.0,
                 y[rows] += w[rows, j:j + 1] * mlp(p + f"mlp.experts.{e}.", m[rows])
         if p + "mlp.shared_experts.gate_proj.weight" in t:
             y = y + mlp(p + "mlp.shared_experts.", m)
-        x = rd(x + rd(y))
+        x = rr(x + rd(y))
     h = rms_norm(x, f("model.norm.weight"), eps)
     return rd(h) @ f("lm_head.weight").T, routes
