@@ -9,11 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/error.h"
 #include "core/half.h"
 #include "guarded_device_array.h"
 #include "ops/elementwise/elementwise.h"
@@ -109,6 +111,76 @@ TEST_F(LinearCuda, Nvfp4MatchesCpu) {
       EXPECT_TRUE(dy.guards_intact()) << what;
       EXPECT_TRUE(dyf.guards_intact()) << what;
     }
+}
+
+// The decode GEMV: one to three outputs (fused q/k/v) with and without bias against the CPU
+// linear, and against the W4A16 kernel + add_bias on the GPU (same rounding steps, so only the
+// float summation order differs). Outputs of different sizes in one launch, odd M.
+TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
+  std::mt19937 rng(23);
+  cuda::RowCountTable rows(8);
+  struct Out { int n; bool bias; };
+  struct Case { int k; std::vector<Out> outs; };
+  // Nvfp4LinearBuffer (and the W4A16 reference) take n % 32 == 0; the GEMV itself needs 16.
+  const Case cases[] = {{64, {{32, true}}},
+                        {192, {{96, true}, {32, false}, {64, true}}},
+                        {4096, {{12288, true}, {1024, true}, {1024, true}}},  // GLM-4.5-Air q/k/v
+                        {12288, {{4096, false}}},                             // its o_proj
+                        {1408, {{224, false}, {4096, true}}}};
+  for (const Case& c : cases)
+    for (int M : {1, 2, 5, 8}) {
+      if (c.k >= 4096 && (M == 2 || M == 5)) continue;  // keep the CPU side quick
+      const std::string what = "K=" + std::to_string(c.k) + " outputs=" +
+                               std::to_string(c.outs.size()) + " M=" + std::to_string(M);
+      auto x = random_bf16(size_t(M) * c.k, rng, 2.0f);
+      Dev<uint16_t> dx(x);
+      std::vector<HostNvfp4> hw;
+      std::vector<std::vector<uint16_t>> bias, want;
+      std::vector<std::unique_ptr<cuda::Nvfp4LinearBuffer>> dw;
+      std::vector<std::unique_ptr<Dev<uint16_t>>> dbias, dy, dref;
+      std::vector<cuda::Nvfp4GemvOutput> outs;
+      for (const Out& o : c.outs) {
+        hw.push_back(random_nvfp4(o.n, c.k, rng, 0.004f * float(hw.size() + 1), "test.proj"));
+        bias.push_back(o.bias ? random_bf16(o.n, rng, 0.5f) : std::vector<uint16_t>());
+        want.emplace_back(size_t(M) * o.n);
+        linear_nvfp4_cpu(x.data(), M, hw.back().view, o.bias ? bias.back().data() : nullptr,
+                         want.back().data(), DType::BF16);
+        dw.push_back(std::make_unique<cuda::Nvfp4LinearBuffer>(hw.back().view));
+        dbias.push_back(std::make_unique<Dev<uint16_t>>(o.bias ? bias.back() : std::vector<uint16_t>(1)));
+        dy.push_back(std::make_unique<Dev<uint16_t>>(size_t(M) * o.n));
+        dref.push_back(std::make_unique<Dev<uint16_t>>(size_t(M) * o.n));
+        dy.back()->poison();
+        outs.push_back({&dw.back()->view(), o.bias ? dbias.back()->ptr() : nullptr, dy.back()->ptr()});
+      }
+      ASSERT_EQ(cuda::nvfp4_gemv_unsupported_reason(outs.data(), int(outs.size()), M), "") << what;
+      sync_ok(cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), dx.ptr(), M, nullptr));
+      for (size_t i = 0; i < c.outs.size(); ++i) {
+        const std::string wi = what + " output " + std::to_string(i);
+        const auto got = dy[i]->download();
+        EXPECT_LE(nmse(got, want[i], from_bf16, from_bf16, wi), 1e-5) << wi;
+        EXPECT_TRUE(dy[i]->guards_intact()) << wi;
+        sync_ok(cuda::linear_nvfp4(dw[i]->view(), dx.ptr(), M, rows, dref[i]->ptr(), DType::BF16,
+                                   nullptr));
+        if (c.outs[i].bias)
+          sync_ok(cuda::add_bias(dref[i]->ptr(), false, M, c.outs[i].n, dbias[i]->ptr(), nullptr));
+        EXPECT_LE(nmse(got, dref[i]->download(), from_bf16, from_bf16, wi), 1e-5) << wi << " vs W4A16";
+      }
+    }
+}
+
+TEST_F(LinearCuda, Nvfp4GemvRefusesWhatItCannotRun) {
+  std::mt19937 rng(24);
+  auto a = random_nvfp4(32, 128, rng, 0.01f, "a"), b = random_nvfp4(32, 192, rng, 0.01f, "b");
+  cuda::Nvfp4LinearBuffer da(a.view), db(b.view), dg(a.view, a.view);
+  const cuda::Nvfp4GemvOutput one[1] = {{&da.view(), nullptr, nullptr}};
+  EXPECT_EQ(cuda::nvfp4_gemv_unsupported_reason(one, 1, 8), "");
+  EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(one, 1, 9), "") << "9 rows";
+  EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(one, 1, 0), "") << "0 rows";
+  const cuda::Nvfp4GemvOutput mixed[2] = {{&da.view(), nullptr, nullptr}, {&db.view(), nullptr, nullptr}};
+  EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(mixed, 2, 1), "") << "k differs";
+  const cuda::Nvfp4GemvOutput gated[1] = {{&dg.view(), nullptr, nullptr}};
+  EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(gated, 1, 1), "") << "gated";
+  EXPECT_THROW(cuda::linear_nvfp4_gemv(mixed, 2, nullptr, 1, nullptr), Error);
 }
 
 TEST_F(LinearCuda, GateUpSiluMatchesCpu) {

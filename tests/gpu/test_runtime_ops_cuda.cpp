@@ -21,6 +21,7 @@
 #include "ops/norm/rms_norm_cuda.h"
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_cuda.h"
+#include "ops/rope/rope_kv_cuda.h"
 #include "ops/sampling/sampling.h"
 #include "ops/sampling/sampling_cuda.h"
 
@@ -70,7 +71,7 @@ const int kTokenCounts[] = {1, 3, 19, 99, 989};
 TEST_F(RuntimeOpsCuda, RmsNormAndFusedAdd) {
   std::mt19937 rng(101);
   for (int T : kTokenCounts)
-    for (int H : {64, 333, 2048, 5120}) {
+    for (int H : {64, 333, 2048, 4096, 5120, 7168, 8200}) {
       const std::string what = "T=" + std::to_string(T) + " H=" + std::to_string(H);
       auto x = random_bf16(size_t(T) * H, rng, 3.0f), res = random_bf16(x.size(), rng, 3.0f);
       auto w = random_bf16(H, rng, 1.5f);
@@ -139,6 +140,74 @@ TEST_F(RuntimeOpsCuda, RopeAllStyles) {
       expect_close_bf16(got, want, "rope D=" + std::to_string(c.D) + " R=" + std::to_string(c.R) +
                                        " T=" + std::to_string(T));
       EXPECT_TRUE(d.guards_intact());
+    }
+}
+
+// Fused RoPE + KV write: bit-identical to apply_rope then write_kv_cache (both on the GPU), and
+// close to the CPU RoPE. Slots include padding (-1) and one past the cache; strides with an odd
+// element count take the 2-byte copy path, even ones the 16-byte path.
+TEST_F(RuntimeOpsCuda, RopeAndKvWriteFusedMatchesTheTwoOps) {
+  std::mt19937 rng(104);
+  struct Case { int D, R, hq, hk, pad; RopeStyle style; };
+  const Case cases[] = {{128, 64, 12, 4, 0, RopeStyle::NeoX}, {64, 64, 6, 3, 1, RopeStyle::GptJ},
+                        {128, 128, 8, 1, 8, RopeStyle::NeoX}, {64, 32, 5, 5, 3, RopeStyle::NeoX}};
+  for (const Case& c : cases)
+    for (int T : {1, 3, 19}) {
+      const std::string what = "D=" + std::to_string(c.D) + " R=" + std::to_string(c.R) +
+                               " hk=" + std::to_string(c.hk) + " pad=" + std::to_string(c.pad) +
+                               " T=" + std::to_string(T);
+      const int64_t qs = int64_t(c.hq) * c.D + c.pad, ks = int64_t(c.hk) * c.D + c.pad;
+      const int64_t row = int64_t(c.hk) * c.D;
+      RopeShape s{c.D, c.R, c.hq, c.hk, qs, ks, c.style};
+      auto q = random_bf16(size_t(T) * qs, rng, 2.0f), k = random_bf16(size_t(T) * ks, rng, 2.0f);
+      auto v = random_bf16(size_t(T) * ks, rng, 2.0f);
+      const int num_slots = 2 * T + 4;
+      std::vector<int32_t> pos(T);
+      std::vector<int64_t> slots(T);
+      for (int t = 0; t < T; ++t) {
+        pos[t] = int32_t(rng() % 9000);
+        slots[t] = t == 1 ? -1 : t == 2 ? num_slots : 2 * t + 1;  // padding, out of range, valid
+      }
+      const auto inv = rope_inv_freq(1e4 + 77.0 * c.R, c.R);
+      Dev<int32_t> dpos(pos);
+      Dev<int64_t> dslots(slots);
+      Dev<float> dinv(inv);
+      // Reference: the two separate GPU ops.
+      Dev<uint16_t> rq(q), rk(k), rv(v), rkc(size_t(num_slots) * row), rvc(size_t(num_slots) * row);
+      TETRA_CUDA_CHECK(cudaMemset(rkc.ptr(), 0x3c, rkc.size() * 2));
+      TETRA_CUDA_CHECK(cudaMemset(rvc.ptr(), 0x3c, rvc.size() * 2));
+      sync_ok(cuda::apply_rope(rq.ptr(), rk.ptr(), dpos.ptr(), T, dinv.ptr(), s, nullptr));
+      AttentionShape as;
+      as.n_heads = c.hq;
+      as.n_kv_heads = c.hk;
+      as.head_dim = c.D;
+      as.kv_stride = ks;
+      sync_ok(cuda::write_kv_cache(rk.ptr(), rv.ptr(), dslots.ptr(), T, as, num_slots, 1,
+                                   rkc.ptr(), rvc.ptr(), nullptr));
+      // Fused.
+      Dev<uint16_t> fq(q), fk(k), fv(v), fkc(size_t(num_slots) * row), fvc(size_t(num_slots) * row);
+      TETRA_CUDA_CHECK(cudaMemset(fkc.ptr(), 0x3c, fkc.size() * 2));
+      TETRA_CUDA_CHECK(cudaMemset(fvc.ptr(), 0x3c, fvc.size() * 2));
+      sync_ok(cuda::rope_and_write_kv(fq.ptr(), fk.ptr(), fv.ptr(), ks, dpos.ptr(), dslots.ptr(), T,
+                                      dinv.ptr(), s, num_slots, fkc.ptr(), fvc.ptr(), nullptr));
+      EXPECT_EQ(fq.download(), rq.download()) << what;
+      EXPECT_EQ(fk.download(), rk.download()) << what;
+      EXPECT_EQ(fv.download(), v) << what << ": v is read only";
+      EXPECT_EQ(fkc.download(), rkc.download()) << what;
+      EXPECT_EQ(fvc.download(), rvc.download()) << what;
+      // And the rotation is the CPU's (within the sincosf tolerance of the rope test).
+      auto wq = q, wk = k;
+      apply_rope_cpu(wq.data(), wk.data(), pos.data(), T, inv.data(), s);
+      expect_close_bf16(fq.download(), wq, "fused rope q " + what);
+      expect_close_bf16(fk.download(), wk, "fused rope k " + what);
+      const auto kc = fkc.download(), kr = fk.download();
+      for (int t = 0; t < T; ++t)
+        if (slots[t] >= 0 && slots[t] < num_slots)
+          for (int64_t i = 0; i < row; ++i)
+            ASSERT_EQ(kc[size_t(slots[t] * row + i)], kr[size_t(t * ks + i)]) << what;
+      EXPECT_TRUE(fq.guards_intact() && fk.guards_intact() && fkc.guards_intact() &&
+                  fvc.guards_intact())
+          << what;
     }
 }
 

@@ -6,7 +6,8 @@
 // same bf16 inputs and round once; the float variant differs from the CPU only in summation
 // order, the tensor-core one also rounds P to bf16 (2^-9 relative per weight, averaging out
 // over the tokens: ~1e-6 in NMSE). Outputs are poisoned before the launch
-// and guarded by bytes that must survive.
+// and guarded by bytes that must survive. The merge happens in the last split block of each kv
+// head (arrival counters in the workspace); a second launch on the same workspace must agree.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -113,9 +114,16 @@ TEST(SplitDecodeAttention, MatchesCpu) {
     dkv.seq_lens = dl.ptr();
     const size_t ws_bytes = split_decode_workspace_bytes(S, sh, dkv);
     Dev<unsigned char> ws(ws_bytes);
+    TETRA_CUDA_CHECK(cudaMemset(ws.ptr(), 0, ws_bytes));  // the contract: zeroed once
     TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, ws.ptr(), ws_bytes, dout.ptr(), nullptr, tc));
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> got = dout.get();
+    // A second launch on the same workspace (as graph replays do) must merge again: the last
+    // block of each kv head put its arrival counter back to zero.
+    TETRA_CUDA_CHECK(cudaMemset(dout.ptr(), 0xFF, want.size() * 2));
+    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, ws.ptr(), ws_bytes, dout.ptr(), nullptr, tc));
+    TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(dout.get(), got) << "second launch, D=" << c.D << (tc ? " tensor cores" : " float");
     double err = 0, ref = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       const double g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);

@@ -24,6 +24,7 @@
 #include "ops/linear/linear_cuda.h"
 #include "ops/norm/rms_norm_cuda.h"
 #include "ops/rope/rope_cuda.h"
+#include "ops/rope/rope_kv_cuda.h"
 #include "ops/sampling/sampling.h"
 
 namespace tetra::model::cuda {
@@ -195,6 +196,8 @@ class CudaModelOps final : public CudaModelOpsApi {
     for (int s = 0; s < S_; ++s)
       max_seqlen_ = std::max(max_seqlen_, step.cu_seqlens[s + 1] - step.cu_seqlens[s]);
     fused_act_ready_ = false;
+    qkv_pending_ = 0;
+    rope_pending_ = false;
     if (bucket > 0) {
       auto it = graphs_.find(bucket);
       if (it != graphs_.end()) {
@@ -210,21 +213,43 @@ class CudaModelOps final : public CudaModelOpsApi {
 
   void embed(Buf out) override {
     if (skip()) return;
+    flush_rope();
     ck(lin::embedding_gather(embedding_.as<uint16_t>(), int(c_.vocab_size), H_, d_tokens(), T_,
                              buf(out), stream_));
   }
   void rms_norm(NormId which, int layer, Buf in, Buf out) override {
     if (skip()) return;
+    flush_rope();
     ck(ops::cuda::rms_norm(buf(in), norm_weight(which, layer), T_, H_, eps(), buf(out), stream_));
   }
   void add_rms_norm(NormId which, int layer, Buf x, Buf residual, Buf out) override {
     if (skip()) return;
+    flush_rope();
     ck(ops::cuda::fused_add_rms_norm(buf(x), buf(residual), norm_weight(which, layer), T_, H_,
                                      eps(), buf(out), stream_));
   }
   void linear(LinearId which, int layer, Buf in, Buf out) override {
     if (skip()) return;
+    flush_rope();
     DevLayer& L = layers_.at(size_t(layer));
+    if (which == LinearId::Q && out == Buf::Q && qkv_gemv_ok(L)) {
+      // Fused q/k/v (decode batches): one launch writes Q, K and V with their biases; linear(K)
+      // and linear(V) from the same input into Buf::K / Buf::V then find their work done.
+      const lin::Nvfp4GemvOutput outs[3] = {{&L.q->q.view(), bias_of(*L.q), buf(Buf::Q)},
+                                            {&L.k->q.view(), bias_of(*L.k), buf(Buf::K)},
+                                            {&L.v->q.view(), bias_of(*L.v), buf(Buf::V)}};
+      ck(lin::linear_nvfp4_gemv(outs, 3, buf(in), T_, stream_));
+      qkv_pending_ = 2 | 4;
+      qkv_in_ = in;
+      return;
+    }
+    if ((which == LinearId::K || which == LinearId::V) && in == qkv_in_) {
+      const int bit = which == LinearId::K ? 2 : 4;
+      if ((qkv_pending_ & bit) && out == (which == LinearId::K ? Buf::K : Buf::V)) {
+        qkv_pending_ &= ~bit;
+        return;
+      }
+    }
     if (L.gate_up && (which == LinearId::DenseGate || which == LinearId::DenseUp)) {
       // Fused: DenseGate writes silu(gate)*up into `out`; DenseUp and silu_mul find it done.
       if (which == LinearId::DenseGate) {
@@ -240,6 +265,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void head_norm(NormId which, int layer, Buf x) override {
     if (skip()) return;
+    flush_rope();
     const bool q = which == NormId::QHead;
     const DevLayer& L = layers_.at(size_t(layer));
     const DeviceMem& w = q ? L.q_norm : L.k_norm;
@@ -248,25 +274,40 @@ class CudaModelOps final : public CudaModelOpsApi {
     ck(ops::cuda::head_rms_norm(buf(x), T_, heads, hd_, int64_t(heads) * hd_, w.as<uint16_t>(),
                                 eps(), stream_));
   }
+  // RoPE waits for the KV write that follows it (forward.cpp: rope, then write_kv of the same
+  // k): both run as one kernel. Any other op launches a waiting rope first (flush_rope).
   void rope(Buf q, Buf k) override {
     if (skip()) return;
-    ck(ops::cuda::apply_rope(buf(q), buf(k), d_positions(), T_, inv_freq_.as<float>(), rope_,
-                             stream_));
+    flush_rope();
+    rope_pending_ = true;
+    rope_q_ = q;
+    rope_k_ = k;
   }
   void write_kv(int layer, Buf k, Buf v) override {
     if (skip()) return;
     DevLayer& L = layers_.at(size_t(layer));
+    if (rope_pending_ && rope_k_ == k && rope_q_ != v && k != v) {
+      rope_pending_ = false;
+      ck(ops::cuda::rope_and_write_kv(buf(rope_q_), buf(k), buf(v), attn_.kv_step(), d_positions(),
+                                      d_slots(), T_, inv_freq_.as<float>(), rope_,
+                                      int64_t(lim_.kv_num_blocks) * lim_.kv_block_size,
+                                      L.k_cache.as<uint16_t>(), L.v_cache.as<uint16_t>(), stream_));
+      return;
+    }
+    flush_rope();
     ck(ops::cuda::write_kv_cache(buf(k), buf(v), d_slots(), T_, attn_, lim_.kv_num_blocks,
                                  lim_.kv_block_size, L.k_cache.as<uint16_t>(),
                                  L.v_cache.as<uint16_t>(), stream_));
   }
   void prefill_attention(Buf q, Buf k, Buf v, Buf out) override {
     if (skip()) return;
+    flush_rope();
     ck(ops::cuda::prefill_attention(buf(q), buf(k), buf(v), d_cu(), S_, max_seqlen_, attn_,
                                     buf(out), stream_));
   }
   void decode_attention(int layer, Buf q, Buf out) override {
     if (skip()) return;
+    flush_rope();
     const DevLayer& L = layers_.at(size_t(layer));
     ops::PagedKv kv;
     kv.k_cache = L.k_cache.as<uint16_t>();
@@ -285,6 +326,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
     if (skip()) return;
+    flush_rope();
     if (fused_act_ready_) {
       TETRA_CHECK(gate == fused_act_buf_, "fused gate/up result is in ", buf_name(fused_act_buf_));
       fused_act_ready_ = false;
@@ -301,6 +343,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void moe(int layer, Buf in, Buf out) override {
     if (skip()) return;
+    flush_rope();
     DevLayer& L = layers_.at(size_t(layer));
     TETRA_CHECK(L.moe != nullptr, "layer ", layer, " is not a MoE layer");
     const int chunk = L.moe->max_tokens();
@@ -329,6 +372,7 @@ class CudaModelOps final : public CudaModelOpsApi {
       TETRA_CUDA_CHECK(cudaGraphLaunch(replay_, stream_));
       return;
     }
+    flush_rope();
     // Gather the logit rows of `in`, then lm_head -> f32 logits.
     ck(lin::embedding_gather(buf(in), T_, H_, d_rows(), R_run_, logit_in_.as<uint16_t>(), stream_));
     run_linear(*lm_head_, logit_in_.as<uint16_t>(), R_run_, logits_.as(), DType::F32);
@@ -357,7 +401,9 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void set_all_reduce_hook(AllReduceHook hook) override { all_reduce_ = std::move(hook); }
   void all_reduce(Buf b) override {
-    if (skip() || !all_reduce_) return;
+    if (skip()) return;
+    flush_rope();
+    if (!all_reduce_) return;
     all_reduce_(buf(b), size_t(T_) * size_t(buf_width(b, c_)), stream_);
   }
   void copy_kv_blocks(const std::vector<runtime::BlockCopy>& copies) override {
@@ -463,6 +509,8 @@ class CudaModelOps final : public CudaModelOpsApi {
     attn_ws_ = DeviceMem(std::max<size_t>(
         256, split_decode_ ? split_decode_workspace_bytes(lim.max_seqs, attn_, kv)
                            : ops::cuda::paged_decode_workspace_bytes(lim.max_seqs, attn_, kv)));
+    // The split kernel's arrival counters start at zero (each launch leaves them so).
+    TETRA_CUDA_CHECK(cudaMemsetAsync(attn_ws_.as(), 0, attn_ws_.bytes(), stream_));
     pairs_ = DeviceMem(size_t(lim.kv_num_blocks) * 8);
     arrays_ = {};
     arrays_.layout(lim.max_tokens, lim.max_seqs, lim.max_blocks_per_seq);
@@ -530,7 +578,33 @@ class CudaModelOps final : public CudaModelOpsApi {
   bool skip() const { return mode_ == Mode::Replay; }
   void ck(cudaError_t e) const { TETRA_CUDA_CHECK(e); }
 
+  void flush_rope() {
+    if (!rope_pending_) return;
+    rope_pending_ = false;
+    ck(ops::cuda::apply_rope(buf(rope_q_), buf(rope_k_), d_positions(), T_, inv_freq_.as<float>(),
+                             rope_, stream_));
+  }
+
+  static const uint16_t* bias_of(const DevLinear& l) {
+    return l.bias.empty() ? nullptr : l.bias.as<uint16_t>();
+  }
+  // q, k and v NVFP4 over the same input at a decode batch the GEMV takes.
+  bool qkv_gemv_ok(const DevLayer& L) const {
+    if (!L.q || !L.k || !L.v || !L.q->nvfp4 || !L.k->nvfp4 || !L.v->nvfp4) return false;
+    const lin::Nvfp4GemvOutput outs[3] = {{&L.q->q.view(), nullptr, nullptr},
+                                          {&L.k->q.view(), nullptr, nullptr},
+                                          {&L.v->q.view(), nullptr, nullptr}};
+    return lin::nvfp4_gemv_unsupported_reason(outs, 3, T_).empty();
+  }
+
   void run_linear(const DevLinear& l, const uint16_t* x, int M, void* y, DType out_dtype) {
+    if (l.nvfp4 && out_dtype == DType::BF16) {
+      const lin::Nvfp4GemvOutput out{&l.q.view(), bias_of(l), static_cast<uint16_t*>(y)};
+      if (lin::nvfp4_gemv_unsupported_reason(&out, 1, M).empty()) {
+        ck(lin::linear_nvfp4_gemv(&out, 1, x, M, stream_));  // bias in the epilogue
+        return;
+      }
+    }
     if (l.nvfp4)
       ck(lin::linear_nvfp4(l.q.view(), x, M, *rows_, y, out_dtype, stream_));
     else
@@ -605,6 +679,10 @@ class CudaModelOps final : public CudaModelOpsApi {
   int T_ = 0, S_ = 0, R_ = 0, S_run_ = 0, R_run_ = 0, max_seqlen_ = 0;
   bool fused_act_ready_ = false;
   Buf fused_act_buf_ = Buf::Gate;
+  int qkv_pending_ = 0;        // bits 2 (K) and 4 (V): written by the fused q/k/v GEMV
+  Buf qkv_in_ = Buf::Normed;   // the input of that GEMV
+  bool rope_pending_ = false;  // rope(rope_q_, rope_k_) waits for write_kv (or a flush)
+  Buf rope_q_ = Buf::Q, rope_k_ = Buf::K;
   Mode mode_ = Mode::Eager;
   int capture_bucket_ = 0;
   cudaGraphExec_t replay_ = nullptr;

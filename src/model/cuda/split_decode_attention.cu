@@ -27,7 +27,66 @@ struct SplitArgs {
   float scale;
   float* part_acc;  // [S, H, splits, D] un-normalised sums
   float* part_ml;   // [S, H, splits, 2] (running max, sum of exp)
+  int* arrivals;    // [S, n_kv] splits finished so far; zero between launches
+  uint16_t* out;    // [S, H, D] bf16
 };
+
+// The last split block of a (sequence, kv head) to finish merges the group's partials:
+//   out[s, h, :] = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p over the splits p,
+// so no second launch is needed. Partials are read through L2 (__ldcg): other blocks wrote them.
+// The block leaves its arrival counter at zero for the next launch (and graph replay).
+// weight: the caller's score scratch, free once its chunks are done (static shared memory is
+// capped at 48 KB and the kernels are near it).
+static_assert(kChunk >= kMaxSplits, "the score scratch holds one weight per split");
+template <int D>
+__device__ void merge_if_last(const SplitArgs& a, int s, int kh, float (*weight)[kChunk]) {
+  __shared__ int last;
+  __shared__ float den_s[kMaxGroup];  // per head: sum_p e^(m_p - M) l_p
+  __threadfence();  // this block's partials are visible device-wide before it counts itself
+  __syncthreads();
+  int* counter = a.arrivals + int64_t(s) * a.n_kv + kh;
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == a.splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int G = a.group, H = a.n_kv * G, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int i = warp; i < G; i += kThreads / 32) {
+    const float* ml = a.part_ml + (int64_t(s) * H + kh * G + i) * a.splits * 2;
+    float m[2], l[2], mx = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int p = lane + 32 * r;
+      m[r] = p < a.splits ? __ldcg(ml + 2 * p) : -INFINITY;
+      l[r] = p < a.splits ? __ldcg(ml + 2 * p + 1) : 0.0f;
+      mx = fmaxf(mx, m[r]);
+    }
+    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float den = 0.0f;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int p = lane + 32 * r;
+      const float e = l[r] > 0.0f ? expf(m[r] - mx) : 0.0f;
+      if (p < a.splits) weight[i][p] = e;
+      den += e * l[r];
+    }
+    for (int o = 16; o > 0; o /= 2) den += __shfl_xor_sync(0xffffffffu, den, o);
+    if (lane == 0) den_s[i] = den;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
+    const int i = idx / D, d = idx % D;
+    const int64_t sh = int64_t(s) * H + kh * G + i;
+    const float* acc = a.part_acc + sh * a.splits * D + d;
+    float num = 0.0f;
+    for (int p = 0; p < a.splits; ++p) {
+      const float w = weight[i][p];
+      if (w > 0.0f) num += w * __ldcg(acc + int64_t(p) * D);
+    }
+    const float den = den_s[i];
+    a.out[sh * D + d] = __bfloat16_as_ushort(__float2bfloat16_rn(den > 0.0f ? num / den : 0.0f));
+  }
+  if (threadIdx.x == 0) *counter = 0;
+}
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
@@ -158,6 +217,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitArgs a) {
     a.part_ml[part * 2] = m_run[tid];  // -inf with l = 0 for an empty split
     a.part_ml[part * 2 + 1] = l_run[tid];
   }
+  merge_if_last<D>(a, s, kh, ps);
 }
 
 
@@ -187,6 +247,9 @@ __global__ void __launch_bounds__(kThreads) split_mma_kernel(SplitArgs a) {
   __shared__ float ps[kMaxGroup][kChunk];
   __shared__ float m_run[kMaxGroup], l_run[kMaxGroup], rescale[kMaxGroup];
 
+  // A programmatic dependent (the o_proj GEMV) may start streaming its weights now; it waits for
+  // this grid before it reads the attention output.
+  asm volatile("griddepcontrol.launch_dependents;");
   const int split = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int G = a.group;
@@ -318,24 +381,7 @@ __global__ void __launch_bounds__(kThreads) split_mma_kernel(SplitArgs a) {
     a.part_ml[part * 2] = m_run[tid];
     a.part_ml[part * 2 + 1] = l_run[tid];
   }
-}
-
-// out[s, h, :] = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p over the splits p.
-__global__ void merge_kernel(const float* part_acc, const float* part_ml, int splits, int D,
-                             uint16_t* out) {
-  const int64_t sh = blockIdx.x;  // s * H + h
-  const float* ml = part_ml + sh * splits * 2;
-  float M = -INFINITY;
-  for (int p = 0; p < splits; ++p) M = fmaxf(M, ml[2 * p]);
-  float den = 0.0f;
-  for (int p = 0; p < splits; ++p)
-    if (ml[2 * p + 1] > 0.0f) den += expf(ml[2 * p] - M) * ml[2 * p + 1];
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    float num = 0.0f;
-    for (int p = 0; p < splits; ++p)
-      if (ml[2 * p + 1] > 0.0f) num += expf(ml[2 * p] - M) * part_acc[(sh * splits + p) * D + d];
-    out[sh * D + d] = __bfloat16_as_ushort(__float2bfloat16_rn(den > 0.0f ? num / den : 0.0f));
-  }
+  merge_if_last<D>(a, s, kh, ps);
 }
 
 struct SplitPlan {
@@ -366,7 +412,8 @@ std::string split_decode_unsupported_reason(const ops::AttentionShape& s) {
 size_t split_decode_workspace_bytes(int num_seqs, const ops::AttentionShape& s,
                                     const ops::PagedKv& kv) {
   const SplitPlan p = plan_for(kv);
-  return size_t(num_seqs) * s.n_heads * p.splits * (size_t(s.head_dim) + 2) * sizeof(float);
+  return size_t(num_seqs) * s.n_heads * p.splits * (size_t(s.head_dim) + 2) * sizeof(float) +
+         size_t(num_seqs) * s.n_kv_heads * sizeof(int);
 }
 
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
@@ -394,6 +441,8 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   a.scale = s.scale;
   a.part_acc = static_cast<float*>(workspace);
   a.part_ml = a.part_acc + size_t(num_seqs) * s.n_heads * p.splits * s.head_dim;
+  a.arrivals = reinterpret_cast<int*>(a.part_ml + size_t(num_seqs) * s.n_heads * p.splits * 2);
+  a.out = out;
   const dim3 grid(unsigned(p.splits), unsigned(s.n_kv_heads), unsigned(num_seqs));
   if (tensor_cores) {
     if (s.head_dim == 64)
@@ -405,10 +454,6 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   } else {
     split_kernel<128><<<grid, kThreads, 0, stream>>>(a);
   }
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  merge_kernel<<<unsigned(num_seqs * s.n_heads), 128, 0, stream>>>(a.part_acc, a.part_ml, p.splits,
-                                                                   s.head_dim, out);
   return cudaGetLastError();
 }
 

@@ -8,7 +8,8 @@
 // block takes 64-token chunks: it stages the chunk's K and V rows in shared memory with every
 // load in flight at once, scores (head, token) pairs one per thread, and keeps a running
 // softmax over its chunks; splits = ceil(max_tokens / 64) capped at kMaxSplits, so a 1024-token
-// sequence spreads over 16+ blocks per kv head. A second kernel merges the splits.
+// sequence spreads over 16+ blocks per kv head. The last block of a (sequence, kv head) to finish
+// merges its splits (an arrival counter in the workspace), so the op is one launch.
 // The launch shape depends only on the limits (max_blocks_per_seq * block_size), not on the
 // device-side seq_lens, so it can be captured in a CUDA graph.
 #pragma once
@@ -28,7 +29,8 @@ inline constexpr int kMaxSplits = 64;
 // Why this shape cannot run here ("" when it can): head_dim 64 or 128, group <= 16, 16-byte rows.
 std::string split_decode_unsupported_reason(const ops::AttentionShape& s);
 
-// Scratch for num_seqs sequences under kv's limits.
+// Scratch for num_seqs sequences under kv's limits. Zero it once before the first call (it holds
+// arrival counters; every call leaves them at zero again).
 size_t split_decode_workspace_bytes(int num_seqs, const ops::AttentionShape& s,
                                     const ops::PagedKv& kv);
 

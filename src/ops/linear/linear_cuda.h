@@ -87,6 +87,22 @@ cudaError_t linear_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,
 cudaError_t gate_up_silu_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,
                                const RowCountTable& rows, uint16_t* act, cudaStream_t stream);
 
+// Decode-size NVFP4 linears: up to kNvfp4GemvMaxOutputs matrices over the same input x [M, k]
+// (M <= kNvfp4GemvMaxRows) in one launch, each y = bf16(bf16(x . W^T * alpha) + bias) (the
+// rounding of linear_nvfp4 to BF16 followed by add_bias), written [M, n] with row stride n.
+// Used for fused q/k/v (three matrices, three biases, three buffers) and o_proj at batch <= 8.
+inline constexpr int kNvfp4GemvMaxRows = 8;
+inline constexpr int kNvfp4GemvMaxOutputs = 3;
+struct Nvfp4GemvOutput {
+  const Nvfp4LinearDevice* w = nullptr;  // plain (not gated); n % 16 == 0, k % 64 == 0, k shared
+  const uint16_t* bias = nullptr;        // [n] bf16, or null
+  uint16_t* y = nullptr;                 // [M, n] bf16
+};
+// Why these outputs cannot run ("" when they can).
+std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M);
+cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
+                              cudaStream_t stream);
+
 // BF16 linear through cuBLASLt: y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T, W [N, K] bf16.
 // Owns the cuBLASLt handle and a fixed workspace (so capture never allocates); not thread safe.
 class Bf16Linear {

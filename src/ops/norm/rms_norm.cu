@@ -4,6 +4,8 @@
 // fused residual it stored in pass one is its own to read in pass two.
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "core/error.h"
 #include "ops/norm/rms_norm_cuda.h"
 
@@ -59,6 +61,97 @@ __global__ void __launch_bounds__(kBlock)
         __float2bfloat16_rn(__bfloat162float(src[base + i]) * inv_rms * __bfloat162float(w[i]));
 }
 
+// Hidden-size rows, one pass: each thread keeps its VPT 16-byte vectors (8 bf16 each) in
+// registers between the sum of squares and the write, so the row is read once and written once
+// (at batch 1 the two-pass kernel's dependent scalar loads made a 4096-wide norm latency-bound).
+// Same float arithmetic per element as rms_norm_kernel; only the order of the partial sums differs.
+constexpr int kVecBlock = 256;
+
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ uint32_t pack2(float a, float b) {
+  return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
+         (uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16);
+}
+
+template <int VPT>
+__global__ void __launch_bounds__(kVecBlock)
+    rms_norm_vec_kernel(const uint4* x, uint4* residual, const uint4* __restrict__ w, uint4* out,
+                        int vecs, float n, float eps) {
+  __shared__ float scratch[kVecBlock / 32];
+  // A programmatic dependent (the decode q/k/v GEMV) may start streaming its weights now; it
+  // waits for this grid before it reads the output.
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int64_t base = int64_t(blockIdx.x) * vecs;
+  float v[VPT][8];  // [vector][element] this thread's part of the row (residual sum if fused)
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int i = threadIdx.x + j * kVecBlock;
+    if (i < vecs) {
+      unpack8(x[base + i], v[j]);
+      if (residual != nullptr) {
+        float r[8];
+        unpack8(residual[base + i], r);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[j][e] = __bfloat162float(__float2bfloat16_rn(v[j][e] + r[e]));
+        residual[base + i] = make_uint4(pack2(v[j][0], v[j][1]), pack2(v[j][2], v[j][3]),
+                                        pack2(v[j][4], v[j][5]), pack2(v[j][6], v[j][7]));
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += v[j][e] * v[j][e];
+    }
+  }
+  const float inv_rms = rsqrtf(group_sum<kBlock>(ss, scratch) / n + eps);
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int i = threadIdx.x + j * kVecBlock;
+    if (i < vecs) {
+      float g[8];
+      unpack8(w[i], g);
+      float y[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[e] = v[j][e] * inv_rms * g[e];
+      out[base + i] = make_uint4(pack2(y[0], y[1]), pack2(y[2], y[3]), pack2(y[4], y[5]),
+                                 pack2(y[6], y[7]));
+    }
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The one-pass kernel when rows are whole 16-byte vectors (n % 8 == 0, contiguous rows) and fit
+// 4 vectors per thread (n <= 8192); false: the caller takes the general kernel.
+bool launch_vec(const uint16_t* x, uint16_t* residual, const uint16_t* w, uint16_t* out, int rows,
+                int n, int heads, int64_t stride, float eps, cudaStream_t stream,
+                cudaError_t& err) {
+  if (heads != 1 || stride != n || n % 8 != 0 || n > 4 * kVecBlock * 8) return false;
+  if (!aligned16(x) || !aligned16(w) || !aligned16(out) ||
+      (residual != nullptr && !aligned16(residual)))
+    return false;
+  const int vecs = n / 8;
+  auto* xv = reinterpret_cast<const uint4*>(x);
+  auto* rv = reinterpret_cast<uint4*>(residual);
+  auto* wv = reinterpret_cast<const uint4*>(w);
+  auto* ov = reinterpret_cast<uint4*>(out);
+  const float nf = float(n);
+  const int vpt = (vecs + kVecBlock - 1) / kVecBlock;
+  if (vpt == 1)
+    rms_norm_vec_kernel<1><<<rows, kVecBlock, 0, stream>>>(xv, rv, wv, ov, vecs, nf, eps);
+  else if (vpt == 2)
+    rms_norm_vec_kernel<2><<<rows, kVecBlock, 0, stream>>>(xv, rv, wv, ov, vecs, nf, eps);
+  else
+    rms_norm_vec_kernel<4><<<rows, kVecBlock, 0, stream>>>(xv, rv, wv, ov, vecs, nf, eps);
+  err = cudaGetLastError();
+  return true;
+}
+
 cudaError_t launch(const uint16_t* x, uint16_t* residual, const uint16_t* w, uint16_t* out,
                    int rows, int n, int heads, int64_t stride, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
@@ -66,6 +159,9 @@ cudaError_t launch(const uint16_t* x, uint16_t* residual, const uint16_t* w, uin
   auto* rb = reinterpret_cast<__nv_bfloat16*>(residual);
   auto* wb = reinterpret_cast<const __nv_bfloat16*>(w);
   auto* ob = reinterpret_cast<__nv_bfloat16*>(out);
+  cudaError_t vec_err = cudaSuccess;
+  if (n > 256 && launch_vec(x, residual, w, out, rows, n, heads, stride, eps, stream, vec_err))
+    return vec_err;
   if (n <= 256) {  // a warp per row: head-size rows
     const int grid = (rows + kBlock / 32 - 1) / (kBlock / 32);
     rms_norm_kernel<32><<<grid, kBlock, 0, stream>>>(xb, rb, wb, ob, rows, n, heads, stride, eps);

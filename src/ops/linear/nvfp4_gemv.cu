@@ -1,0 +1,162 @@
+// Decode-size NVFP4 linears (M <= 8 rows) with several outputs in one launch (see
+// linear_cuda.h, linear_nvfp4_gemv). One block per 16-row weight tile: its 8 warps split k, each
+// issuing all the weight loads of a batch of up to 8 chunks (16 B + 2 scale bytes per lane per
+// chunk) before the first MMA, then the warps' partial sums meet in shared memory and the epilogue
+// applies alpha and the bias. Tiles of all outputs form one grid, so q/k/v cost one launch and the
+// small k/v matrices ride in the same wave as q. Weights in the fragment order of
+// moe/expert_weights.h, dequantized by the W4A16 helpers (ops/moe/w4a16_fragment.cuh).
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "ops/linear/linear_cuda.h"
+#include "ops/moe/w4a16_fragment.cuh"
+
+namespace tetra::ops::cuda {
+
+namespace {
+
+using moe_detail::kChunkK;
+using moe_detail::kTileChunkBytes;
+using moe_detail::kTileChunkScales;
+
+constexpr int kWarps = 8;
+constexpr int kBatch = 8;  // chunks whose loads a warp keeps in flight at once
+
+struct GemvArgs {
+  const uint8_t* w[kNvfp4GemvMaxOutputs];   // [n/16][k/64][32][16] fragment words
+  const uint8_t* s[kNvfp4GemvMaxOutputs];   // [n/16][k/64][32][2] ue5m3 scale pairs
+  const float* alpha[kNvfp4GemvMaxOutputs];  // [1]
+  const uint16_t* bias[kNvfp4GemvMaxOutputs];  // [n] bf16 or null
+  uint16_t* y[kNvfp4GemvMaxOutputs];        // [M, n] bf16
+  int n[kNvfp4GemvMaxOutputs];
+  int tile_end[kNvfp4GemvMaxOutputs];       // cumulative 16-row tile counts
+  int outputs;
+  const uint16_t* x;  // [M, k] bf16
+  int m, k;
+};
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs a) {
+  __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
+  int o = 0;
+  while (o + 1 < a.outputs && int(blockIdx.x) >= a.tile_end[o]) ++o;
+  const int tile = int(blockIdx.x) - (o > 0 ? a.tile_end[o - 1] : 0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunks = a.k / kChunkK;
+  const int c_begin = warp * chunks / kWarps, c_end = (warp + 1) * chunks / kWarps;
+  const uint8_t* wp = a.w[o] + size_t(tile) * chunks * kTileChunkBytes + lane * 16;
+  const uint8_t* sp = a.s[o] + size_t(tile) * chunks * kTileChunkScales + lane * 2;
+  // This lane's activation row (MMA column g = lane / 4), at k = 16 * (lane % 4); rows past M
+  // read row M - 1 and their results are dropped.
+  const uint16_t* xp = a.x + size_t(min(lane / 4, a.m - 1)) * a.k + 16 * (lane % 4);
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int c = c_begin; c < c_end; c += kBatch) {
+    uint4 wv[kBatch];
+    uint32_t sv[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (c + u < c_end) {
+        wv[u] = moe_detail::ld_stream_u4(wp + size_t(c + u) * kTileChunkBytes);
+        sv[u] = moe_detail::ld_stream_u16(sp + size_t(c + u) * kTileChunkScales);
+      }
+    // Launched as a programmatic dependent, the block starts while the kernel that writes x still
+    // runs: the first weight batch is already in flight when it waits for x (a no-op otherwise).
+    if (c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (c + u < c_end) {
+        const uint4 x0 = moe_detail::ld_cached_u4(xp + size_t(c + u) * kChunkK);      // k 16t .. +7
+        const uint4 x1 = moe_detail::ld_cached_u4(xp + size_t(c + u) * kChunkK + 8);  // k 16t+8 .. +15
+        uint32_t sg, sg8;
+        moe_detail::scale_pair_to_bf16x2(sv[u], sg, sg8);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t A[4];
+          moe_detail::dequant_word(word_of(wv[u], j), sg, sg8, A);
+          const uint4& xh = (j >> 1) ? x1 : x0;
+          moe_detail::mma_bf16_16816(acc, A, (j & 1) ? xh.z : xh.x, (j & 1) ? xh.w : xh.y);
+        }
+      }
+  }
+  // Warps without chunks (k < 8 chunks) waited nowhere yet; y may still be read by the primary.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+  for (int r = 0; r < 4; ++r) red[warp][r][lane] = acc[r];
+  __syncthreads();
+  // Element (r, l): weight row 16 * tile + l/4 (+8 for r >= 2), activation row 2(l%4) + (r&1).
+  if (threadIdx.x < 128) {
+    const int r = threadIdx.x / 32, l = threadIdx.x % 32;
+    const int row = 2 * (l % 4) + (r & 1);
+    if (row < a.m) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += red[w][r][l];
+      const int col = tile * 16 + l / 4 + (r >= 2 ? 8 : 0);
+      // Rounded to bf16 before the bias, as the unfused linear + add_bias pair does.
+      float y = __bfloat162float(__float2bfloat16_rn(sum * a.alpha[o][0]));
+      if (a.bias[o] != nullptr)
+        y += __bfloat162float(__ushort_as_bfloat16(a.bias[o][col]));
+      a.y[o][size_t(row) * a.n[o] + col] = moe_detail::f32_to_bf16_bits(y);
+    }
+  }
+}
+
+}  // namespace
+
+std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M) {
+  if (M < 1 || M > kNvfp4GemvMaxRows)
+    return str("M=", M, " (the NVFP4 GEMV takes 1..", kNvfp4GemvMaxRows, " rows)");
+  if (n_outs < 1 || n_outs > kNvfp4GemvMaxOutputs) return str(n_outs, " outputs");
+  for (int i = 0; i < n_outs; ++i) {
+    const Nvfp4LinearDevice* w = outs[i].w;
+    if (w == nullptr || w->gated) return str("output ", i, ": no plain NVFP4 matrix");
+    if (w->k != outs[0].w->k) return str("output ", i, ": k ", w->k, " != ", outs[0].w->k);
+    if (w->k % kChunkK != 0 || w->n % 16 != 0 || w->n <= 0)
+      return str("output ", i, ": shape [", w->n, ", ", w->k, "]");
+  }
+  return "";
+}
+
+cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
+                              cudaStream_t stream) {
+  const std::string why = nvfp4_gemv_unsupported_reason(outs, n_outs, M);
+  if (!why.empty()) TETRA_FAIL("NVFP4 GEMV: ", why);
+  GemvArgs a{};
+  int tiles = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    const Nvfp4LinearDevice& w = *outs[i].w;
+    TETRA_CHECK(w.w && w.s && w.alpha && outs[i].y, "NVFP4 GEMV output ", i, " without device data");
+    a.w[i] = w.w;
+    a.s[i] = w.s;
+    a.alpha[i] = w.alpha;
+    a.bias[i] = outs[i].bias;
+    a.y[i] = outs[i].y;
+    a.n[i] = w.n;
+    tiles += w.n / 16;
+    a.tile_end[i] = tiles;
+  }
+  a.outputs = n_outs;
+  a.x = x;
+  a.m = M;
+  a.k = outs[0].w->k;
+  // Programmatic dependent launch: this grid may begin before the previous kernel in the stream
+  // ends (the kernel waits for it before reading x), overlapping the weight stream with its tail.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(tiles));
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel, a);
+}
+
+}  // namespace tetra::ops::cuda
