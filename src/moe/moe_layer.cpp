@@ -59,18 +59,27 @@ void validate_layer_weights(const MoeLayerWeights& w) {
   } catch (const Error& e) {
     TETRA_FAIL(L, ": ", e.what());
   }
-  const int E = w.router.num_experts;
-  if (int(w.experts.size()) != E)
-    TETRA_FAIL(L, ": ", w.experts.size(), " routed experts given, the router has ", E);
+  const int E_global = w.router.num_experts;
+  const int E = int(w.experts.size());  // local block [expert_begin, expert_begin + E)
+  if (E == 0) TETRA_FAIL(L, ": no routed experts given");
+  if (w.expert_begin < 0)
+    TETRA_FAIL(L, ": expert_begin ", w.expert_begin, " is negative");
+  if (int64_t(w.expert_begin) + E > E_global)
+    TETRA_FAIL(L, ": routed experts ", w.expert_begin, "..", int64_t(w.expert_begin) + E - 1,
+               " given, the router has ", E_global, " (ids 0..", E_global - 1, ")");
   if (!w.gate) TETRA_FAIL(L, ".gate.weight: router weight is missing");
+  if (w.gate_rows != 0 && w.gate_rows != E_global)
+    TETRA_FAIL(L, ".gate.weight: ", w.gate_rows, " rows, expected one per expert of the whole "
+               "layer (", E_global, "), also on an expert-parallel rank");
   if (w.gate_dtype != DType::BF16 && w.gate_dtype != DType::F32)
     TETRA_FAIL(L, ".gate.weight: dtype ", dtype_name(w.gate_dtype), ", expected BF16 or F32");
   const ExpertFormat f = w.experts[0].format;
   for (int e = 0; e < E; ++e) {
+    const int g = w.expert_begin + e;  // global id: what the tensor names say
     if (w.experts[size_t(e)].format != f)
-      TETRA_FAIL(L, ": expert ", e, " is ", format_name(w.experts[size_t(e)].format),
-                 ", expert 0 is ", format_name(f), " (one format per layer)");
-    check_mlp(str(L, ".experts.", e), w.experts[size_t(e)], w.hidden, w.inter);
+      TETRA_FAIL(L, ": expert ", g, " is ", format_name(w.experts[size_t(e)].format),
+                 ", expert ", w.expert_begin, " is ", format_name(f), " (one format per layer)");
+    check_mlp(str(L, ".experts.", g), w.experts[size_t(e)], w.hidden, w.inter);
   }
   if (w.shared) {
     const int Is = mlp_width(*w.shared);

@@ -5,7 +5,8 @@
 //   moe->forward(x, T, out, residual, stream);  // device pointers when moe->on_device()
 //
 // Semantics (MODELS.md): out[t] = sum_j w[t,j] * Expert_{ids[t,j]}(x[t]) + Shared(x[t]) + residual[t]
-// with Expert(x) = down(silu(gate(x)) * up(x)). Routing is route_cpu / cuda::route.
+// with Expert(x) = down(silu(gate(x)) * up(x)). Routing is route_cpu / cuda::route. An expert-
+// parallel block (MoeLayerWeights::expert_begin) sums only the j whose expert it holds.
 //
 // Numerics, the same on every backend so that they can be compared to 1e-5 NMSE:
 //   router logits from the bf16 x and the bf16 router weight (an F32 router weight is rounded to
@@ -59,15 +60,24 @@ struct ExpertMlpView {
 
 // Everything one MoE layer reads (borrowed: the runner copies or uploads what it keeps, so the
 // views may die after construction).
+//
+// Expert parallelism: a rank holds the contiguous block of routed experts
+// [expert_begin, expert_begin + experts.size()) but routes over all E_global = router.num_experts
+// (the router weight and bias keep every expert). forward then adds only the pairs whose expert
+// is local, each with its routing weight as the whole layer computes it (NOT renormalised over
+// the local ones), so summing the outputs of all ranks gives the unsplit layer. The shared expert
+// and the residual belong to one rank (the others leave them out).
 struct MoeLayerWeights {
   std::string name;  // e.g. "model.layers.3.mlp": prefixes every error
   int hidden = 0;    // H
   int inter = 0;     // routed experts' I (moe_intermediate_size)
-  RouterParams router;
-  const void* gate = nullptr;        // [E, H] router weight, gate_dtype BF16 or F32
+  RouterParams router;               // num_experts = E_global
+  const void* gate = nullptr;        // [E_global, H] router weight, gate_dtype BF16 or F32
   DType gate_dtype = DType::BF16;
-  const float* bias = nullptr;       // [E] e_score_correction_bias as float32, or nullptr
-  std::vector<ExpertMlpView> experts;  // [E] routed experts, all in one format
+  int gate_rows = 0;                 // rows of the router weight tensor when known (0 = unknown)
+  const float* bias = nullptr;       // [E_global] e_score_correction_bias as float32, or nullptr
+  int expert_begin = 0;              // global id of experts[0]
+  std::vector<ExpertMlpView> experts;  // [E_local] routed experts (E_local <= E_global), one format
   std::optional<ExpertMlpView> shared;  // width = its own gate.n (n_shared * moe_intermediate)
 };
 
@@ -103,7 +113,8 @@ std::unique_ptr<MoeLayerRunner> make_moe_layer(const MoeLayerWeights& w, const M
 // The workload require_compatible judges: the layer's formats and shape, one GPU, o.layout,
 // o.max_tokens per launch.
 MoeWorkload layer_workload(const MoeLayerWeights& w, const MoeLayerOptions& o);
-// Throws an Error naming w.name and the tensor on any inconsistency (shapes, formats, nulls).
+// Throws an Error naming w.name and the tensor on any inconsistency (shapes, formats, nulls, an
+// expert block outside [0, E_global)).
 void validate_layer_weights(const MoeLayerWeights& w);
 
 // The routing fields of a config.json (n_routed_experts, num_experts_per_tok, scoring, groups,

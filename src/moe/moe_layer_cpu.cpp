@@ -53,10 +53,11 @@ struct MlpF32 {
 class CpuMoeLayer final : public MoeLayerRunner {
  public:
   CpuMoeLayer(const MoeLayerWeights& w, int max_tokens)
-      : name_(w.name), H_(w.hidden), I_(w.inter), max_tokens_(max_tokens), router_(w.router) {
+      : name_(w.name), H_(w.hidden), I_(w.inter), max_tokens_(max_tokens), router_(w.router),
+        expert_begin_(w.expert_begin) {
     gate_ = router_weight_bf16(w);
     if (w.bias) bias_.assign(w.bias, w.bias + router_.num_experts);
-    const int E = router_.num_experts;
+    const int E = int(w.experts.size());  // local block
     experts_.resize(size_t(E));
     parallel_for(E, 1, [&](int64_t b, int64_t e_end) {
       for (int64_t e = b; e < e_end; ++e) experts_[size_t(e)] = load(w.experts[size_t(e)], I_);
@@ -78,7 +79,7 @@ class CpuMoeLayer final : public MoeLayerRunner {
     if (T < 0 || T > max_tokens_)
       TETRA_FAIL(name_, ": forward with ", T, " tokens; the layer was built for 0..", max_tokens_);
     if (T == 0) return;
-    const int E = router_.num_experts, K = router_.top_k, H = H_;
+    const int E = router_.num_experts, K = router_.top_k, H = H_;  // E = E_global
     std::vector<float> logits(size_t(T) * E);  // [T, E]
     router_logits_cpu(x, gate_.data(), T, H, E, logits.data());
     std::vector<int32_t> ids(size_t(T) * K);   // [T, K]
@@ -86,21 +87,36 @@ class CpuMoeLayer final : public MoeLayerRunner {
     route_cpu(logits.data(), bias_.empty() ? nullptr : bias_.data(), T, router_, ids.data(),
               weights.data());
 
+    // The pairs whose expert this block holds (all of them unless expert-parallel); the others
+    // get slot -1, which the combine skips.
+    std::vector<int32_t> slot_of(size_t(T) * K, -1);  // [T*K] row of pair p (= p) or -1
+    std::vector<int32_t> local_pairs;                 // [<= T*K] pair indices, ascending
+    local_pairs.reserve(slot_of.size());
+    const int E_local = int(experts_.size());
+    for (size_t p = 0; p < slot_of.size(); ++p) {
+      const int e = ids[p] - expert_begin_;
+      if (e >= 0 && e < E_local) {
+        slot_of[p] = int32_t(p);
+        local_pairs.push_back(int32_t(p));
+      }
+    }
+    const int64_t n_routed = int64_t(local_pairs.size());
     std::vector<float> rows(size_t(T) * K * H);   // [T*K, H] expert outputs, pair order
     std::vector<uint16_t> shared;                 // [T, H] bf16 shared-expert output
     if (has_shared_) shared.resize(size_t(T) * H);
-    const int64_t jobs = int64_t(T) * K + (has_shared_ ? T : 0);
+    const int64_t jobs = n_routed + (has_shared_ ? T : 0);
     parallel_for(jobs, 1, [&](int64_t b, int64_t e_end) {
       std::vector<float> xf(static_cast<size_t>(H)), y(static_cast<size_t>(H));  // [H]
       std::vector<float> act(size_t(std::max(I_, shared_.inter)));  // [I]
       for (int64_t job = b; job < e_end; ++job) {
-        const bool routed = job < int64_t(T) * K;
-        const int t = routed ? int(job / K) : int(job - int64_t(T) * K);
+        const bool routed = job < n_routed;
+        const int pair = routed ? local_pairs[size_t(job)] : -1;
+        const int t = routed ? pair / K : int(job - n_routed);
         bf16_to_f32(x + size_t(t) * H, size_t(H), xf.data());
         if (routed) {
-          const MlpF32& m = experts_[size_t(ids[size_t(job)])];
+          const MlpF32& m = experts_[size_t(ids[size_t(pair)] - expert_begin_)];
           mlp_forward(m.w13.data(), m.w2.data(), H, m.inter, xf.data(), act.data(),
-                      rows.data() + size_t(job) * H);
+                      rows.data() + size_t(pair) * H);
         } else {
           mlp_forward(shared_.w13.data(), shared_.w2.data(), H, shared_.inter, xf.data(),
                       act.data(), y.data());
@@ -108,8 +124,6 @@ class CpuMoeLayer final : public MoeLayerRunner {
         }
       }
     });
-    std::vector<int32_t> slot_of(size_t(T) * K);  // [T*K] identity: rows are in pair order
-    for (size_t p = 0; p < slot_of.size(); ++p) slot_of[p] = int32_t(p);
     combine_bf16_cpu(rows.data(), DType::F32, T, H, K, slot_of.data(), weights.data(),
                      has_shared_ ? shared.data() : nullptr, residual, out);
   }
@@ -126,10 +140,11 @@ class CpuMoeLayer final : public MoeLayerRunner {
 
   std::string name_, backend_ = "cpu";
   int H_, I_, max_tokens_;
-  RouterParams router_;
-  std::vector<uint16_t> gate_;  // [E, H] bf16
-  std::vector<float> bias_;     // [E] or empty
-  std::vector<MlpF32> experts_; // [E]
+  RouterParams router_;         // num_experts = E_global
+  int expert_begin_ = 0;        // global id of experts_[0]
+  std::vector<uint16_t> gate_;  // [E_global, H] bf16
+  std::vector<float> bias_;     // [E_global] or empty
+  std::vector<MlpF32> experts_; // [E_local]
   MlpF32 shared_;
   bool has_shared_ = false;
 };

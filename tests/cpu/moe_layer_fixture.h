@@ -91,6 +91,16 @@ struct HostMoeLayer {
     if (shared_inter > 0) w.shared = view(shared, name + ".shared_experts", shared_format);
     return w;
   }
+
+  // One expert-parallel rank's share: routed experts [begin, begin + count) (the router keeps
+  // all of them), the shared expert only when with_shared (one rank adds it).
+  moe::MoeLayerWeights block_weights(int begin, int count, bool with_shared) const {
+    moe::MoeLayerWeights w = weights();
+    w.experts.assign(w.experts.begin() + begin, w.experts.begin() + begin + count);
+    w.expert_begin = begin;
+    if (!with_shared) w.shared.reset();
+    return w;
+  }
 };
 
 // A random layer: router weight ~ U(-sqrt(3/H), sqrt(3/H)) (logits O(1) for unit x), optional

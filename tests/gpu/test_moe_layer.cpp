@@ -249,6 +249,73 @@ TEST_F(MoeLayerGpu, MostExpertsEmpty) {
   run_layer_case({"E=256 top-2", rp, 128, 64, 64, {1, 2, 3}, 12});
 }
 
+// Expert-parallel blocks (MoeLayerWeights::expert_begin): every CUDA backend against the cpu
+// backend on the same block, both layouts; blocks with and without the shared expert, and one
+// that no token routes to (the bias sends every token to experts 0..3).
+TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
+  RouterParams rp = moe::router_params_of(preset_config("tiny-glm5"));
+  struct Block {
+    int begin, count;
+    bool shared;
+  };
+  for (const bool forced : {false, true}) {
+    RouterParams r = rp;
+    if (forced) {
+      r.n_group = 1, r.topk_group = 1, r.top_k = 4;
+    }
+    for (const std::string& backend : cuda_backends()) {
+      SCOPED_TRACE(backend + (forced ? " forced" : ""));
+      HostMoeLayer L = test::random_layer(r, 256, 128, 128, 31, true, format_of(backend));
+      if (forced)
+        for (int e = 0; e < 4; ++e) L.bias[size_t(e)] = 50.0f;
+      const int E = r.num_experts;
+      const std::vector<Block> blocks =
+          forced ? std::vector<Block>{{8, E - 8, true}, {4, 4, false}}
+                 : std::vector<Block>{{0, E / 2, true}, {E / 2, E / 2, false}, {3, 5, false}};
+      for (const Block& b : blocks) {
+        SCOPED_TRACE("block " + std::to_string(b.begin) + "+" + std::to_string(b.count));
+        moe::MoeLayerOptions o;
+        o.max_tokens = 99;
+        o.backend = "cpu";
+        auto cpu = moe::make_moe_layer(L.block_weights(b.begin, b.count, b.shared), o);
+        for (TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked}) {
+          o.backend = backend;
+          o.layout = layout;
+          auto gpu = moe::make_moe_layer(L.block_weights(b.begin, b.count, b.shared), o);
+          for (int T : {1, 19, 99}) {
+            const std::vector<uint16_t> x = test::random_x(T, 256, 40 + uint32_t(T));
+            const std::vector<uint16_t> res = test::random_x(T, 256, 41 + uint32_t(T));
+            const uint16_t* residual = b.shared ? res.data() : nullptr;
+            std::vector<uint16_t> want(x.size());
+            cpu->forward(x.data(), T, want.data(), residual, nullptr);
+            GuardedBf16 dx(x.size()), dres(x.size()), dout(x.size());
+            dx.upload(x);
+            dres.upload(res);
+            gpu->forward(dx.ptr(), T, dout.ptr(), residual ? dres.ptr() : nullptr, nullptr);
+            TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<uint16_t> got = dout.body();
+            const double e = test::nmse_bf16(got, want);
+            EXPECT_LE(e, 1e-5) << "T=" << T;
+            EXPECT_EQ(dout.guards_lost(), 0u);
+            if (forced && b.begin >= 4 && !b.shared) {  // nothing routed here: exact zeros
+              size_t nonzero = 0;
+              for (uint16_t v : got) nonzero += bf16_to_float(v) != 0.0f;
+              EXPECT_EQ(nonzero, 0u) << "T=" << T;
+            }
+            if (auto* w4 = dynamic_cast<moe::CudaMoeLayer*>(gpu.get())) {
+              EXPECT_EQ(w4->dropped_pairs(), 0);  // other ranks' pairs are not "dropped"
+              EXPECT_EQ(w4->last_ids(T), cpu_ids(L, x, T));
+            }
+            std::printf("  EP %-10s %-10s block %2d+%-2d T=%-3d nmse %.3g\n", backend.c_str(),
+                        layout == TokenLayout::Masked ? "masked" : "contiguous", b.begin,
+                        b.count, T, e);
+          }
+        }
+      }
+    }
+  }
+}
+
 // forward is graph-capturable: a captured forward replayed on new input equals eager.
 TEST_F(MoeLayerGpu, CapturedGraphEqualsEager) {
   const ModelConfig c = preset_config("tiny-glm5");

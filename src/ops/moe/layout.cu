@@ -23,7 +23,8 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 // The output of either layout, as the kernels see it.
 struct LayoutOut {
-  int E = 0, top_k = 0;
+  int E = 0, top_k = 0;            // E local experts
+  int begin = 0, E_global = 0;     // the block [begin, begin + E) of [0, E_global)
   int max_m = 0;                   // > 0: masked layout
   int32_t* offsets = nullptr;      // contiguous [E + 1]
   int32_t* masked_m = nullptr;     // masked [E]
@@ -50,7 +51,15 @@ __device__ Smem carve(char* raw, int E) {
 }
 size_t smem_bytes(int E) { return size_t(E) * 8 + kWarps * 4 + size_t(kWarps) * E; }
 
-__device__ __forceinline__ bool valid_expert(int32_t e, int E) { return e >= 0 && e < E; }
+// Local expert of a global id, or -1 when another rank holds it (or the id is bad).
+__device__ __forceinline__ int local_expert(int32_t id, const LayoutOut& o) {
+  const int32_t e = id - o.begin;
+  return e >= 0 && e < o.E ? e : -1;
+}
+// Ids outside [0, E_global) are counted as dropped; another rank's ids are not.
+__device__ __forceinline__ bool bad_id(int32_t id, const LayoutOut& o) {
+  return id < 0 || id >= o.E_global;
+}
 
 // Exclusive prefix sum over the block (kChunk threads, one value each); total to `total`.
 __device__ int block_exclusive_scan(int v, int32_t* scan, int& total) {
@@ -108,8 +117,8 @@ __device__ void place_chunk(const int32_t* ids, int64_t S, int64_t begin, const 
   const int64_t p = begin + threadIdx.x;
   const bool in = p < S;
   const int32_t raw = in ? ids[p] : -1;
-  const bool valid = in && valid_expert(raw, o.E);
-  const int key = valid ? raw : -1;
+  const int key = in ? local_expert(raw, o) : -1;
+  const bool valid = key >= 0;
   const unsigned peers = __match_any_sync(kFullMask, key);
   const int lane_rank = __popc(peers & ((1u << lane) - 1u));
   const bool last_peer = lane == 31 - __clz(peers);
@@ -137,7 +146,7 @@ __device__ void place_chunk(const int32_t* ids, int64_t S, int64_t begin, const 
     o.slot_of[p] = row;
     if (row >= 0) {
       o.row_token[row] = int32_t(p / o.top_k);
-    } else if (o.dropped) {
+    } else if (o.dropped && (valid || bad_id(raw, o))) {  // over max_m, or a bad id
       atomicAdd(o.dropped, 1);
     }
   }
@@ -157,8 +166,8 @@ __global__ void __launch_bounds__(kChunk) layout_fused_kernel(const int32_t* __r
   zero_tally(s, o.E);
   __syncthreads();
   for (int64_t p = threadIdx.x; p < S; p += kChunk) {
-    const int32_t e = ids[p];
-    if (valid_expert(e, o.E)) atomicAdd(&s.count[e], 1);
+    const int e = local_expert(ids[p], o);
+    if (e >= 0) atomicAdd(&s.count[e], 1);
   }
   __syncthreads();
   write_expert_info(s, o);
@@ -170,14 +179,16 @@ __global__ void __launch_bounds__(kChunk) layout_fused_kernel(const int32_t* __r
 
 // Large inputs, step 1: counts[c, e] = pairs of expert e in chunk c.
 __global__ void __launch_bounds__(kChunk) layout_count_kernel(const int32_t* __restrict__ ids,
-                                                              int64_t S, int E,
+                                                              int64_t S, LayoutOut o,
                                                               int32_t* __restrict__ counts) {
   extern __shared__ __align__(16) char raw[];
+  const int E = o.E;
   int32_t* count = reinterpret_cast<int32_t*>(raw);  // [E]
   for (int e = threadIdx.x; e < E; e += kChunk) count[e] = 0;
   __syncthreads();
   const int64_t p = int64_t(blockIdx.x) * kChunk + threadIdx.x;
-  if (p < S && valid_expert(ids[p], E)) atomicAdd(&count[ids[p]], 1);
+  const int e_local = p < S ? local_expert(ids[p], o) : -1;
+  if (e_local >= 0) atomicAdd(&count[e_local], 1);
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += kChunk) counts[size_t(blockIdx.x) * E + e] = count[e];
 }
@@ -218,9 +229,13 @@ __global__ void __launch_bounds__(kChunk) layout_place_kernel(const int32_t* __r
   place_chunk(ids, S, int64_t(blockIdx.x) * kChunk, s, o);
 }
 
-void check_sizes(const char* what, int T, int top_k, int E) {
+void check_sizes(const char* what, int T, int top_k, int E, const ExpertBlock& b) {
   if (T < 0 || top_k < 1 || E < 1)
     TETRA_FAIL(what, ": bad sizes T=", T, " top_k=", top_k, " E=", E);
+  const int64_t global = b.global_experts == 0 ? E : b.global_experts;
+  if (b.expert_begin < 0 || b.expert_begin + int64_t(E) > global)
+    TETRA_FAIL(what, ": expert block ", b.expert_begin, " + ", E, " outside ", global,
+               " experts");
   if (E > kMaxExperts) TETRA_FAIL(what, ": ", E, " experts, at most ", kMaxExperts, " supported");
   if (int64_t(T) * top_k > INT32_MAX)
     TETRA_FAIL(what, ": T*top_k = ", int64_t(T) * top_k, " rows do not fit int32");
@@ -242,7 +257,7 @@ cudaError_t run_layout(const int32_t* ids, int T, const LayoutOut& o, void* work
     TETRA_FAIL("cuda layout: workspace of ", workspace_bytes, " bytes, ", need, " needed");
   const int chunks = int(chunk_count(T, o.top_k));
   int32_t* counts = static_cast<int32_t*>(workspace);  // [chunks, E]
-  layout_count_kernel<<<chunks, kChunk, size_t(o.E) * 4, stream>>>(ids, S, o.E, counts);
+  layout_count_kernel<<<chunks, kChunk, size_t(o.E) * 4, stream>>>(ids, S, o, counts);
   layout_scan_kernel<<<1, kChunk, smem, stream>>>(counts, chunks, o);
   layout_place_kernel<<<chunks, kChunk, smem, stream>>>(ids, S, counts, o);
   return cudaGetLastError();
@@ -258,12 +273,14 @@ size_t layout_workspace_bytes(int T, int top_k, int E) {
 cudaError_t build_contiguous(const int32_t* ids, int T, int top_k, int E, void* workspace,
                              size_t workspace_bytes, const ContiguousLayoutView& out,
                              cudaStream_t stream) {
-  check_sizes("cuda build_contiguous", T, top_k, E);
+  check_sizes("cuda build_contiguous", T, top_k, E, out.block);
   if (!out.expert_offsets || !out.slot_token || !out.slot_of)
     TETRA_FAIL("cuda build_contiguous: output pointers are missing");
   LayoutOut o;
   o.E = E;
   o.top_k = top_k;
+  o.begin = out.block.expert_begin;
+  o.E_global = out.block.global_experts == 0 ? E : out.block.global_experts;
   o.offsets = out.expert_offsets;
   o.row_token = out.slot_token;
   o.slot_of = out.slot_of;
@@ -278,7 +295,7 @@ cudaError_t build_contiguous(const int32_t* ids, int T, int top_k, int E, void* 
 
 cudaError_t build_masked(const int32_t* ids, int T, int top_k, int E, void* workspace,
                          size_t workspace_bytes, const MaskedLayoutView& out, cudaStream_t stream) {
-  check_sizes("cuda build_masked", T, top_k, E);
+  check_sizes("cuda build_masked", T, top_k, E, out.block);
   if (out.max_m < 1) TETRA_FAIL("cuda build_masked: max_m must be >= 1, got ", out.max_m);
   if (int64_t(E) * out.max_m > INT32_MAX)
     TETRA_FAIL("cuda build_masked: E*max_m = ", int64_t(E) * out.max_m, " rows do not fit int32");
@@ -287,6 +304,8 @@ cudaError_t build_masked(const int32_t* ids, int T, int top_k, int E, void* work
   LayoutOut o;
   o.E = E;
   o.top_k = top_k;
+  o.begin = out.block.expert_begin;
+  o.E_global = out.block.global_experts == 0 ? E : out.block.global_experts;
   o.max_m = out.max_m;
   o.masked_m = out.masked_m;
   o.row_token = out.row_token;

@@ -125,7 +125,8 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
     const std::string why_sh = shape_reason(Is, shared_bf16_);
     if (!why_sh.empty()) TETRA_FAIL(name_, ".shared_experts: ", why_sh);
   }
-  if (E > cuda::kMaxExperts) TETRA_FAIL(name_, ": ", E, " experts; the CUDA router takes at most ", cuda::kMaxExperts);
+  const int Eg = E_global_;
+  if (Eg > cuda::kMaxExperts) TETRA_FAIL(name_, ": ", Eg, " experts; the CUDA router takes at most ", cuda::kMaxExperts);
   const int K = router_.top_k, T = max_tokens_;
   const size_t pairs = size_t(T) * K;
   const size_t rows_cap = layout_ == TokenLayout::Masked ? size_t(E) * T : pairs;
@@ -167,9 +168,9 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
       y_sh_ = c.take<uint16_t>(size_t(T) * H);
       sh_rows_ = c.take<int32_t>(2);
     }
-    gate_ = c.take<uint16_t>(size_t(E) * H);
-    bias_ = has_bias ? c.take<float>(E) : nullptr;
-    logits_ = c.take<float>(size_t(T) * E);
+    gate_ = c.take<uint16_t>(size_t(Eg) * H);
+    bias_ = has_bias ? c.take<float>(Eg) : nullptr;
+    logits_ = c.take<float>(size_t(T) * Eg);
     ids_ = c.take<int32_t>(pairs);
     weights_ = c.take<float>(pairs);
     offsets_ = c.take<int32_t>(size_t(E) + 1);
@@ -201,7 +202,9 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
 
 CudaMoeLayer::CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout)
     : name_(w.name), max_tokens_(max_tokens), layout_(layout), router_(w.router) {
-  const int E = w.router.num_experts, H = w.hidden, I = w.inter;
+  const int E = int(w.experts.size()), H = w.hidden, I = w.inter;  // E local experts
+  E_global_ = w.router.num_experts;
+  begin_ = w.expert_begin;
   routed_bf16_ = w.experts[0].format == ExpertFormat::BF16;
   shared_bf16_ = w.shared && w.shared->format == ExpertFormat::BF16;
   const int Is = !w.shared ? 0 : shared_bf16_ ? w.shared->gate_bf16.n : w.shared->gate.n;
@@ -235,7 +238,8 @@ CudaMoeLayer::CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout
     if (w.shared && !shared_bf16_) upload(ws_, 0, Is, *w.shared);
     const std::vector<uint16_t> gate = router_weight_bf16(w);
     TETRA_CUDA_CHECK(cudaMemcpy(gate_, gate.data(), gate.size() * 2, cudaMemcpyHostToDevice));
-    if (w.bias) TETRA_CUDA_CHECK(cudaMemcpy(bias_, w.bias, size_t(E) * 4, cudaMemcpyHostToDevice));
+    if (w.bias)
+      TETRA_CUDA_CHECK(cudaMemcpy(bias_, w.bias, size_t(E_global_) * 4, cudaMemcpyHostToDevice));
   } catch (...) {
     cudaFree(mem_);
     throw;
@@ -245,8 +249,13 @@ CudaMoeLayer::CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout
 CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayout layout)
     : name_("random layer"), max_tokens_(max_tokens), layout_(layout), router_(s.router) {
   validate_router_params(s.router);
-  if (s.router.num_experts != s.experts) TETRA_FAIL("random layer: router has ", s.router.num_experts, " experts, layer ", s.experts);
-  if (!s.bias.empty() && int(s.bias.size()) != s.experts) TETRA_FAIL("random layer: bias has ", s.bias.size(), " entries for ", s.experts, " experts");
+  E_global_ = s.global_experts == 0 ? s.experts : s.global_experts;
+  begin_ = s.expert_begin;
+  if (s.experts < 1 || begin_ < 0 || int64_t(begin_) + s.experts > E_global_)
+    TETRA_FAIL("random layer: experts ", begin_, "..", int64_t(begin_) + s.experts - 1,
+               " outside the ", E_global_, " of the layer");
+  if (s.router.num_experts != E_global_) TETRA_FAIL("random layer: router has ", s.router.num_experts, " experts, layer ", E_global_);
+  if (!s.bias.empty() && int(s.bias.size()) != E_global_) TETRA_FAIL("random layer: bias has ", s.bias.size(), " entries for ", E_global_, " experts");
   allocate(s.experts, s.hidden, s.inter, s.shared_inter, !s.bias.empty());
   auto fill = [&](const MoeWeightsDevice& d, int E, int inter, uint32_t seed) {
     const size_t w13b = packed_weight_bytes(2 * inter, H_) * E, s13b = packed_scale_bytes(2 * inter, H_) * E;
@@ -264,7 +273,7 @@ CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayou
   fill(w_, E_, I_, s.seed * 16);
   if (Is_ > 0) fill(ws_, 1, Is_, s.seed * 16 + 8);
   // Router weights ~ U(-a, a) with a = sqrt(3/H): logits of unit-variance x are O(1).
-  fill_random_bf16<<<1024, 256>>>(gate_, size_t(E_) * H_, s.seed * 16 + 12, std::sqrt(3.0f / H_));
+  fill_random_bf16<<<1024, 256>>>(gate_, size_t(E_global_) * H_, s.seed * 16 + 12, std::sqrt(3.0f / H_));
   TETRA_CUDA_CHECK(cudaGetLastError());
   if (!s.bias.empty())
     TETRA_CUDA_CHECK(cudaMemcpy(bias_, s.bias.data(), s.bias.size() * 4, cudaMemcpyHostToDevice));
@@ -331,15 +340,16 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   auto mark = [&](int i) {
     if (marks) TETRA_CUDA_CHECK(cudaEventRecord(marks[i], stream));
   };
-  const int E = E_, H = H_, K = router_.top_k;
+  const int E = E_, H = H_, K = router_.top_k;  // E local experts
   const int pairs = T * K;
   mark(0);
-  check_launch(cuda::router_logits(x, DType::BF16, gate_, T, H, E, logits_, stream),
+  check_launch(cuda::router_logits(x, DType::BF16, gate_, T, H, E_global_, logits_, stream),
                "router_logits", name_);
   check_launch(cuda::route(logits_, bias_, T, router_, ids_, weights_, stream), "route", name_);
   const bool masked = layout_ == TokenLayout::Masked;
   if (masked) {
     cuda::MaskedLayoutView v;
+    v.block = {begin_, E_global_};
     v.max_m = max_tokens_;
     v.masked_m = masked_m_;
     v.row_token = row_token_;
@@ -349,6 +359,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
                  "build_masked", name_);
   } else {
     cuda::ContiguousLayoutView v;
+    v.block = {begin_, E_global_};
     v.expert_offsets = offsets_;
     v.slot_token = row_token_;
     v.slot_of = slot_of_;

@@ -24,10 +24,14 @@ namespace tetra::moe {
 // For the benchmark: a layer of the given shape with random NVFP4 weights generated on the GPU
 // (no host copy), a random bf16 router weight and an e_score_correction_bias.
 struct RandomW4a16Layer {
-  int experts = 0, hidden = 0, inter = 0;
+  int experts = 0, hidden = 0, inter = 0;  // experts: E_local, the ones this layer holds
   int shared_inter = 0;  // 0 = no shared expert
-  RouterParams router;   // num_experts == experts
-  // [E] correction bias (host values, uploaded); empty = none. Skews the choice of experts.
+  // Expert parallelism (see MoeLayerWeights): experts [expert_begin, expert_begin + experts) of
+  // global_experts (0 = experts: the whole layer).
+  int expert_begin = 0;
+  int global_experts = 0;
+  RouterParams router;   // num_experts == global_experts (or experts)
+  // [E_global] correction bias (host values, uploaded); empty = none. Skews the choice of experts.
   std::vector<float> bias;
   uint32_t seed = 1;
 };
@@ -62,6 +66,7 @@ class CudaMoeLayer final : public MoeLayerRunner {
   std::vector<int32_t> last_ids(int T) const;  // [T, top_k]
 
  private:
+  // E: local experts; E_global_ and begin_ are set before.
   void allocate(int E, int H, int I, int Is, bool has_bias);
   void upload_bf16(const ExpertMlpView& v, int e, int inter, const MoeBf16WeightsDevice& dst);
   void run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
@@ -69,7 +74,8 @@ class CudaMoeLayer final : public MoeLayerRunner {
 
   std::string backend_ = "cuda-w4a16";
   std::string name_;
-  int E_ = 0, H_ = 0, I_ = 0, Is_ = 0, max_tokens_ = 0;
+  int E_ = 0, H_ = 0, I_ = 0, Is_ = 0, max_tokens_ = 0;  // E_: local experts
+  int E_global_ = 0, begin_ = 0;  // the router's experts; global id of local expert 0
   TokenLayout layout_ = TokenLayout::Contiguous;
   RouterParams router_;
   void* mem_ = nullptr;  // one allocation: weights, router, scratch (each 256-byte aligned)
@@ -81,11 +87,11 @@ class CudaMoeLayer final : public MoeLayerRunner {
   bool routed_bf16_ = false, shared_bf16_ = false;
   tetra::MoeWeightsDevice w_{}, ws_{};       // routed [E], shared [1]
   tetra::MoeBf16WeightsDevice wb_{}, wsb_{};  // routed w13 [E, 2I, H], w2 [E, H, I]; shared [1, ..]
-  uint16_t* gate_ = nullptr;         // [E, H] bf16 router weight
-  float* bias_ = nullptr;            // [E] or nullptr
-  // Scratch.
-  float* logits_ = nullptr;          // [max_T, E]
-  int32_t* ids_ = nullptr;           // [max_T, K]
+  uint16_t* gate_ = nullptr;         // [E_global, H] bf16 router weight
+  float* bias_ = nullptr;            // [E_global] or nullptr
+  // Scratch (E = local experts).
+  float* logits_ = nullptr;          // [max_T, E_global]
+  int32_t* ids_ = nullptr;           // [max_T, K] global expert ids
   float* weights_ = nullptr;         // [max_T, K]
   int32_t* offsets_ = nullptr;       // [E + 1] contiguous
   int32_t* row_token_ = nullptr;     // contiguous [max_T*K] slot_token; masked [E*max_T]

@@ -32,6 +32,15 @@ cudaError_t route(const float* logits, const float* bias, int T, const RouterPar
 // Scratch for the layout builders (0 when T*top_k is small enough for the one-block path).
 size_t layout_workspace_bytes(int T, int top_k, int E);
 
+// Expert parallelism: the builders' E is the number of LOCAL experts, the block
+// [expert_begin, expert_begin + E) of global ids. A pair whose id lies in [0, global_experts)
+// but outside the block belongs to another rank: slot_of = -1 and it is NOT counted as dropped.
+// expert_begin = 0, global_experts = 0 (= E) is the whole layer.
+struct ExpertBlock {
+  int expert_begin = 0;
+  int global_experts = 0;
+};
+
 // Where build_contiguous writes; pair p = t*top_k + k.
 struct ContiguousLayoutView {
   int32_t* expert_offsets = nullptr;  // [E + 1]
@@ -39,6 +48,7 @@ struct ContiguousLayoutView {
   int32_t* slot_of = nullptr;         // [T*top_k] row of pair p, -1 if dropped
   RowRange* expert_rows = nullptr;    // [E] {offsets[e], count}, or nullptr
   int32_t* dropped = nullptr;         // [1] pairs not placed (id outside [0, E)), or nullptr
+  ExpertBlock block;                  // which ids are rows here (see ExpertBlock)
 };
 
 // Where build_masked writes.
@@ -49,10 +59,12 @@ struct MaskedLayoutView {
   int32_t* slot_of = nullptr;       // [T*top_k] row e*max_m + r of pair p, -1 if dropped
   RowRange* expert_rows = nullptr;  // [E] {e*max_m, masked_m[e]}, or nullptr
   int32_t* dropped = nullptr;       // [1] pairs not placed (beyond max_m or bad id), or nullptr
+  ExpertBlock block;                // which ids are rows here (see ExpertBlock)
 };
 
 // Stable counting sort of the pairs by expert; the same rows as build_contiguous_cpu /
-// build_masked_cpu. ids [T, top_k] int32. The CPU builders raise errors where these drop pairs
+// build_masked_cpu (for the whole layer; a block's rows are those of the ids it holds, shifted
+// by -expert_begin). ids [T, top_k] int32 global ids. The CPU builders raise errors where these drop pairs
 // (an expert over max_m, an id outside [0, E)): the device cannot throw, so it counts them in
 // `dropped` for the caller to check, and never writes out of bounds.
 cudaError_t build_contiguous(const int32_t* ids, int T, int top_k, int E, void* workspace,
