@@ -22,7 +22,10 @@ Two kinds of variants:
     misses 2e-2 on the same models;
   - "confident" routers (condition_routing): routing conditioned as trained routers are, each
     token preferring its experts by a wide margin (the table prints the margin distribution).
-    The issue's rule is REQUIRED on these, bf16 and nvfp4, every backend asked for.
+    The issue's rule is REQUIRED on these, bf16 and nvfp4, every backend asked for;
+  - "decisive" routers (Glm4Moe): confident, and the correction bias and the group limit decide
+    choices (a blocked expert, a decoy group), so a wrong selection rule fails them where the
+    confident ones cannot see it (routing_sensitivity.py shows both). Required too.
 Exit status 1 when a required row fails or tetra errors on it; a backend that is not built, or a
 GPU backend on a machine without one, is reported as SKIP and does not fail the run.
 
@@ -92,11 +95,15 @@ VARIANTS = [
     glm4_moe("glm4moe-bias-noqknorm-confident", True, False, 1, 1, 2.5) + ({"routing": "confident"},),
     glm4_moe("glm4moe-qknorm-grouped-confident", False, True, 4, 2, 1.0) + ({"routing": "confident"},),
     qwen3_moe("qwen3moe-confident") + ({"routing": "confident"},),
+    # confident routers where the correction bias and the group limit DECIDE choices: a wrong
+    # selection rule (bias left out of the choice, no group limit) picks other experts here.
+    glm4_moe("glm4moe-bias-noqknorm-decisive", True, False, 1, 1, 2.5) + ({"routing": "decisive"},),
+    glm4_moe("glm4moe-qknorm-grouped-decisive", False, True, 4, 2, 1.0) + ({"routing": "decisive"},),
 ]
 
 
 def required(opts):
-    return opts["routing"] == "confident"
+    return opts["routing"] in ("confident", "decisive")
 
 
 def make_weights(c, seed, routing="random"):
@@ -152,8 +159,8 @@ def make_weights(c, seed, routing="random"):
         if glm and c["n_shared_experts"] > 0:
             mlp(p + "mlp.shared_experts.", Im * c["n_shared_experts"])
     norm("model.norm.weight", H)
-    if routing == "confident":
-        condition_routing(t, c, seed)
+    if routing in ("confident", "decisive"):
+        condition_routing(t, c, seed, decisive=routing == "decisive")
         t["lm_head.weight"] = t["model.embed_tokens.weight"][perm].clone()
     return t
 
@@ -162,9 +169,12 @@ def make_weights(c, seed, routing="random"):
 # the others (code norm about that of 16 N(0,1) dims, like the rest of the embedding), their
 # per-token jitter, the router's gain on the code, and its remaining (context) weights' scale.
 GAMMA, BETA, JITTER, ROUTER_GAIN, CONTEXT_SCALE = 1.73, 1.0 / 3.0, 0.15, 4.0, 0.1
+# decisive routing: a blocked or decoy expert's code coefficient (above the token's own experts'),
+# and the correction bias that keeps a blocked expert out of every choice.
+GAMMA_LURE, BLOCK_BIAS = 1.3 * 1.73, -1.0
 
 
-def condition_routing(t, c, seed):
+def condition_routing(t, c, seed, decisive=False):
     """Gives every MoE layer a router that is confident the way trained routers are: each token
     prefers its own top-k experts by a wide margin, so no bf16 rounding can flip a choice.
 
@@ -175,7 +185,13 @@ def condition_routing(t, c, seed):
     ROUTER_GAIN * U[pi_L(e)], gate[e, E:] = CONTEXT_SCALE * (its random weights), pi_L a
     group-preserving permutation (each layer routes a token to other experts). Grouped routing:
     the preferred experts fill topk_group whole groups' top-2, so the group choice is clear too.
-    Everything else (attention, experts, shared expert, biases) stays random."""
+    Everything else (attention, experts, shared expert, biases) stays random.
+
+    decisive (Glm4Moe): one code per group is "blocked": its experts get e_score_correction_bias
+    BLOCK_BIAS in every layer, and every token's code ALSO prefers one blocked code (inside a kept
+    group), above its own experts (GAMMA_LURE): only the bias keeps it out of the top-k. Grouped
+    routing adds a decoy: one expert of a third group scores highest of all, but its group's top-2
+    sum is far below the kept groups': only the group limit keeps it out."""
     g = torch.Generator().manual_seed(seed + 7919)
     glm = c["model_type"] == "glm4_moe"
     E = c["n_routed_experts"] if glm else c["num_experts"]
@@ -185,12 +201,21 @@ def condition_routing(t, c, seed):
     gsz = E // ng
     assert E <= H and k % tg == 0 and k // tg <= gsz
     U = torch.linalg.qr(torch.randn(E, E, generator=g))[0]                 # [E, E] orthonormal rows
+    decisive = decisive and glm
+    # [ng] the blocked code of each group (decisive only); a token's experts avoid them
+    blocked = [q * gsz + int(torch.randint(gsz, (1,), generator=g)) for q in range(ng)] if decisive else []
     a = torch.full((V, E), -BETA * GAMMA)                                   # [V, E] code coefficients
     for v in range(V):
-        groups = torch.randperm(ng, generator=g)[:tg].tolist()
-        for grp in groups:
-            members = torch.randperm(gsz, generator=g)[: k // tg] + grp * gsz
-            a[v, members] = GAMMA
+        groups = torch.randperm(ng, generator=g).tolist()
+        for grp in groups[:tg]:
+            free = torch.tensor([e for e in range(grp * gsz, (grp + 1) * gsz) if e not in blocked])
+            a[v, free[torch.randperm(len(free), generator=g)[: k // tg]]] = GAMMA
+        if decisive:
+            a[v, blocked[groups[0]]] = GAMMA_LURE
+            if ng > tg:  # decoy: the best single score, in a group that is not kept
+                grp = groups[tg]
+                free = [e for e in range(grp * gsz, (grp + 1) * gsz) if e not in blocked]
+                a[v, free[int(torch.randint(len(free), (1,), generator=g))]] = GAMMA_LURE
     a += JITTER * torch.randn(V, E, generator=g)
     emb = t["model.embed_tokens.weight"].float()
     emb[:, :E] = a @ U
@@ -213,6 +238,12 @@ def condition_routing(t, c, seed):
         w = t[name].float() * CONTEXT_SCALE
         w[:, :E] = ROUTER_GAIN * U[pi]
         t[name] = w.to(torch.bfloat16)
+        if decisive:  # expert e reads code pi[e]: block the experts that read a blocked code
+            bias = t[f"model.layers.{L}.mlp.gate.e_score_correction_bias"].clone()
+            for e in range(E):
+                if int(pi[e]) in blocked:
+                    bias[e] = BLOCK_BIAS
+            t[f"model.layers.{L}.mlp.gate.e_score_correction_bias"] = bias
 
 
 def write_checkpoint(d, config, tensors):
