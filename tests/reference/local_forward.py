@@ -12,7 +12,6 @@ forward(tensors, config, ids, ...) -> (logits [T, V] f32, routes)
   routes: one dict per MoE layer: {"layer": L, "sel": [T, E] selection keys (biased, masked
   experts -inf), "ids": [T, k] chosen experts, "group_margin": [T] or None}
 """
-import math
 
 import torch
 
@@ -97,7 +96,7 @@ def forward(t, c, ids, bf16_between_ops=False, forced_ids=None, embed_noise=0.0,
     f = lambda name: t[name].float()
     rd = (lambda v: v.bfloat16().float()) if bf16_between_ops else (lambda v: v)
     rr = (lambda v: v) if fp32_residual else rd  # rounding of the residual additions
-    H, hd = c["hidden_size"], c["head_dim"]
+    hd = c["head_dim"]
     nh, nkv, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
     T = len(ids)
     rope = c.get("rope_parameters") or {}

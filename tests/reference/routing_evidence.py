@@ -20,7 +20,6 @@ usage: routing_evidence.py --tetra build/tetra --work /tmp/ev [--backends cpu,cu
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 import torch
