@@ -15,9 +15,10 @@ namespace tetra::cli {
 namespace {
 
 struct ServeArgs {
-  std::string model, host = "127.0.0.1", backend = "auto", name, cache_dir;
+  std::string model, host = "127.0.0.1", backend = "auto", name, cache_dir, profile_dir;
   std::string preset = "tiny-glm4.5-air";
   int port = 8000, max_running = 8, max_queued = 256, max_context = 2048;
+  int max_prefill_tokens = 0, kv_blocks = 0, kv_block_size = 16, tp = 1, ep = 1;
 };
 
 void run_serve(const ServeArgs& a) {
@@ -34,6 +35,12 @@ void run_serve(const ServeArgs& a) {
   o.engine.backend = model::resolve_model_ops_name(a.backend);
   o.engine.max_batch = a.max_running;
   o.engine.max_context = a.max_context;
+  o.engine.max_prefill_tokens = a.max_prefill_tokens;
+  o.engine.kv_num_blocks = a.kv_blocks;
+  o.engine.kv_block_size = a.kv_block_size;
+  o.engine.tp = a.tp;  // Model::load refuses tp/ep != 1 until the parallel model lands
+  o.engine.ep = a.ep;
+  if (!a.profile_dir.empty()) o.profile_dir = a.profile_dir;
   o.max_queued = a.max_queued;
   server::Server srv(o);
   const int port = srv.start(a.host, a.port);
@@ -62,6 +69,17 @@ static void add_serve(CLI::App& app) {
   cmd->add_option("--max-running", a->max_running, "sequences decoded together")->capture_default_str();
   cmd->add_option("--max-queued", a->max_queued, "requests waiting beyond that (more get 429)")->capture_default_str();
   cmd->add_option("--max-context", a->max_context, "prompt + generated tokens per request")->capture_default_str();
+  cmd->add_option("--max-prefill-tokens", a->max_prefill_tokens,
+                  "tokens per prefill step; longer prompts are prefilled in chunks (0: max(max-context, 256))")
+      ->capture_default_str();
+  cmd->add_option("--kv-blocks", a->kv_blocks,
+                  "KV cache blocks (0: max-running full contexts; fewer: requests are preempted and "
+                  "recomputed when the pool runs out)")->capture_default_str();
+  cmd->add_option("--kv-block-size", a->kv_block_size, "tokens per KV cache block")->capture_default_str();
+  cmd->add_option("--tp", a->tp, "tensor parallel GPUs")->capture_default_str();
+  cmd->add_option("--ep", a->ep, "expert parallel GPUs")->capture_default_str();
+  cmd->add_option("--profile-dir", a->profile_dir,
+                  "where /stop_profile writes its Chrome trace (default: the system temp directory)");
   cmd->add_option("--cache-dir", a->cache_dir, "demo model cache (default ~/.cache/tetra)");
   cmd->add_option("--preset", a->preset, "demo model preset when --model is not given")->capture_default_str();
   cmd->callback([a] { run_serve(*a); });

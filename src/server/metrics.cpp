@@ -96,6 +96,11 @@ std::string Metrics::prometheus_text() const {
         gauges_.kv_blocks_total ? double(gauges_.kv_blocks_used) / gauges_.kv_blocks_total : 0.0);
   gauge(out, "tetra_prompt_tokens_total", "Prompt tokens admitted.", double(prompt_tokens_), "counter");
   gauge(out, "tetra_generation_tokens_total", "Tokens generated.", double(generated_tokens_), "counter");
+  gauge(out, "tetra_preemptions_total",
+        "Requests preempted for KV cache space (blocks freed, prompt + output recomputed later).",
+        double(gauges_.preemptions), "counter");
+  gauge(out, "tetra_prefill_chunks_total", "Prefill runs of one sequence (a chunked prompt counts each chunk).",
+        double(gauges_.prefill_chunks), "counter");
   gauge(out, "tetra_uptime_seconds", "Seconds since the server started.", now_s() - started_);
   out += "# HELP tetra_requests_finished_total Requests finished, by finish reason.\n"
          "# TYPE tetra_requests_finished_total counter\n";

@@ -30,6 +30,8 @@ struct SchedulerGauges {
   int running = 0;
   int kv_blocks_used = 0;
   int kv_blocks_total = 0;
+  int64_t preemptions = 0;     // engine total so far (a counter)
+  int64_t prefill_chunks = 0;  // engine total so far (a counter)
 };
 
 class Metrics {

@@ -30,6 +30,7 @@ Scheduler::Scheduler(std::unique_ptr<runtime::Engine> engine, SchedulerOptions o
     : engine_(std::move(engine)), opt_(opt), metrics_(metrics), profiler_(profiler) {
   config_ = engine_->config();
   max_context_ = engine_->options().max_context;
+  kv_capacity_tokens_ = engine_->kv_capacity_tokens();
   vocab_size_ = engine_->config().vocab_size;
   backend_name_ = engine_->backend_name();
   publish_gauges();
@@ -68,6 +69,11 @@ std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt, co
   if (int64_t(prompt.size()) + max_new_tokens > max_context_)
     throw ApiError(400, str("max_tokens ", max_new_tokens, " + prompt ", prompt.size(), " tokens exceeds the context limit ",
                             max_context_, "; ask for at most ", max_context_ - int64_t(prompt.size())), "context_length_exceeded");
+  if (int64_t(prompt.size()) + max_new_tokens > kv_capacity_tokens_)
+    throw ApiError(400, str("max_tokens ", max_new_tokens, " + prompt ", prompt.size(), " tokens needs more KV cache than ",
+                            "the server has (", kv_capacity_tokens_, " tokens); ask for at most ",
+                            std::max<int64_t>(0, kv_capacity_tokens_ - int64_t(prompt.size()))),
+                   "context_length_exceeded");
   try {
     ops::check_sampling_params(params, 0);
   } catch (const Error& e) {
@@ -202,6 +208,8 @@ void Scheduler::publish_gauges() {
   g.running = engine_->num_running();
   g.kv_blocks_used = engine_->kv_blocks_used();
   g.kv_blocks_total = engine_->kv_blocks_total();
+  g.preemptions = engine_->stats().preemptions;
+  g.prefill_chunks = engine_->stats().prefill_chunks;
   engine_waiting_ = g.waiting;
   metrics_.set_gauges(g);
 }

@@ -68,7 +68,7 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a request. ApiError 429 when the queue is full, 400 when it cannot fit the context
-  // or names a token outside the vocabulary.
+  // (or the whole KV cache) or names a token outside the vocabulary.
   std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, const ops::SamplingParams& params,
                                         int max_new_tokens, std::vector<int32_t> stop_ids);
   // Immutable engine facts, safe from any thread.
@@ -93,6 +93,7 @@ class Scheduler {
   Profiler& profiler_;
   ModelConfig config_;
   int max_context_ = 0;
+  int64_t kv_capacity_tokens_ = 0;  // the whole KV cache: no request may need more
   int64_t vocab_size_ = 0;
   std::string backend_name_;
 

@@ -85,12 +85,29 @@ void Server::handle(const HttpRequest& req, HttpConnection& conn) {
     if (require("GET")) conn.respond(200, "text/plain; version=0.0.4", metrics_.prometheus_text());
   } else if (p == "/start_profile") {
     if (!require("POST")) return;
-    if (!profiler_.start()) return reply_error(400, "a profile is already running; POST /stop_profile first");
-    conn.respond(200, "application/json", R"({"status":"profiling"})");
+    // Per-kernel GPU events on the cuda backend (CUPTI); the cpu backend has none to record.
+    const bool gpu = scheduler_->backend_name() == "cuda";
+    try {
+      if (!profiler_.start(gpu ? &cupti_ : nullptr, str("the ", scheduler_->backend_name(), " backend runs no GPU kernels")))
+        return reply_error(400, "a profile is already running; POST /stop_profile first");
+    } catch (const Error& e) {
+      return reply_error(500, str("cannot start the per-kernel profile: ", e.what()));
+    }
+    conn.respond(200, "application/json",
+                 nlohmann::json({{"status", "profiling"}, {"gpu_kernels", gpu}}).dump());
   } else if (p == "/stop_profile") {
     if (!require("POST")) return;
+    if (!profiler_.active()) return reply_error(400, "no profile is running; POST /start_profile first");
+    // The trace is the response body and also a file (for runs driven by scripts).
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch()).count();
+    const std::filesystem::path file = opt_.profile_dir / ("tetra-trace-" + std::to_string(ms) + ".json");
+    std::ofstream f(file);
+    const nlohmann::json other = f ? nlohmann::json{{"trace_file", file.string()}}
+                                   : nlohmann::json{{"trace_file_error", str("cannot write ", file)}};
     std::string trace;
-    if (!profiler_.stop(trace)) return reply_error(400, "no profile is running; POST /start_profile first");
+    if (!profiler_.stop(trace, other)) return reply_error(400, "no profile is running; POST /start_profile first");
+    if (f) f << trace;
     conn.respond(200, "application/json", trace);
   } else if (p == "/v1/completions") {
     if (require("POST")) handle_generation(Endpoint::Completions, req, conn);

@@ -1,7 +1,9 @@
 // `tetra serve`: the OpenAI-compatible HTTP API over one Engine.
 //   GET  /health, /v1/models, /metrics (Prometheus text)
 //   POST /v1/completions, /v1/chat/completions (SSE when "stream": true), /generate (token ids)
-//   POST /start_profile, /stop_profile (Chrome trace JSON; stop without start: 400)
+//   POST /start_profile, /stop_profile (Chrome trace JSON, also written to profile_dir; engine
+//        steps and requests, plus one event per GPU kernel on the cuda backend via CUPTI;
+//        stop without start: 400; CUPTI missing on the cuda backend: 500 at start)
 // Text endpoints need tokenizer.json in the model directory; without one they answer 400.
 #pragma once
 #include <filesystem>
@@ -25,6 +27,7 @@ struct ServerOptions {
   runtime::EngineOptions engine;  // max_batch = max running, max_context
   int max_queued = 256;
   size_t max_body_bytes = 4u << 20;
+  std::filesystem::path profile_dir = std::filesystem::temp_directory_path();  // /stop_profile's trace file
 };
 
 class Server {
@@ -51,6 +54,7 @@ class Server {
   int64_t created_ = 0;  // unix seconds at load, for /v1/models
   Metrics metrics_;
   Profiler profiler_;
+  CuptiKernelSource cupti_;  // per-kernel events on the cuda backend
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<HttpServer> http_;
 };

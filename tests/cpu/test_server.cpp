@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "runtime/engine.h"
@@ -280,6 +281,20 @@ TEST_F(Server, ProfileTraceHoldsStepsAndRequests) {
   EXPECT_GE(decodes, 3);
   EXPECT_EQ(begins, 1);
   EXPECT_EQ(ends, 1);
+  // The cpu backend runs no GPU kernels: the trace says so instead of showing an empty track.
+  ASSERT_TRUE(trace.contains("otherData"));
+  EXPECT_EQ(trace["otherData"]["gpu_kernel_events"], 0);
+  EXPECT_NE(trace["otherData"]["gpu_kernels"].get<std::string>().find("none recorded"), std::string::npos);
+  // The same trace was written to a file.
+  ASSERT_TRUE(trace["otherData"].contains("trace_file")) << trace["otherData"].dump();
+  const std::filesystem::path file = trace["otherData"]["trace_file"].get<std::string>();
+  std::ifstream in(file);
+  ASSERT_TRUE(in) << file;
+  const json from_file = json::parse(in, nullptr, false);
+  EXPECT_FALSE(from_file.is_discarded()) << file << " is not valid JSON";
+  EXPECT_EQ(from_file, trace);
+  in.close();
+  std::filesystem::remove(file);
   expect_error(post(port_, "/stop_profile", json::object()), 400, "no profile");
 }
 
@@ -356,6 +371,56 @@ TEST(ServerNoTokenizer, TextEndpointsSayUseGenerate) {
   EXPECT_EQ(post(port, "/generate", {{"input_ids", {1, 2}}, {"max_new_tokens", 2}}).status, 200);
   const auto c = post(port, "/v1/completions", {{"prompt", {1, 2}}, {"max_tokens", 2}});
   EXPECT_EQ(c.status, 200) << c.body;
+}
+
+TEST(ServerLimits, SmallKvPoolPreemptsChunksAndCompletes) {
+  // 14 blocks of 4 tokens: each request (12 + 24 tokens = 9 blocks) fits alone, four at once do
+  // not; prompts are prefilled 5 tokens per step.
+  server::ServerOptions o = options(test::server_model_plain(), 4, 16);
+  o.engine.max_context = 64;
+  o.engine.kv_block_size = 4;
+  o.engine.kv_num_blocks = 14;
+  o.engine.max_prefill_tokens = 5;
+  server::Server s(o);
+  const int port = s.start("127.0.0.1", 0);
+  auto body = [](int i) {
+    json b = {{"input_ids", test::test_prompt(12, 512, 60 + uint32_t(i))}, {"max_new_tokens", 24}};
+    if (i % 2) b["seed"] = 100 + i, b["temperature"] = 0.9;
+    else b["temperature"] = 0;
+    return b;
+  };
+  std::vector<std::vector<int32_t>> alone(4), together(4);
+  for (int i = 0; i < 4; ++i) {
+    const auto r = post(port, "/generate", body(i));
+    ASSERT_EQ(r.status, 200) << r.body;
+    alone[size_t(i)] = parse_json(r.body)["output_ids"].get<std::vector<int32_t>>();
+  }
+  const auto before = test::parse_metrics(get(port, "/metrics").body);
+  EXPECT_EQ(before.at("tetra_preemptions_total"), 0);
+  EXPECT_GE(before.at("tetra_prefill_chunks_total"), 4 * 3);  // 12-token prompts in chunks of 5
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 4; ++i)
+    clients.emplace_back([&, i] {
+      const auto r = post(port, "/generate", body(i));
+      EXPECT_EQ(r.status, 200) << r.body;
+      together[size_t(i)] = parse_json(r.body)["output_ids"].get<std::vector<int32_t>>();
+    });
+  for (auto& c : clients) c.join();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(together[size_t(i)].size(), 24u) << "client " << i;
+    EXPECT_EQ(together[size_t(i)], alone[size_t(i)]) << "client " << i;
+  }
+  std::map<std::string, double> m;
+  for (int i = 0; i < 200; ++i) {  // the loop publishes its gauges after the last step
+    m = test::parse_metrics(get(port, "/metrics").body);
+    if (m["tetra_kv_cache_blocks_used"] == 0 && m["tetra_requests_running"] == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GT(m.at("tetra_preemptions_total"), 0);
+  EXPECT_EQ(m.at("tetra_kv_cache_blocks_used"), 0);
+  // More than the whole pool (56 tokens) is refused at once, not queued forever.
+  expect_error(post(port, "/generate", {{"input_ids", test::test_prompt(20, 512, 70)}, {"max_new_tokens", 40}}), 400,
+               "KV cache");
 }
 
 TEST(ServerLimits, FullQueueGets429) {

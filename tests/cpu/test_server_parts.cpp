@@ -1,13 +1,19 @@
 // Server pieces without sockets: HTTP head parsing, request validation, stop strings, chat
-// formats, metrics text, SSE reading, the profiler's start/stop rules.
+// formats, metrics text, SSE reading, the profiler's start/stop rules and its GPU kernel track
+// (a fake kernel source; the CUPTI one only for its missing-library error).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "bench/serve_bench.h"
+#include "core/error.h"
 #include "server/chat_format.h"
 #include "server/http_client.h"
 #include "server/http_message.h"
+#include "server/kernel_tracer.h"
 #include "server/metrics.h"
 #include "server/openai_request.h"
 #include "server/profiler.h"
@@ -178,6 +184,84 @@ TEST(Profiler, StopWithoutStartFailsAndTraceHoldsEvents) {
   EXPECT_TRUE(p.start());
   ASSERT_TRUE(p.stop(out));
   EXPECT_EQ(out.find("after"), std::string::npos);
+}
+
+// A kernel source with fixed records on a clock 1 s ahead of the host's.
+class FakeKernels final : public KernelSource {
+ public:
+  void start() override {
+    if (fail) TETRA_FAIL("no libcupti here");
+    started = true;
+  }
+  std::vector<KernelRecord> stop() override {
+    started = false;
+    return {{"gemm_kernel", kBase + 2000, kBase + 5000, 0, 7, 0},
+            {"attention_kernel", kBase + 6000, kBase + 6500, 0, 7, 3},
+            {"gemm_kernel", kBase + 7000, kBase + 9000, 0, 13, 3}};
+  }
+  uint64_t now_ns() override { return kBase; }
+  static constexpr uint64_t kBase = 1'000'000'000;
+  bool fail = false, started = false;
+};
+
+TEST(Profiler, KernelRecordsBecomeGpuEventsPerStream) {
+  Profiler p;
+  FakeKernels k;
+  std::string out;
+  const double t0 = p.now_us();
+  ASSERT_TRUE(p.start(&k));
+  EXPECT_TRUE(k.started);
+  p.complete("engine.step", "step", t0 + 1, 10, 1);
+  ASSERT_TRUE(p.stop(out, {{"trace_file", "/x.json"}}));
+  EXPECT_FALSE(k.started);
+  const nlohmann::json j = nlohmann::json::parse(out);
+  std::map<std::string, int> kernels;
+  std::set<int> tids;
+  int stream_names = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e.value("cat", "") == "kernel") {
+      ++kernels[e["name"].get<std::string>()];
+      tids.insert(e["tid"].get<int>());
+      EXPECT_EQ(e["pid"], 2);
+      // start 2 us after the anchor taken at start(), which is after t0
+      if (e["name"] == "gemm_kernel" && e["tid"] == 7) {
+        EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 3.0);
+        EXPECT_GE(e["ts"].get<double>(), t0 + 2.0);
+        EXPECT_LT(e["ts"].get<double>(), t0 + 2.0 + 1e6);
+      }
+      if (e["name"] == "attention_kernel") EXPECT_EQ(e["args"]["graph"], 3);
+    }
+    if (e["name"] == "thread_name" && e["pid"] == 2) ++stream_names;
+  }
+  EXPECT_EQ(kernels["gemm_kernel"], 2);
+  EXPECT_EQ(kernels["attention_kernel"], 1);
+  EXPECT_EQ(tids, (std::set<int>{7, 13}));
+  EXPECT_EQ(stream_names, 2);
+  EXPECT_EQ(j["otherData"]["gpu_kernel_events"], 3);
+  EXPECT_EQ(j["otherData"]["gpu_kernels_by_name"]["gemm_kernel"], 2);
+  EXPECT_EQ(j["otherData"]["trace_file"], "/x.json");
+}
+
+TEST(Profiler, AKernelSourceThatCannotStartLeavesTheProfileOff) {
+  Profiler p;
+  FakeKernels k;
+  k.fail = true;
+  EXPECT_THROW(p.start(&k), Error);
+  EXPECT_FALSE(p.active());
+  std::string out;
+  EXPECT_FALSE(p.stop(out));
+}
+
+TEST(Profiler, MissingCuptiIsAClearError) {
+  setenv("TETRA_CUPTI_LIBRARY", "/nonexistent/libcupti.so", 1);
+  CuptiKernelSource c;
+  try {
+    c.start();
+    FAIL() << "started without libcupti";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("libcupti"), std::string::npos) << e.what();
+  }
+  unsetenv("TETRA_CUPTI_LIBRARY");
 }
 
 TEST(HttpUrl, ParsesHostAndPort) {
