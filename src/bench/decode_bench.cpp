@@ -18,8 +18,10 @@
 #include "format/checkpoint.h"
 #include "format/presets.h"
 #include "format/quant_config.h"
+#include "dist/sharding_plan.h"
 #include "model/cuda/cuda_model_ops.h"
 #include "model/model.h"
+#include "model/parallel/parallel_model_ops.h"
 #include "moe/moe_layer.h"
 #include "perf/gpu_spec.h"
 #include "perf/roofline.h"
@@ -280,7 +282,20 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
   lim.max_blocks_per_seq = std::max(mb_decode, mb_prefill);
   lim.kv_num_blocks = std::max(Bmax * mb_decode, mb_prefill);
   lim.moe_backend = "cuda-w4a16";
-  const double kv_bytes = double(lim.kv_num_blocks) * lim.kv_block_size * c.num_key_value_heads *
+  if (o.tp < 1 || o.ep < 1) TETRA_FAIL("--tp and --ep must be at least 1");
+  const ParallelPlan plan{o.tp, o.ep};
+  const bool parallel = plan.world() > 1;
+  if (parallel) {
+    const std::vector<std::string> problems = dist::sharding_problems(c, quant, plan);
+    if (!problems.empty()) {
+      std::string list;
+      for (const std::string& p : problems) list += "\n  - " + p;
+      TETRA_FAIL("cannot split at tp=", o.tp, " ep=", o.ep, ":", list);
+    }
+  }
+  // One GPU's KV heads (replicated when tp exceeds the KV heads).
+  const int64_t kv_heads = std::max<int64_t>(1, c.num_key_value_heads / o.tp);
+  const double kv_bytes = double(lim.kv_num_blocks) * lim.kv_block_size * kv_heads *
                           c.head_dim * 2 * 2 * double(c.num_layers);
   size_t free_b = 0, total_b = 0;
   TETRA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -288,7 +303,8 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
     TETRA_FAIL("the KV cache for batch ", Bmax, " x context ", Cmax, " needs ", kv_bytes / 1e9,
                " GB; this GPU has ", double(free_b) / 1e9, " GB free: ask for less");
 
-  auto ops = model::cuda::make_cuda_model_ops_api();
+  auto ops = parallel ? model::parallel::make_parallel_cuda_model_ops(plan)
+                      : model::cuda::make_cuda_model_ops_api();
   model::cuda::CudaOpsOptions copt;
   copt.graphs = o.graphs;
   ops->set_options(copt);
@@ -296,7 +312,6 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
     ops->prepare(w, lim);
   else
     ops->prepare_random(w, lim, o.seed);
-  const auto stream = static_cast<cudaStream_t>(ops->stream());
 
   DecodeBenchReport r;
   r.preset = from_file ? o.model_dir : o.preset;
@@ -309,12 +324,14 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
   TETRA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   r.gpu = prop.name;
   r.weight_gb = double(ops->weight_bytes()) / 1e9;
+  r.tp = o.tp;
+  r.ep = o.ep;
   std::mt19937 rng(uint32_t(o.seed));
   using clock = std::chrono::steady_clock;
   auto timed_forward = [&](model::ModelOps& m, const model::StepBatch& st) {
     const auto t0 = clock::now();
     model::run_forward(m, w, st);
-    TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    ops->synchronize();  // every GPU's stream
     return std::chrono::duration<double, std::micro>(clock::now() - t0).count();
   };
 
@@ -348,12 +365,16 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
       ro.batch = B;
       ro.context = C + 1;
       ro.bandwidth_bytes_per_s = o.bandwidth;
+      ro.tp = o.tp;
+      ro.ep = o.ep;
       const DecodeRoofline f = decode_roofline(c, quant, gpu, ro);
       row.floor_us = f.memory_seconds * 1e6;
       row.floor_bytes = f.memory_bytes;
       row.unique_experts_per_layer = f.unique_experts_per_layer;
+      row.comm_us = f.comm_seconds * 1e6;
       row.efficiency = row.floor_us / row.median_us;
-      if (o.per_op) {
+      if (o.per_op && !parallel) {
+        const auto stream = static_cast<cudaStream_t>(ops->stream());
         copt.graphs = false;
         ops->set_options(copt);
         TimedOps timed(*ops, stream);
@@ -375,10 +396,12 @@ std::string decode_bench_markdown(const DecodeBenchReport& r) {
   os.setf(std::ios::fixed);
   os.precision(1);
   os << "# tetra bench decode: " << r.preset << " (" << (r.nvfp4 ? "NVFP4" : "BF16")
-     << ", " << r.config.num_layers << " layers)\n\n"
+     << ", " << r.config.num_layers << " layers" << (r.tp * r.ep > 1 ? str(", tp ", r.tp, " ep ", r.ep) : std::string())
+     << ")\n\n"
      << "- date " << r.date << ", commit " << r.commit << ", GPU " << r.gpu << "\n"
      << "- command: `" << r.command_line << "`\n"
-     << "- weights on the GPU: " << r.weight_gb << " GB\n";
+     << "- weights on the GPU" << (r.tp * r.ep > 1 ? "s (all together)" : "") << ": " << r.weight_gb
+     << " GB\n";
   if (r.prefill_tokens > 0)
     os << "- prefill of " << r.prefill_tokens << " tokens (one sequence): " << r.prefill_us / 1e3
        << " ms = " << r.prefill_tokens_per_s << " tokens/s\n";
@@ -407,6 +430,8 @@ nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
   j["date"] = r.date;
   j["command"] = r.command_line;
   j["weight_gb"] = r.weight_gb;
+  j["tp"] = r.tp;
+  j["ep"] = r.ep;
   j["prefill"] = {{"tokens", r.prefill_tokens}, {"us", r.prefill_us},
                   {"tokens_per_s", r.prefill_tokens_per_s}};
   j["rows"] = nlohmann::json::array();
@@ -414,6 +439,7 @@ nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
     nlohmann::json x = {{"batch", row.batch}, {"context", row.context}, {"median_us", row.median_us},
                         {"p90_us", row.p90_us}, {"tokens_per_s", row.tokens_per_s},
                         {"floor_us", row.floor_us}, {"floor_bytes", row.floor_bytes},
+                        {"comm_estimate_us", row.comm_us},
                         {"efficiency", row.efficiency},
                         {"unique_experts_per_layer", row.unique_experts_per_layer},
                         {"eager_us", row.eager_us}};

@@ -10,6 +10,10 @@
 // --prefill-tokens tokens, median of 3. Floor: perf/roofline.h's decode floor (active weight bytes
 // incl. unique experts at that batch + KV read + lm_head) at the measured 4.46 TB/s (DEVICE.md);
 // efficiency = floor / measured. Per-op times: one eager step with CUDA events around each op.
+// tp/ep > 1: the model is split over max(tp, ep) GPUs (model/parallel/parallel_model_ops.h), each
+// GPU's share of the random weights built on it; the floor is roofline's per-GPU HBM floor at that
+// split (it splits lm_head tp ways, which Tetra replicates: that read is part of the gap); no
+// per-op step (the ops run on the rank threads, not under the caller's events).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -36,6 +40,7 @@ struct DecodeBenchOptions {
   bool per_op = true;             // one eager step timed per op
   uint64_t seed = 1;
   double bandwidth = 4.46e12;     // bytes/s, DEVICE.md's measured HBM read
+  int tp = 1, ep = 1;             // tensor / expert parallel: GPUs 0 .. max(tp, ep) - 1
   std::string command_line;
 };
 
@@ -49,7 +54,8 @@ struct DecodeBenchRow {
   int batch = 0, context = 0;
   double median_us = 0, p90_us = 0;   // per decode step (= per-token latency)
   double tokens_per_s = 0;            // batch / median step
-  double floor_us = 0, floor_bytes = 0, efficiency = 0;
+  double floor_us = 0, floor_bytes = 0, efficiency = 0;  // floor: per GPU, HBM only
+  double comm_us = 0;                 // the roofline's all-reduce estimate (tp/ep > 1), not in floor
   double unique_experts_per_layer = 0;
   std::vector<DecodeOpTime> ops;      // eager, per op kind
   double eager_us = 0;                // the eager step's total
@@ -60,7 +66,8 @@ struct DecodeBenchReport {
   std::string gpu, commit, date, command_line;
   ModelConfig config;
   bool nvfp4 = true;
-  double weight_gb = 0;
+  double weight_gb = 0;  // all GPUs together
+  int tp = 1, ep = 1;
   int prefill_tokens = 0;
   double prefill_us = 0, prefill_tokens_per_s = 0;
   std::vector<DecodeBenchRow> rows;

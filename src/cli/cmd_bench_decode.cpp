@@ -44,6 +44,8 @@ void run_bench_decode(BenchDecodeArgs& a) {
   if (a.opts.layers > 0) cmd << " --layers " << a.opts.layers;
   cmd << " --batch " << a.batches << " --context " << a.contexts << " --prefill-tokens "
       << a.opts.prefill_tokens << " --iters " << a.opts.iters;
+  if (a.opts.tp != 1) cmd << " --tp " << a.opts.tp;
+  if (a.opts.ep != 1) cmd << " --ep " << a.opts.ep;
   if (a.no_graphs) cmd << " --no-graphs";
   a.opts.command_line = cmd.str();
   if (!cuda_available()) {
@@ -84,6 +86,8 @@ static void add_bench_decode(CLI::App& app) {
   cmd->add_option("--prefill-tokens", a->opts.prefill_tokens,
                   "tokens of the one-sequence prefill figure (default 4096; 0: none)");
   cmd->add_option("--iters", a->opts.iters, "timed decode steps per row (default 30)");
+  cmd->add_option("--tp", a->opts.tp, "tensor parallel GPUs (default 1)");
+  cmd->add_option("--ep", a->opts.ep, "expert parallel GPUs (default 1); runs on max(tp, ep) GPUs");
   cmd->add_flag("--no-graphs", a->no_graphs, "run decode steps eagerly (no CUDA graphs)");
   cmd->add_flag("--no-per-op", a->no_per_op, "skip the per-op timing step");
   cmd->add_option("--json", a->json_path, "also write the results as JSON to this file");

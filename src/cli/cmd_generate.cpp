@@ -14,6 +14,7 @@ namespace {
 struct GenerateOptions {
   std::string model_dir, prompt_ids, stop_ids, backend = "auto", moe_backend = "auto";
   int max_new_tokens = 16;
+  int tp = 1, ep = 1;  // tensor / expert parallel GPUs
   ops::SamplingParams sampling;
 };
 
@@ -25,6 +26,8 @@ void run_generate(const GenerateOptions& o) {
   runtime::EngineOptions eo;
   eo.backend = o.backend;
   eo.moe_backend = o.moe_backend;
+  eo.tp = o.tp;
+  eo.ep = o.ep;
   eo.max_batch = 1;
   eo.max_context = int(prompt.size()) + o.max_new_tokens;
   auto engine = runtime::Engine::load(o.model_dir, eo);
@@ -67,6 +70,11 @@ static void add_generate(CLI::App& app) {
   cmd->add_option("--backend", o->backend, "cpu, cuda or auto (cuda when built and a GPU is present)")
       ->capture_default_str();
   cmd->add_option("--moe-backend", o->moe_backend, "MoE runner of the backend (auto, cpu, cuda-w4a16, ...)")
+      ->capture_default_str();
+  cmd->add_option("--tp", o->tp, "tensor parallel GPUs (heads and MLP widths split over them)")
+      ->capture_default_str();
+  cmd->add_option("--ep", o->ep, "expert parallel GPUs (routed experts split in blocks); the "
+                  "model runs on max(tp, ep) GPUs")
       ->capture_default_str();
   cmd->callback([o] { run_generate(*o); });
 }

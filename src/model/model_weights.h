@@ -53,7 +53,8 @@ struct MoeWeights {
   moe::RouterParams router_params;            // from the config's routing fields
   std::vector<MlpWeights> experts;            // [E] routed experts, gate/up [I, H], down [H, I]
   // Expert parallel: experts[i] is global expert expert_begin + i of global_experts (the router
-  // and correction bias keep all global_experts rows). 0 / 0: the layer holds every expert.
+  // and correction bias keep all global_experts rows; moe::MoeLayerWeights::expert_begin). 0 / 0:
+  // the layer holds every expert.
   int expert_begin = 0, global_experts = 0;
   std::optional<MlpWeights> shared;           // shared expert(s), fused width n_shared * I
 };

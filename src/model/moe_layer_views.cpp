@@ -21,18 +21,19 @@ Nvfp4MatrixView nvfp4_view(const LinearWeight& l) {
 
 std::unique_ptr<MoeLayerViews> moe_layer_views(const MoeWeights& mw, int layer, int64_t hidden) {
   TETRA_CHECK(!mw.experts.empty(), "layer ", layer, " has no experts");
-  if (mw.global_experts != 0 && mw.global_experts != int(mw.experts.size()))
-    TETRA_FAIL("layer ", layer, " holds experts ", mw.expert_begin, "..",
-               mw.expert_begin + int(mw.experts.size()) - 1, " of ", mw.global_experts,
-               ": expert parallel needs the MoE layer runner to take a block of the experts, "
-               "which it cannot yet");
+  if (mw.global_experts != 0)
+    TETRA_CHECK(mw.expert_begin >= 0 && mw.expert_begin + int(mw.experts.size()) <= mw.global_experts,
+                "layer ", layer, ": experts ", mw.expert_begin, " + ", mw.experts.size(),
+                " outside the ", mw.global_experts, " of the model");
   auto out = std::make_unique<MoeLayerViews>();
   MoeLayerViews& v = *out;
   moe::MoeLayerWeights& w = v.weights;
   w.name = str("model.layers.", layer, ".mlp");
   w.hidden = int(hidden);
   w.inter = int(mw.experts.front().inter());
-  w.router = mw.router_params;
+  w.router = mw.router_params;  // num_experts: every expert of the model (the router's rows)
+  w.expert_begin = mw.expert_begin;  // expert parallel: experts[0] is this global expert
+  if (mw.router.shape.size() == 2) w.gate_rows = int(mw.router.shape[0]);
   if (mw.router.dtype == DType::BF16 || mw.router.dtype == DType::F32) {
     w.gate = mw.router.data;
     w.gate_dtype = mw.router.dtype;

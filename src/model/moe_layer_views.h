@@ -1,7 +1,9 @@
 // A model layer's MoE weights (model/model_weights.h views) as the MoE layer runner takes them
 // (moe/moe_layer.h MoeLayerWeights): NVFP4 experts as Nvfp4MatrixViews straight into the
 // checkpoint, high-precision experts as bf16 (F16/F32 tensors converted, the copies kept here),
-// the correction bias as float32. Any backend that builds a MoeLayerRunner can use it.
+// the correction bias as float32. Any backend that builds a MoeLayerRunner can use it. An expert
+// parallel layer (MoeWeights::expert_begin) gives the runner its block of experts and the
+// whole router.
 #pragma once
 #include <cstdint>
 #include <deque>

@@ -1,12 +1,13 @@
-// Tensor parallel sharding without GPUs: the tiny checkpoints run on the cpu backend split over
-// N ranks (one thread each, all-reduce = float32 sum in rank order rounded to bf16 once, like the
+// Tensor / expert parallel sharding without GPUs: the tiny checkpoints run on the cpu backend
+// split over N ranks (one thread each, all-reduce = float32 sum in rank order rounded to bf16 once, like the
 // GPU one-shot kernel) must give the logits of the unsplit model, through Model::load's tp path.
 //
 // Bound: relative L2 error of each logits row <= 2e-2 for at least 95% of the rows, median row
 // <= 1e-2, worst <= 0.5 (the rule test_model_cuda uses for CPU vs CUDA). Why the split differs at
 // all: each rank rounds its partial o_proj / down output to bf16 before the sum (one extra bf16
 // rounding of each partial, ~2^-9 relative), and routing may flip on near-ties. A wrong slice
-// (a head, a column block, a scale block, a bias added twice) breaks every row by O(1).
+// (a head, a column block, a scale block, a bias added twice, a replica or an expert counted on
+// two ranks) breaks every row by O(1).
 // Also checked directly: the column blocks cut from o_proj / down_proj (NVFP4 codes and scales,
 // BF16 values) are the parent's columns, and rank_config divides heads and widths.
 #include <gtest/gtest.h>
@@ -110,6 +111,9 @@ std::vector<SplitCase> cases() {
     for (const char* d : {"bf16", "nvfp4"}) {
       v.push_back({p, d, 2, 1});
       v.push_back({p, d, 4, 1});  // 4 heads, 2 KV heads: each KV head on two ranks
+      v.push_back({p, d, 1, 2});  // attention and shared expert replicated: rank 1's zeroed
+      v.push_back({p, d, 2, 2});  // heads split, whole experts in two blocks
+      v.push_back({p, d, 2, 4});  // 4 expert blocks, attention in two tp groups
     }
   return v;
 }

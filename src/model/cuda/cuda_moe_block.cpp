@@ -13,16 +13,14 @@ CudaMoeBlock make_cuda_moe_block(const MoeWeights& mw, const CudaMoeBlockSpec& s
   CudaMoeBlock block;
   if (spec.random) {
     TETRA_CHECK(spec.seed != nullptr, "random MoE block without a seed");
-    if (mw.global_experts != 0 && mw.global_experts != E)
-      TETRA_FAIL("layer ", spec.layer, " holds ", E, " of ", mw.global_experts,
-                 " experts: expert parallel needs the MoE layer runner to take a block of the "
-                 "experts, which it cannot yet");
     moe::RandomW4a16Layer r;
     r.experts = E;
     r.hidden = spec.hidden;
     r.inter = int(mw.experts.front().inter());
     r.shared_inter = mw.shared ? int(mw.shared->inter()) : 0;
-    r.router = mw.router_params;
+    r.router = mw.router_params;  // routes over every expert of the model
+    r.expert_begin = mw.expert_begin;  // expert parallel: this rank's block
+    r.global_experts = mw.global_experts;
     r.seed = uint32_t((*spec.seed)++);
     auto layer = std::make_unique<moe::CudaW4a16MoeLayer>(r, spec.max_tokens,
                                                           TokenLayout::Contiguous);
