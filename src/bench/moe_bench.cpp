@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <ctime>
 #include <iomanip>
 #include <memory>
 #include <set>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
@@ -107,6 +110,47 @@ struct Graph {
   }
 };
 
+// TETRA_MOE_TOKEN_PATH (see moe_bench.h) over the defaults.
+moe::CudaTokenPath token_path_from_env() {
+  moe::CudaTokenPath p;
+  const char* env = std::getenv("TETRA_MOE_TOKEN_PATH");
+  if (!env || !*env) return p;
+  std::string spec(env);
+  if (spec == "old") spec = "fused=0,slot=0,side=0,pdl=0";
+  std::istringstream in(spec);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t eq = item.find('=');
+    int v = 0;
+    try {
+      if (eq == std::string::npos) throw std::invalid_argument(item);
+      v = std::stoi(item.substr(eq + 1));
+    } catch (const std::exception&) {
+      TETRA_FAIL("TETRA_MOE_TOKEN_PATH: '", item, "' is not key=number");
+    }
+    const std::string key = item.substr(0, eq);
+    if (key == "fused") {
+      p.fused_route_max_tokens = v;
+    } else if (key == "slot") {
+      p.shared_slot_max_tokens = v;
+    } else if (key == "side") {
+      p.shared_side_stream = v != 0;
+    } else if (key == "pdl") {
+      p.combine_pdl = v != 0;
+    } else {
+      TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key, "' (fused, slot, side, pdl)");
+    }
+  }
+  return p;
+}
+
+std::string token_path_label(const moe::CudaTokenPath& p) {
+  std::ostringstream os;
+  os << "fused<=" << p.fused_route_max_tokens << " slot<=" << p.shared_slot_max_tokens
+     << " side=" << int(p.shared_side_stream) << " pdl=" << int(p.combine_pdl);
+  return os.str();
+}
+
 void bench_backend_w4a16(const Shape& s, const MoeBenchOptions& o, const GpuSpec& gpu,
                          MoeBenchReport& r) {
   int max_t = 0;
@@ -119,7 +163,9 @@ void bench_backend_w4a16(const Shape& s, const MoeBenchOptions& o, const GpuSpec
     if (o.routing == "skewed")
       for (int e = 0; e < s.E; e += 8) spec.bias[size_t(e)] = 0.2f;
   }
-  moe::CudaW4a16MoeLayer layer(spec, max_t, TokenLayout::Contiguous);
+  const moe::CudaTokenPath path = token_path_from_env();
+  r.token_path = token_path_label(path);
+  moe::CudaW4a16MoeLayer layer(spec, max_t, TokenLayout::Contiguous, path);
   cudaStream_t stream;
   TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const double bw = gpu.bandwidth_bytes_per_s > 0 ? gpu.bandwidth_bytes_per_s : kFallbackBandwidth;
@@ -307,6 +353,8 @@ std::string moe_bench_markdown(const MoeBenchReport& r) {
      << r.routing << "\n\n";
   os << "- Date: " << r.date << ". Commit: " << r.commit << ". GPU: " << r.gpu << ".\n";
   os << "- Command: `" << r.command << "`\n";
+  if (!r.token_path.empty())
+    os << "- Token path (moe::CudaTokenPath, TETRA_MOE_TOKEN_PATH): " << r.token_path << ".\n";
   os << "- Floors at " << fixed(r.bandwidth_bytes_per_s / 1e12, 2) << " TB/s and "
      << fixed(r.bf16_tflops, 0) << " TFLOP/s (bf16 peak). Bytes: unique routed experts' "
         "weights+scales, shared expert, router weight, x in, out. Times: CUDA graph of one "
@@ -342,6 +390,7 @@ nlohmann::json moe_bench_json(const MoeBenchReport& r) {
   j["command"] = r.command;
   j["preset"] = r.preset;
   j["routing"] = r.routing;
+  j["token_path"] = r.token_path;
   j["shape"] = {{"experts", r.experts}, {"hidden", r.hidden}, {"moe_intermediate", r.inter},
                 {"shared_intermediate", r.shared_inter}, {"top_k", r.top_k}};
   j["bandwidth_bytes_per_s"] = r.bandwidth_bytes_per_s;

@@ -9,6 +9,11 @@
 // and out written. FLOPs = 2 * (T*top_k*3*H*I + T*3*H*Is + T*E*H). Floors: bytes / bandwidth and
 // FLOPs / bf16 peak of the GPU (perf/gpu_spec: measured 4.46 TB/s and 785 TFLOP/s on the H200);
 // the larger one binds; efficiency = floor / median.
+//
+// The layer's token path (moe::CudaTokenPath) can be changed for A/B runs through the environment:
+// TETRA_MOE_TOKEN_PATH="fused=N,slot=N,side=0|1,pdl=0|1" (keys optional, others keep their
+// defaults; "old" = fused=0,slot=0,side=0,pdl=0, the launches before the small-T path). The
+// report names the setting.
 #pragma once
 #include <string>
 #include <vector>
@@ -52,6 +57,7 @@ struct MoeBenchSkip {
 
 struct MoeBenchReport {
   std::string date, commit, gpu, command, preset, routing;
+  std::string token_path;  // the layer's CudaTokenPath as "fused<=64 slot<=8 side=1 pdl=1"
   int experts = 0, hidden = 0, inter = 0, shared_inter = 0, top_k = 0;
   double bandwidth_bytes_per_s = 0, bf16_tflops = 0;
   std::vector<MoeBenchRow> rows;

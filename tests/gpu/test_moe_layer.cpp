@@ -316,33 +316,135 @@ TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
   }
 }
 
-// forward is graph-capturable: a captured forward replayed on new input equals eager.
+// The token path's settings (moe::CudaTokenPath) all match cpu to 1e-5 with the same expert ids,
+// on both layouts and around each threshold: the one-launch token path (forced up to 99 tokens)
+// against the separate launches, the shared expert as a slot of the routed GEMMs (also forced up
+// to 99 tokens: several passes over its rows) against its own launches, serial or on the side
+// stream, and the combine with and without PDL. An EP block too. The side stream runs the same
+// kernels as the serial launches: bit-equal. (The shared slot may pick another GEMM kernel than
+// the shared expert's own launch, so it is held to the cpu tolerance, not to bits.)
+TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
+  moe::CudaTokenPath old_path;  // the launches before the fused path: all off
+  old_path.fused_route_max_tokens = 0;
+  old_path.shared_slot_max_tokens = 0;
+  old_path.shared_side_stream = false;
+  old_path.combine_pdl = false;
+  moe::CudaTokenPath all_fused;  // everything fused up to 99 tokens
+  all_fused.fused_route_max_tokens = 99;
+  all_fused.shared_slot_max_tokens = 99;
+  all_fused.combine_pdl = true;
+  moe::CudaTokenPath side_only = old_path;
+  side_only.shared_side_stream = true;
+  const std::vector<std::pair<std::string, moe::CudaTokenPath>> paths = {
+      {"default", moe::CudaTokenPath{}}, {"old", old_path}, {"all fused", all_fused},
+      {"side stream", side_only}};
+  const RouterParams glm = preset_router("glm5", 16);
+  RouterParams soft;
+  soft.scoring = moe::Scoring::Softmax;
+  soft.num_experts = 40;
+  soft.top_k = 6;
+  struct Case {
+    std::string name;
+    RouterParams router;
+    int H, I, Is, begin, count;
+  };
+  const std::vector<Case> cases = {{"glm5 (E=16)", glm, 6144, 2048, 2048, 0, 16},
+                                   {"softmax E=40 top-6", soft, 256, 128, 128, 0, 40},
+                                   {"softmax no shared", soft, 256, 128, 0, 0, 40},
+                                   {"EP block 8+12 of 40", soft, 256, 128, 128, 8, 12}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    for (const std::string& backend : cuda_backends()) {
+      SCOPED_TRACE(backend);
+      // The real shape only on NVFP4 (random BF16 weights of that size take long to make).
+      if (c.H > 1024 && format_of(backend) == ExpertFormat::BF16) continue;
+      const HostMoeLayer L =
+          test::random_layer(c.router, c.H, c.I, c.Is, 51, true, format_of(backend));
+      const moe::MoeLayerWeights w = L.block_weights(c.begin, c.count, c.Is > 0);
+      moe::validate_layer_weights(w);
+      moe::MoeLayerOptions o;
+      o.backend = "cpu";
+      o.max_tokens = 99;
+      auto cpu = moe::make_moe_layer(w, o);
+      for (TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked}) {
+        SCOPED_TRACE(layout == TokenLayout::Masked ? "masked" : "contiguous");
+        // The real shape is slow to build and check on the CPU: default and old paths only.
+        const size_t n_paths = c.H > 1024 ? 2 : paths.size();
+        std::vector<std::unique_ptr<moe::CudaMoeLayer>> gpus;
+        for (size_t i = 0; i < n_paths; ++i)
+          gpus.push_back(std::make_unique<moe::CudaMoeLayer>(w, 99, layout, paths[i].second));
+        for (int T : {1, 2, 8, 9, 64, 65, 99}) {
+          if (c.H > 1024 && T != 1 && T != 9 && T != 65) continue;  // the CPU reference is slow
+          const std::vector<uint16_t> x = test::random_x(T, c.H, 60 + uint32_t(T));
+          const std::vector<uint16_t> res = test::random_x(T, c.H, 61 + uint32_t(T));
+          const uint16_t* residual = T % 2 ? res.data() : nullptr;
+          std::vector<uint16_t> want(x.size());
+          cpu->forward(x.data(), T, want.data(), residual, nullptr);
+          const std::vector<int32_t> ids = cpu_ids(L, x, T);
+          std::vector<std::vector<uint16_t>> outs;
+          for (size_t i = 0; i < gpus.size(); ++i) {
+            SCOPED_TRACE(paths[i].first + " T=" + std::to_string(T));
+            GuardedBf16 dx(x.size()), dres(x.size()), dout(x.size());
+            dx.upload(x);
+            dres.upload(res);
+            gpus[i]->forward(dx.ptr(), T, dout.ptr(), residual ? dres.ptr() : nullptr, nullptr);
+            TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::vector<uint16_t> got = dout.body();
+            const double e = test::nmse_bf16(got, want);
+            EXPECT_LE(e, 1e-5);
+            EXPECT_EQ(dout.guards_lost(), 0u);
+            EXPECT_EQ(gpus[i]->dropped_pairs(), 0);
+            EXPECT_EQ(gpus[i]->last_ids(T), ids);
+            outs.push_back(got);
+            std::printf("  path %-20s %-10s %-10s %-11s T=%-3d nmse %.3g%s\n", c.name.c_str(),
+                        backend.c_str(), layout == TokenLayout::Masked ? "masked" : "contiguous",
+                        paths[i].first.c_str(), T, e,
+                        i > 0 && got == outs[0] ? " (bits of default)" : "");
+          }
+          if (outs.size() == paths.size()) EXPECT_EQ(outs[3], outs[1]) << "side stream vs serial";
+        }
+      }
+    }
+  }
+}
+
+// forward is graph-capturable: a captured forward replayed on new input equals eager, for every
+// shared-expert arrangement (T=1: the one-launch token path and the shared slot; T=19: the shared
+// expert on the side stream, forked and joined inside the graph; and serially).
 TEST_F(MoeLayerGpu, CapturedGraphEqualsEager) {
   const ModelConfig c = preset_config("tiny-glm5");
+  moe::CudaTokenPath serial;
+  serial.shared_side_stream = false;
   for (const std::string& backend : cuda_backends()) {
     const HostMoeLayer L = test::random_layer(moe::router_params_of(c), 64, 64, 64, 13, true,
                                               format_of(backend));
-    auto gpu = runner(L, backend, 32, TokenLayout::Masked);
-    const int T = 19;
-    GuardedBf16 dx(size_t(T) * 64), dout(size_t(T) * 64), dref(size_t(T) * 64);
-    cudaStream_t s;
-    TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    dx.upload(test::random_x(T, 64, 1));
-    cudaGraph_t graph;
-    TETRA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    gpu->forward(dx.ptr(), T, dout.ptr(), nullptr, s);
-    TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    cudaGraphExec_t exec;
-    TETRA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    dx.upload(test::random_x(T, 64, 2));  // new input after capture
-    TETRA_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
-    gpu->forward(dx.ptr(), T, dref.ptr(), nullptr, s);
-    TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
-    EXPECT_EQ(dout.body(), dref.body()) << backend;
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(s);
+    for (const moe::CudaTokenPath& path : {moe::CudaTokenPath{}, serial}) {
+      moe::CudaMoeLayer gpu(L.weights(), 32, TokenLayout::Masked, path);
+      for (int T : {1, 19}) {
+        SCOPED_TRACE(backend + " T=" + std::to_string(T) +
+                     (path.shared_side_stream ? " side stream" : " serial"));
+        GuardedBf16 dx(size_t(T) * 64), dout(size_t(T) * 64), dref(size_t(T) * 64);
+        cudaStream_t s;
+        TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        dx.upload(test::random_x(T, 64, 1));
+        cudaGraph_t graph;
+        TETRA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        gpu.forward(dx.ptr(), T, dout.ptr(), nullptr, s);
+        TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+        cudaGraphExec_t exec;
+        TETRA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        dx.upload(test::random_x(T, 64, 2));  // new input after capture
+        for (int rep = 0; rep < 3; ++rep) TETRA_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
+        gpu.forward(dx.ptr(), T, dref.ptr(), nullptr, s);
+        TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
+        EXPECT_EQ(dout.body(), dref.body());
+        EXPECT_EQ(gpu.dropped_pairs(), 0);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+        cudaStreamDestroy(s);
+      }
+    }
   }
 }
 

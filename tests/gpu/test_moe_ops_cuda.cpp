@@ -17,6 +17,7 @@
 #include "moe/token_layout.h"
 #include "moe/token_movement.h"
 #include "ops/moe/moe_ops_cuda.h"
+#include "ops/moe/token_path.h"
 
 using namespace tetra;
 using namespace tetra::moe;
@@ -537,4 +538,173 @@ TEST(MoeOpsCuda, GraphCapturedTokenPathReplaysCorrectly) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// The one-launch small-T token path (ops/moe/token_path.h) against the separate ops: logits and
+// routing bit-identical to the CPU twins, and the layout + row bookkeeping equal to
+// build_contiguous / build_masked + prepare_rows on the same ids (rows past each expert's count
+// are not written by the one-launch path and not compared). Both layouts, an expert-parallel
+// block, a hidden size off the vector path, repeated launches (the block counter must return to
+// zero), the shared slot rows.
+TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    RouteCase r;
+    int H, begin, count;
+  };
+  const std::vector<Case> cases = {
+      {{Scoring::Sigmoid, 256, 8, 8, 4, true, true, 2.5f}, 512, 0, 256},
+      {{Scoring::Softmax, 128, 8, 1, 1, false, false, 1.0f}, 100, 0, 128},
+      {{Scoring::Sigmoid, 64, 4, 1, 1, true, true, 1.0f}, 256, 16, 24},
+  };
+  std::mt19937 rng(77);
+  for (const Case& c : cases) {
+    RouterParams p;
+    p.scoring = c.r.scoring;
+    p.num_experts = c.r.E;
+    p.top_k = c.r.top_k;
+    p.n_group = c.r.n_group;
+    p.topk_group = c.r.topk_group;
+    p.norm_topk_prob = c.r.norm;
+    p.routed_scaling_factor = c.r.scale;
+    const int E = c.r.E, K = c.r.top_k, H = c.H, El = c.count;
+    cuda::small_token_path_setup(E, El);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<uint16_t> gate(size_t(E) * H);  // [E, H]
+    for (auto& g : gate) g = float_to_bf16(nd(rng) / std::sqrt(float(H)));
+    std::vector<float> bias(static_cast<size_t>(E));  // [E]
+    for (auto& b : bias) b = 0.05f * nd(rng);
+    DevBuf<uint16_t> d_gate(gate.size());
+    DevBuf<float> d_bias(bias.size());
+    d_gate.upload(gate);
+    d_bias.upload(bias);
+    for (const bool masked : {false, true}) {
+      for (const int T : {1, 5, 64}) {
+        SCOPED_TRACE(describe(c.r, T) + str(" H=", H, " block ", c.begin, "+", El,
+                                            masked ? " masked" : " contiguous"));
+        std::vector<uint16_t> x(size_t(T) * H);  // [T, H]
+        for (auto& v : x) v = float_to_bf16(nd(rng));
+        std::vector<float> logits(size_t(T) * E);
+        router_logits_cpu(x.data(), gate.data(), T, H, E, logits.data());
+        std::vector<int32_t> ids(size_t(T) * K);
+        std::vector<float> w(ids.size());
+        route_cpu(logits.data(), c.r.bias ? bias.data() : nullptr, T, p, ids.data(), w.data());
+
+        const int max_m = T;
+        const size_t rows = masked ? size_t(El + 1) * max_m : size_t(T) * K + T;
+        // Two sets of outputs: [0] one launch, [1] separate ops.
+        struct Out {
+          DevBuf<float> logits, weights;
+          DevBuf<int32_t> ids, offsets, masked_m, row_token, slot_of, dropped, row_count, slots;
+          Out(size_t TE, size_t TK, size_t El1, size_t rows)
+              : logits(TE), weights(TK), ids(TK), offsets(El1), masked_m(El1), row_token(rows),
+                slot_of(TK), dropped(1), row_count(El1), slots(El1) {}
+        };
+        Out o1(logits.size(), ids.size(), size_t(El) + 1, rows);
+        Out o2(logits.size(), ids.size(), size_t(El) + 1, rows);
+        DevBuf<uint16_t> d_x(x.size());
+        DevBuf<uint32_t> counter(1);
+        DevBuf<char> workspace(std::max<size_t>(cuda::layout_workspace_bytes(T, K, El), 1));
+        d_x.upload(x);
+        TETRA_CUDA_CHECK(cudaMemset(counter.get(), 0, 4));
+        auto prep_of = [&](Out& o) {
+          cuda::RowsPrep r;
+          r.E = El;
+          r.num_slots = std::min(El, T * K);
+          r.max_m = masked ? max_m : 0;
+          r.offsets = o.offsets.get();
+          r.masked_m = o.masked_m.get();
+          r.row_count = o.row_count.get();
+          r.slots = o.slots.get();
+          r.row_token = o.row_token.get();
+          r.shared_slot = true;
+          return r;
+        };
+        cuda::SmallTokenPath a;
+        a.x = d_x.get();
+        a.gate = d_gate.get();
+        a.bias = c.r.bias ? d_bias.get() : nullptr;
+        a.H = H;
+        a.router = p;
+        a.logits = o1.logits.get();
+        a.ids = o1.ids.get();
+        a.weights = o1.weights.get();
+        a.expert_begin = c.begin;
+        a.offsets = o1.offsets.get();
+        a.masked_m = o1.masked_m.get();
+        a.row_token = o1.row_token.get();
+        a.slot_of = o1.slot_of.get();
+        a.dropped = o1.dropped.get();
+        a.rows = prep_of(o1);
+        a.counter = counter.get();
+        for (int rep = 0; rep < 3; ++rep)
+          ASSERT_EQ(cuda::small_token_path(a, T, nullptr), cudaSuccess);
+        // The separate ops.
+        ASSERT_EQ(cuda::router_logits(d_x.get(), DType::BF16, d_gate.get(), T, H, E,
+                                      o2.logits.get(), nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cuda::route(o2.logits.get(), c.r.bias ? d_bias.get() : nullptr, T, p,
+                              o2.ids.get(), o2.weights.get(), nullptr),
+                  cudaSuccess);
+        const cuda::ExpertBlock block{c.begin, E};
+        if (masked) {
+          cuda::MaskedLayoutView v;
+          v.max_m = max_m;
+          v.masked_m = o2.masked_m.get();
+          v.row_token = o2.row_token.get();
+          v.slot_of = o2.slot_of.get();
+          v.dropped = o2.dropped.get();
+          v.block = block;
+          ASSERT_EQ(cuda::build_masked(o2.ids.get(), T, K, El, workspace.get(),
+                                       cuda::layout_workspace_bytes(T, K, El), v, nullptr),
+                    cudaSuccess);
+        } else {
+          cuda::ContiguousLayoutView v;
+          v.expert_offsets = o2.offsets.get();
+          v.slot_token = o2.row_token.get();
+          v.slot_of = o2.slot_of.get();
+          v.dropped = o2.dropped.get();
+          v.block = block;
+          ASSERT_EQ(cuda::build_contiguous(o2.ids.get(), T, K, El, workspace.get(),
+                                           cuda::layout_workspace_bytes(T, K, El), v, nullptr),
+                    cudaSuccess);
+        }
+        ASSERT_EQ(cuda::prepare_rows(prep_of(o2), T, nullptr), cudaSuccess);
+        device_sync();
+
+        EXPECT_TRUE(bytes_equal(o1.logits.download(), logits)) << "logits vs cpu";
+        EXPECT_EQ(o1.ids.download(), ids);
+        EXPECT_TRUE(bytes_equal(o1.weights.download(), w)) << "weights vs cpu";
+        EXPECT_EQ(counter.download()[0], 0u);
+        EXPECT_EQ(o1.dropped.download()[0], 0);
+        EXPECT_EQ(o2.dropped.download()[0], 0);
+        EXPECT_EQ(o1.slot_of.download(), o2.slot_of.download());
+        EXPECT_EQ(o1.slots.download(), o2.slots.download());
+        const std::vector<int32_t> tok1 = o1.row_token.download(), tok2 = o2.row_token.download();
+        std::vector<int32_t> count(size_t(El) + 1), start(size_t(El) + 1);  // incl. shared slot
+        if (masked) {
+          const std::vector<int32_t> m1 = o1.masked_m.download(), m2 = o2.masked_m.download();
+          EXPECT_EQ(m1, m2);
+          EXPECT_EQ(m1[size_t(El)], T);
+          for (int e = 0; e <= El; ++e) count[size_t(e)] = m2[size_t(e)], start[size_t(e)] = e * max_m;
+        } else {
+          const std::vector<int32_t> f1 = o1.offsets.download(), f2 = o2.offsets.download();
+          const std::vector<int32_t> n1 = o1.row_count.download(), n2 = o2.row_count.download();
+          EXPECT_EQ(f1, f2);
+          EXPECT_EQ(n1, n2);
+          EXPECT_EQ(n1[size_t(El)], T);
+          for (int e = 0; e <= El; ++e) count[size_t(e)] = n2[size_t(e)], start[size_t(e)] = f2[size_t(e)];
+        }
+        int local_pairs = 0;
+        for (int32_t id : ids) local_pairs += id >= c.begin && id < c.begin + El;
+        int placed = 0;
+        for (int e = 0; e < El; ++e) placed += count[size_t(e)];
+        EXPECT_EQ(placed, local_pairs);
+        for (int e = 0; e <= El; ++e)
+          for (int r = start[size_t(e)]; r < start[size_t(e)] + count[size_t(e)]; ++r)
+            ASSERT_EQ(tok1[size_t(r)], tok2[size_t(r)]) << "row " << r << " of expert " << e;
+        for (int t = 0; t < T; ++t) EXPECT_EQ(tok1[size_t(start[size_t(El)] + t)], t);
+      }
+    }
+  }
 }

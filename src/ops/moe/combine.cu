@@ -48,12 +48,17 @@ __device__ __forceinline__ void load(const float* p, float* v) {
 }
 
 // grid (T, ceil(H / (kVec * kThreads))).
+// shared_first (F32 rows only): the shared expert's output is rows[*shared_first + t], rounded to
+// bf16 before it is added (the numerics of a bf16 shared output).
 template <int kVec, typename R>
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const R* __restrict__ rows, int H, int top_k,
                    const int32_t* __restrict__ slot_of, const float* __restrict__ weights,
-                   const uint16_t* __restrict__ shared, const uint16_t* __restrict__ residual,
-                   uint16_t* __restrict__ out) {
+                   const uint16_t* __restrict__ shared, const int32_t* __restrict__ shared_first,
+                   const uint16_t* __restrict__ residual, uint16_t* __restrict__ out) {
+  // As a programmatic dependent launch: nothing is read before the previous kernel is done (a
+  // no-op for a plain launch).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int t = blockIdx.x;
   const int h = (blockIdx.y * kThreads + threadIdx.x) * kVec;
   if (h >= H) return;
@@ -68,7 +73,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, y[i], acc[i]);
   }
   const size_t o = size_t(t) * H + h;
-  if (shared) {
+  if (shared_first) {
+    float v[kVec];
+    load<kVec>(rows + size_t(*shared_first + t) * H + h, v);
+    for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + bf16_to_f32(f32_to_bf16(v[i]));
+  } else if (shared) {
     float v[kVec];
     load<kVec>(shared + o, v);
     for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + v[i];
@@ -93,19 +102,26 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <typename R>
 cudaError_t launch(const R* rows, int T, int H, int top_k, const int32_t* slot_of,
                    const float* weights, const uint16_t* shared, const uint16_t* residual,
-                   uint16_t* out, cudaStream_t stream) {
+                   uint16_t* out, cudaStream_t stream, const CombineOptions& opt) {
   const bool vec = H % 8 == 0 && aligned16(rows) && aligned16(out) &&
                    (!shared || aligned16(shared)) && (!residual || aligned16(residual));
   const int per_block = (vec ? 8 : 1) * kThreads;
-  const dim3 grid(T, (H + per_block - 1) / per_block);
-  if (vec) {
-    combine_kernel<8, R><<<grid, kThreads, 0, stream>>>(rows, H, top_k, slot_of, weights, shared,
-                                                        residual, out);
-  } else {
-    combine_kernel<1, R><<<grid, kThreads, 0, stream>>>(rows, H, top_k, slot_of, weights, shared,
-                                                        residual, out);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(T, (H + per_block - 1) / per_block);
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  if (opt.pdl) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
   }
-  return cudaGetLastError();
+  if (vec)
+    return cudaLaunchKernelEx(&cfg, combine_kernel<8, R>, rows, H, top_k, slot_of, weights,
+                              shared, opt.shared_first_row, residual, out);
+  return cudaLaunchKernelEx(&cfg, combine_kernel<1, R>, rows, H, top_k, slot_of, weights, shared,
+                            opt.shared_first_row, residual, out);
 }
 
 }  // namespace
@@ -113,15 +129,26 @@ cudaError_t launch(const R* rows, int T, int H, int top_k, const int32_t* slot_o
 cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int top_k,
                          const int32_t* slot_of, const float* weights, const uint16_t* shared,
                          const uint16_t* residual, uint16_t* out, cudaStream_t stream) {
+  return combine_bf16(rows, rows_dtype, T, H, top_k, slot_of, weights, shared, residual, out,
+                      stream, CombineOptions{});
+}
+
+cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int top_k,
+                         const int32_t* slot_of, const float* weights, const uint16_t* shared,
+                         const uint16_t* residual, uint16_t* out, cudaStream_t stream,
+                         const CombineOptions& opt) {
   if (T < 0 || H < 1 || top_k < 1)
     TETRA_FAIL("cuda combine_bf16: bad sizes T=", T, " H=", H, " top_k=", top_k);
+  if (opt.shared_first_row && (shared || rows_dtype != DType::F32))
+    TETRA_FAIL("cuda combine_bf16: the shared expert's output in the rows needs F32 rows and no "
+               "separate shared tensor");
   if (T == 0) return cudaSuccess;
   if (rows_dtype == DType::BF16)
     return launch(static_cast<const uint16_t*>(rows), T, H, top_k, slot_of, weights, shared,
-                  residual, out, stream);
+                  residual, out, stream, opt);
   if (rows_dtype == DType::F32)
     return launch(static_cast<const float*>(rows), T, H, top_k, slot_of, weights, shared,
-                  residual, out, stream);
+                  residual, out, stream, opt);
   TETRA_FAIL("cuda combine_bf16: expert output rows must be BF16 or F32, got ",
              dtype_name(rows_dtype));
 }

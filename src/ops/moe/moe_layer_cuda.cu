@@ -1,8 +1,6 @@
 // cuda-w4a16 MoE layer runner (see moe_layer_cuda.h).
 #include "ops/moe/moe_layer_cuda.h"
 
-#include <cub/block/block_scan.cuh>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -10,40 +8,31 @@
 #include "core/cuda_check.h"
 #include "moe/expert_weights.h"
 #include "ops/moe/moe_ops_cuda.h"
+#include "ops/moe/token_path.h"
 #include "ops/moe/w4a16_moe.h"
 
 namespace tetra::moe {
 namespace {
 
-constexpr int kScanThreads = cuda::kMaxExperts;  // one thread per expert
-
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// The row bookkeeping the GEMMs need, from the layout builder's output, in one tiny launch:
-//   row_count[e] = offsets[e+1] - offsets[e] (contiguous only; masked reads masked_m directly)
-//   slots[0..num_slots) = experts with rows, ascending, then -1 (so GEMM grids skip idle experts)
-//   sh_rows = {0, T}: the shared expert's one-expert problem (T is a kernel argument, so a
-//   captured graph holds it without a host copy).
-__global__ void prepare_rows_kernel(const int32_t* offsets, const int32_t* masked_m, int E, int T,
-                                    int num_slots, int32_t* row_count, int32_t* slots,
-                                    int32_t* sh_rows) {
-  using Scan = cub::BlockScan<int, kScanThreads>;
-  __shared__ typename Scan::TempStorage scan_tmp;
-  const int e = threadIdx.x;
-  int count = 0;
-  if (e < E) {
-    count = offsets ? offsets[e + 1] - offsets[e] : masked_m[e];
-    if (offsets) row_count[e] = count;
-  }
-  const int active = count > 0 ? 1 : 0;
-  int pos = 0, total = 0;
-  Scan(scan_tmp).ExclusiveSum(active, pos, total);
-  if (active && pos < num_slots) slots[pos] = e;
-  if (e >= total && e < num_slots) slots[e] = -1;
-  if (e == 0 && sh_rows) {
-    sh_rows[0] = 0;
-    sh_rows[1] = T;
-  }
+// Expert e of a packed NVFP4 layer as a one-expert weight set.
+MoeWeightsDevice expert_view(const MoeWeightsDevice& w, int e, int H, int I) {
+  MoeWeightsDevice v;
+  v.w13 = w.w13 + size_t(e) * packed_weight_bytes(2 * I, H);
+  v.s13 = w.s13 + size_t(e) * packed_scale_bytes(2 * I, H);
+  v.w2 = w.w2 + size_t(e) * packed_weight_bytes(H, I);
+  v.s2 = w.s2 + size_t(e) * packed_scale_bytes(H, I);
+  v.alpha_gate = w.alpha_gate + e;
+  v.alpha_up = w.alpha_up + e;
+  v.alpha_down = w.alpha_down + e;
+  return v;
+}
+MoeBf16WeightsDevice expert_view(const MoeBf16WeightsDevice& w, int e, int H, int I) {
+  MoeBf16WeightsDevice v;
+  v.w13 = w.w13 + size_t(e) * 2 * I * H;
+  v.w2 = w.w2 + size_t(e) * H * I;
+  return v;
 }
 
 // Random bytes for the benchmark's weights: lo + hash % span (span 0 = any byte).
@@ -127,29 +116,41 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   }
   const int Eg = E_global_;
   if (Eg > cuda::kMaxExperts) TETRA_FAIL(name_, ": ", Eg, " experts; the CUDA router takes at most ", cuda::kMaxExperts);
+  // The shared expert is stored as routed expert E when it has the routed experts' format and
+  // width (GLM, DeepSeek: one shared expert of moe_intermediate_size).
+  shared_in_slot_ = Is > 0 && Is == I && shared_bf16_ == routed_bf16_;
+  const int slot = shared_in_slot_ ? 1 : 0;
+  const int Ew = E + slot;  // experts in the weight tensors and row bookkeeping
   const int K = router_.top_k, T = max_tokens_;
   const size_t pairs = size_t(T) * K;
-  const size_t rows_cap = layout_ == TokenLayout::Masked ? size_t(E) * T : pairs;
+  const size_t rows_cap =
+      layout_ == TokenLayout::Masked ? size_t(Ew) * T : pairs + size_t(slot) * T;
   if (rows_cap > size_t(INT32_MAX) / 2) TETRA_FAIL(name_, ": max_tokens ", T, " too large for the ", token_layout_name(layout_), " layout");
   workspace_bytes_ = cuda::layout_workspace_bytes(T, K, E);
   const size_t w13b = packed_weight_bytes(2 * I, H), s13b = packed_scale_bytes(2 * I, H);
   const size_t w2b = packed_weight_bytes(H, I), s2b = packed_scale_bytes(H, I);
   auto carve = [&](Carver& c) {
     if (routed_bf16_) {
-      wb_.w13 = c.take<uint16_t>(size_t(E) * 2 * I * H);
-      wb_.w2 = c.take<uint16_t>(size_t(E) * H * I);
+      wb_.w13 = c.take<uint16_t>(size_t(Ew) * 2 * I * H);
+      wb_.w2 = c.take<uint16_t>(size_t(Ew) * H * I);
     } else {
       MoeWeightsDevice w;
-      w.w13 = c.take<uint8_t>(E * w13b);
-      w.s13 = c.take<uint8_t>(E * s13b);
-      w.w2 = c.take<uint8_t>(E * w2b);
-      w.s2 = c.take<uint8_t>(E * s2b);
-      w.alpha_gate = c.take<float>(E);
-      w.alpha_up = c.take<float>(E);
-      w.alpha_down = c.take<float>(E);
+      w.w13 = c.take<uint8_t>(Ew * w13b);
+      w.s13 = c.take<uint8_t>(Ew * s13b);
+      w.w2 = c.take<uint8_t>(Ew * w2b);
+      w.s2 = c.take<uint8_t>(Ew * s2b);
+      w.alpha_gate = c.take<float>(Ew);
+      w.alpha_up = c.take<float>(Ew);
+      w.alpha_down = c.take<float>(Ew);
       w_ = w;
     }
-    if (Is > 0 && shared_bf16_) {
+    if (shared_in_slot_) {
+      if (routed_bf16_) {
+        wsb_ = expert_view(wb_, E, H, I);
+      } else {
+        ws_ = expert_view(w_, E, H, I);
+      }
+    } else if (Is > 0 && shared_bf16_) {
       wsb_.w13 = c.take<uint16_t>(size_t(2) * Is * H);
       wsb_.w2 = c.take<uint16_t>(size_t(H) * Is);
     } else if (Is > 0) {
@@ -176,11 +177,12 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
     offsets_ = c.take<int32_t>(size_t(E) + 1);
     row_token_ = c.take<int32_t>(rows_cap);
     slot_of_ = c.take<int32_t>(pairs);
-    masked_m_ = c.take<int32_t>(E);
-    row_start_ = c.take<int32_t>(E);
-    row_count_ = c.take<int32_t>(E);
-    slots_ = c.take<int32_t>(E);
+    masked_m_ = c.take<int32_t>(Ew);
+    row_start_ = c.take<int32_t>(Ew);
+    row_count_ = c.take<int32_t>(Ew);
+    slots_ = c.take<int32_t>(Ew);
     dropped_ = c.take<int32_t>(1);
+    counter_ = c.take<uint32_t>(1);
     act_ = c.take<uint16_t>(rows_cap * I);
     y_ = c.take<float>(rows_cap * H);
     workspace_ = c.take<uint8_t>(workspace_bytes_);
@@ -193,15 +195,20 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   carve(placing);
   if (workspace_bytes_ == 0) workspace_ = nullptr;
   TETRA_CUDA_CHECK(cudaMemset(dropped_, 0, sizeof(int32_t)));
+  TETRA_CUDA_CHECK(cudaMemset(counter_, 0, sizeof(uint32_t)));
+  TETRA_CUDA_CHECK(cudaMemset(row_token_, 0, rows_cap * sizeof(int32_t)));  // any valid token
   if (layout_ == TokenLayout::Masked) {
-    std::vector<int32_t> start(static_cast<size_t>(E));  // [E] expert e owns rows e*max_T ..
-    for (int e = 0; e < E; ++e) start[size_t(e)] = e * T;
+    std::vector<int32_t> start(static_cast<size_t>(Ew));  // [Ew] expert e owns rows e*max_T ..
+    for (int e = 0; e < Ew; ++e) start[size_t(e)] = e * T;
     TETRA_CUDA_CHECK(cudaMemcpy(row_start_, start.data(), start.size() * 4, cudaMemcpyHostToDevice));
   }
+  cuda::small_token_path_setup(E_global_, E);
+  create_streams();
 }
 
-CudaMoeLayer::CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout)
-    : name_(w.name), max_tokens_(max_tokens), layout_(layout), router_(w.router) {
+CudaMoeLayer::CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout,
+                           const CudaTokenPath& path)
+    : name_(w.name), max_tokens_(max_tokens), layout_(layout), path_(path), router_(w.router) {
   const int E = int(w.experts.size()), H = w.hidden, I = w.inter;  // E local experts
   E_global_ = w.router.num_experts;
   begin_ = w.expert_begin;
@@ -246,8 +253,10 @@ CudaMoeLayer::CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout
   }
 }
 
-CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayout layout)
-    : name_("random layer"), max_tokens_(max_tokens), layout_(layout), router_(s.router) {
+CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayout layout,
+                           const CudaTokenPath& path)
+    : name_("random layer"), max_tokens_(max_tokens), layout_(layout), path_(path),
+      router_(s.router) {
   validate_router_params(s.router);
   E_global_ = s.global_experts == 0 ? s.experts : s.global_experts;
   begin_ = s.expert_begin;
@@ -281,7 +290,17 @@ CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayou
 }
 
 CudaMoeLayer::~CudaMoeLayer() {
+  if (fork_) cudaEventDestroy(fork_);
+  if (join_) cudaEventDestroy(join_);
+  if (side_) cudaStreamDestroy(side_);
   if (mem_) cudaFree(mem_);
+}
+
+void CudaMoeLayer::create_streams() {
+  if (Is_ == 0) return;
+  TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+  TETRA_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+  TETRA_CUDA_CHECK(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming));
 }
 
 void CudaMoeLayer::upload_bf16(const ExpertMlpView& v, int e, int inter,
@@ -333,7 +352,7 @@ void CudaMoeLayer::forward_marked(const uint16_t* x, int T, uint16_t* out,
 }
 
 void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
-                            cudaStream_t stream, cudaEvent_t const* marks) {
+                       cudaStream_t stream, cudaEvent_t const* marks) {
   if (T < 0 || T > max_tokens_)
     TETRA_FAIL(name_, ": forward with ", T, " tokens; the layer was built for 0..", max_tokens_);
   if (T == 0) return;
@@ -342,74 +361,128 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   };
   const int E = E_, H = H_, K = router_.top_k;  // E local experts
   const int pairs = T * K;
-  mark(0);
-  check_launch(cuda::router_logits(x, DType::BF16, gate_, T, H, E_global_, logits_, stream),
-               "router_logits", name_);
-  check_launch(cuda::route(logits_, bias_, T, router_, ids_, weights_, stream), "route", name_);
   const bool masked = layout_ == TokenLayout::Masked;
-  if (masked) {
-    cuda::MaskedLayoutView v;
-    v.block = {begin_, E_global_};
-    v.max_m = max_tokens_;
-    v.masked_m = masked_m_;
-    v.row_token = row_token_;
-    v.slot_of = slot_of_;
-    v.dropped = dropped_;
-    check_launch(cuda::build_masked(ids_, T, K, E, workspace_, workspace_bytes_, v, stream),
-                 "build_masked", name_);
+  // The shared expert: absent, a slot of the routed launches, or its own launches (on the side
+  // stream or after the routed ones).
+  const bool slot = shared_in_slot_ && T <= path_.shared_slot_max_tokens;
+  const bool own = Is_ > 0 && !slot;
+  const bool side = own && path_.shared_side_stream;
+  const int num_slots = std::min(E, pairs);  // routed slots; the shared slot comes after them
+
+  cuda::RowsPrep prep;
+  prep.E = E;
+  prep.num_slots = num_slots;
+  prep.max_m = masked ? max_tokens_ : 0;
+  prep.offsets = offsets_;
+  prep.masked_m = masked_m_;
+  prep.row_count = row_count_;
+  prep.slots = slots_;
+  prep.row_token = row_token_;
+  prep.sh_rows = own ? sh_rows_ : nullptr;
+  prep.shared_slot = slot;
+  mark(0);
+  if (path_.fused_route_max_tokens >= T && cuda::small_token_path_fits(T, K)) {
+    cuda::SmallTokenPath a;
+    a.x = x;
+    a.gate = gate_;
+    a.bias = bias_;
+    a.H = H;
+    a.router = router_;
+    a.logits = logits_;
+    a.ids = ids_;
+    a.weights = weights_;
+    a.expert_begin = begin_;
+    a.offsets = offsets_;
+    a.masked_m = masked_m_;
+    a.row_token = row_token_;
+    a.slot_of = slot_of_;
+    a.dropped = dropped_;
+    a.rows = prep;
+    a.counter = counter_;
+    check_launch(cuda::small_token_path(a, T, stream), "small token path", name_);
   } else {
-    cuda::ContiguousLayoutView v;
-    v.block = {begin_, E_global_};
-    v.expert_offsets = offsets_;
-    v.slot_token = row_token_;
-    v.slot_of = slot_of_;
-    v.dropped = dropped_;
-    check_launch(cuda::build_contiguous(ids_, T, K, E, workspace_, workspace_bytes_, v, stream),
-                 "build_contiguous", name_);
+    check_launch(cuda::router_logits(x, DType::BF16, gate_, T, H, E_global_, logits_, stream),
+                 "router_logits", name_);
+    check_launch(cuda::route(logits_, bias_, T, router_, ids_, weights_, stream), "route", name_);
+    if (masked) {
+      cuda::MaskedLayoutView v;
+      v.block = {begin_, E_global_};
+      v.max_m = max_tokens_;
+      v.masked_m = masked_m_;
+      v.row_token = row_token_;
+      v.slot_of = slot_of_;
+      v.dropped = dropped_;
+      check_launch(cuda::build_masked(ids_, T, K, E, workspace_, workspace_bytes_, v, stream),
+                   "build_masked", name_);
+    } else {
+      cuda::ContiguousLayoutView v;
+      v.block = {begin_, E_global_};
+      v.expert_offsets = offsets_;
+      v.slot_token = row_token_;
+      v.slot_of = slot_of_;
+      v.dropped = dropped_;
+      check_launch(cuda::build_contiguous(ids_, T, K, E, workspace_, workspace_bytes_, v, stream),
+                   "build_contiguous", name_);
+    }
+    check_launch(cuda::prepare_rows(prep, T, stream), "prepare_rows", name_);
   }
-  const int num_slots = std::min(E, pairs);
-  prepare_rows_kernel<<<1, kScanThreads, 0, stream>>>(masked ? nullptr : offsets_, masked_m_, E,
-                                                      T, num_slots, row_count_, slots_, sh_rows_);
-  check_launch(cudaGetLastError(), "prepare_rows", name_);
   mark(1);
 
   MoeRows rows;
-  rows.row_start = masked ? row_start_ : offsets_;
+  rows.row_start = masked ? row_start_ : offsets_;  // offsets_[E]: the shared slot's first row
   rows.row_count = masked ? masked_m_ : row_count_;
   rows.expert_ids = slots_;
   rows.gather = row_token_;  // GEMM1 reads x[token of row]: no permute pass
-  const int total_rows = masked ? E * max_tokens_ : pairs;
+  const int experts = E + (shared_in_slot_ ? 1 : 0);
+  const int total_rows = masked ? experts * max_tokens_ : pairs + (slot ? T : 0);
   const int hint = (pairs + num_slots - 1) / num_slots;
-  const MoeGemmProblem p = gemm_problem(E, H, I_, total_rows, num_slots, hint);
+  const MoeGemmProblem p =
+      gemm_problem(experts, H, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
   // The routed GEMM2 prefetches its weights while the kernel before it (GEMM1, routed or shared)
   // finishes: it reads act_ only after griddepcontrol.wait, and nothing else it reads changes.
   MoeGemmProblem p2 = p;
   p2.gemm2_pdl = true;
   MoeRows sh;
   MoeGemmProblem ps;
-  if (Is_ > 0) {
+  if (own) {
     sh.row_start = sh_rows_;
     sh.row_count = sh_rows_ + 1;
     ps = gemm_problem(1, H, Is_, T, 0, T);
   }
+  auto shared_gemm1 = [&](cudaStream_t s) {
+    check_launch(shared_bf16_ ? moe_bf16_gemm1(ps, wsb_, sh, x, act_sh_, s)
+                              : moe_w4a16_gemm1(ps, ws_, sh, x, act_sh_, s),
+                 "shared GEMM1", name_);
+  };
+  auto shared_gemm2 = [&](cudaStream_t s) {
+    check_launch(shared_bf16_ ? moe_bf16_gemm2(ps, wsb_, sh, act_sh_, y_sh_, false, s)
+                              : moe_w4a16_gemm2(ps, ws_, sh, act_sh_, y_sh_, false, s),
+                 "shared GEMM2", name_);
+  };
+  if (side) {  // fork after the row bookkeeping (sh_rows_) is written
+    TETRA_CUDA_CHECK(cudaEventRecord(fork_, stream));
+    TETRA_CUDA_CHECK(cudaStreamWaitEvent(side_, fork_, 0));
+    shared_gemm1(side_);
+    shared_gemm2(side_);
+    TETRA_CUDA_CHECK(cudaEventRecord(join_, side_));
+  }
   check_launch(routed_bf16_ ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
                             : moe_w4a16_gemm1(p, w_, rows, x, act_, stream),
                "GEMM1", name_);
-  if (Is_ > 0)
-    check_launch(shared_bf16_ ? moe_bf16_gemm1(ps, wsb_, sh, x, act_sh_, stream)
-                              : moe_w4a16_gemm1(ps, ws_, sh, x, act_sh_, stream),
-                 "shared GEMM1", name_);
+  if (own && !side) shared_gemm1(stream);
   mark(2);
   check_launch(routed_bf16_ ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
                             : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream),
                "GEMM2", name_);
-  if (Is_ > 0)
-    check_launch(shared_bf16_ ? moe_bf16_gemm2(ps, wsb_, sh, act_sh_, y_sh_, false, stream)
-                              : moe_w4a16_gemm2(ps, ws_, sh, act_sh_, y_sh_, false, stream),
-                 "shared GEMM2", name_);
+  if (own && !side) shared_gemm2(stream);
+  if (side) TETRA_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
   mark(3);
+  cuda::CombineOptions co;
+  co.shared_first_row = slot ? (masked ? row_start_ + E : offsets_ + E) : nullptr;
+  // PDL only straight after the routed GEMM2 (a join or another GEMM2 in between: plain launch).
+  co.pdl = path_.combine_pdl && !own && !marks;
   check_launch(cuda::combine_bf16(y_, DType::F32, T, H, K, slot_of_, weights_,
-                                  Is_ > 0 ? y_sh_ : nullptr, residual, out, stream),
+                                  own ? y_sh_ : nullptr, residual, out, stream, co),
                "combine", name_);
   mark(4);
 }

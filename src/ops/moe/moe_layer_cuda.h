@@ -1,5 +1,7 @@
 // The CUDA MoE layer: router logits -> route -> layout -> GEMM1 (gathering x) -> GEMM2 (f32 rows)
-// -> shared expert (the same GEMMs as a one-expert problem) -> combine. Two backends, one class:
+// -> shared expert -> combine. At small T the first four are one launch and the shared expert
+// rides in the routed GEMMs as one more slot, else it runs its own GEMMs on a side stream
+// (CudaTokenPath below). Two backends, one class:
 //   cuda-w4a16: NVFP4 routed experts through the W4A16 GEMMs (ops/moe/w4a16_moe.h);
 //   cuda-bf16:  BF16 routed experts through the BF16 grouped GEMMs (ops/moe/bf16_moe.h).
 // The shared expert uses the GEMMs of its own format (an NVFP4 layer may keep it in BF16).
@@ -21,6 +23,28 @@
 
 namespace tetra::moe {
 
+// How forward moves tokens at small T. Every setting computes the same result (the gpu test
+// checks them against cpu; on the H200 they gave the same bits). Defaults from the H200
+// measurements in bench/moe_kernels/RESULTS.md, "layer" section (GLM-5 / GLM-4.5-Air shapes).
+struct CudaTokenPath {
+  // T <= this: router logits + routing + layout + row bookkeeping in one launch
+  // (ops/moe/token_path.h) instead of four. 0 = never. Measured: -3 us at 1 token, even at 16,
+  // +30..40 us at 64 (one block routes every token), hence 16.
+  int fused_route_max_tokens = 16;
+  // T <= this: the shared expert runs as one more expert slot (T rows) of the routed GEMM
+  // launches; needs the shared expert in the routed experts' format and width. 0 = never.
+  // Measured: as fast as the side stream at 1 token, slower from 16 tokens (its rows take
+  // several passes of the decode kernel).
+  int shared_slot_max_tokens = 8;
+  // Otherwise the shared expert's own GEMMs run on a second stream, concurrently with the routed
+  // ones (forked and joined with events: graph-capturable); false = after them on one stream.
+  // Measured: -10% at 16 tokens on GLM-5 (723 -> 627..653 us), -2% at 64.
+  bool shared_side_stream = true;
+  // The combine as a programmatic dependent launch of the routed GEMM2 (when it follows it).
+  // Measured: no difference at 1 token (95.4 vs 95.6 us), so off.
+  bool combine_pdl = false;
+};
+
 // For the benchmark: a layer of the given shape with random NVFP4 weights generated on the GPU
 // (no host copy), a random bf16 router weight and an e_score_correction_bias.
 struct RandomW4a16Layer {
@@ -39,8 +63,10 @@ struct RandomW4a16Layer {
 class CudaMoeLayer final : public MoeLayerRunner {
  public:
   // Packs and uploads w (validated by make_moe_layer). Throws on CUDA errors.
-  CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout);
-  CudaMoeLayer(const RandomW4a16Layer& spec, int max_tokens, TokenLayout layout);
+  CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout,
+               const CudaTokenPath& path = {});
+  CudaMoeLayer(const RandomW4a16Layer& spec, int max_tokens, TokenLayout layout,
+               const CudaTokenPath& path = {});
   ~CudaMoeLayer() override;
   CudaMoeLayer(const CudaMoeLayer&) = delete;
   CudaMoeLayer& operator=(const CudaMoeLayer&) = delete;
@@ -53,6 +79,7 @@ class CudaMoeLayer final : public MoeLayerRunner {
 
   // forward that records marks[0..4] around its parts: [0] start, [1] after route + layout,
   // [2] after GEMM1, [3] after GEMM2 (routed and shared), [4] after combine. For the benchmark.
+  // (With the shared expert on the side stream, [2] and [3] time the routed GEMMs only.)
   void forward_marked(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
                       cudaStream_t stream, cudaEvent_t const* marks);
 
@@ -66,8 +93,9 @@ class CudaMoeLayer final : public MoeLayerRunner {
   std::vector<int32_t> last_ids(int T) const;  // [T, top_k]
 
  private:
-  // E: local experts; E_global_ and begin_ are set before.
+  // E: local experts; E_global_, begin_, routed_bf16_, shared_bf16_ are set before.
   void allocate(int E, int H, int I, int Is, bool has_bias);
+  void create_streams();
   void upload_bf16(const ExpertMlpView& v, int e, int inter, const MoeBf16WeightsDevice& dst);
   void run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
            cudaStream_t stream, cudaEvent_t const* marks);
@@ -77,6 +105,12 @@ class CudaMoeLayer final : public MoeLayerRunner {
   int E_ = 0, H_ = 0, I_ = 0, Is_ = 0, max_tokens_ = 0;  // E_: local experts
   int E_global_ = 0, begin_ = 0;  // the router's experts; global id of local expert 0
   TokenLayout layout_ = TokenLayout::Contiguous;
+  CudaTokenPath path_;
+  // The shared expert's weights are stored as routed expert E (same format and width), so it can
+  // run as a slot of the routed launches; ws_ / wsb_ then view that slot.
+  bool shared_in_slot_ = false;
+  cudaStream_t side_ = nullptr;  // the shared expert's GEMMs when not a slot
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
   RouterParams router_;
   void* mem_ = nullptr;  // one allocation: weights, router, scratch (each 256-byte aligned)
   size_t bytes_ = 0;
@@ -85,24 +119,26 @@ class CudaMoeLayer final : public MoeLayerRunner {
 
   // Weights: packed NVFP4 (w_, ws_) or BF16 (wb_, wsb_), per the flags.
   bool routed_bf16_ = false, shared_bf16_ = false;
-  tetra::MoeWeightsDevice w_{}, ws_{};       // routed [E], shared [1]
-  tetra::MoeBf16WeightsDevice wb_{}, wsb_{};  // routed w13 [E, 2I, H], w2 [E, H, I]; shared [1, ..]
+  tetra::MoeWeightsDevice w_{}, ws_{};       // routed [E (+1 shared slot)], shared [1]
+  tetra::MoeBf16WeightsDevice wb_{}, wsb_{};  // routed w13 [E(+1), 2I, H], w2 [E(+1), H, I]; shared [1, ..]
   uint16_t* gate_ = nullptr;         // [E_global, H] bf16 router weight
   float* bias_ = nullptr;            // [E_global] or nullptr
   // Scratch (E = local experts).
   float* logits_ = nullptr;          // [max_T, E_global]
   int32_t* ids_ = nullptr;           // [max_T, K] global expert ids
   float* weights_ = nullptr;         // [max_T, K]
-  int32_t* offsets_ = nullptr;       // [E + 1] contiguous
-  int32_t* row_token_ = nullptr;     // contiguous [max_T*K] slot_token; masked [E*max_T]
+  // (+1 / + max_T: the shared expert's slot when shared_in_slot_)
+  int32_t* offsets_ = nullptr;       // [E + 1] contiguous; [E] = the shared slot's first row
+  int32_t* row_token_ = nullptr;     // contiguous [max_T*K (+ max_T)] slot_token; masked [(E+1)*max_T]
   int32_t* slot_of_ = nullptr;       // [max_T*K]
-  int32_t* masked_m_ = nullptr;      // [E] masked
-  int32_t* row_start_ = nullptr;     // [E] masked: e*max_T (constant); contiguous: = offsets_
-  int32_t* row_count_ = nullptr;     // [E] contiguous: offsets diff; masked: = masked_m_
-  int32_t* slots_ = nullptr;         // [E] active experts first, then -1
+  int32_t* masked_m_ = nullptr;      // [E (+1)] masked
+  int32_t* row_start_ = nullptr;     // [E (+1)] masked: e*max_T (constant); contiguous: = offsets_
+  int32_t* row_count_ = nullptr;     // [E (+1)] contiguous: offsets diff; masked: = masked_m_
+  int32_t* slots_ = nullptr;         // [E (+1)] active experts first, then -1 (then the shared slot)
   int32_t* dropped_ = nullptr;       // [1]
+  uint32_t* counter_ = nullptr;      // [1] the small token path's block counter (zero between launches)
   int32_t* sh_rows_ = nullptr;       // [2] shared problem: row_start 0, row_count T
-  uint16_t* act_ = nullptr;          // [rows_cap, I] bf16
+  uint16_t* act_ = nullptr;          // [rows_cap, I] bf16 (rows_cap includes the shared slot's)
   float* y_ = nullptr;               // [rows_cap, H] f32
   uint16_t* act_sh_ = nullptr;       // [max_T, Is] bf16
   uint16_t* y_sh_ = nullptr;         // [max_T, H] bf16

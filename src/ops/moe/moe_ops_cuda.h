@@ -86,4 +86,18 @@ cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int t
                          const int32_t* slot_of, const float* weights, const uint16_t* shared,
                          const uint16_t* residual, uint16_t* out, cudaStream_t stream);
 
+// What the layer runner adds to combine_bf16.
+struct CombineOptions {
+  // [1] device int: the shared expert's output is in the rows, rows[*shared_first_row + t] (F32
+  // rows, `shared` null); it is rounded to bf16 before it is added, as a bf16 shared output.
+  const int32_t* shared_first_row = nullptr;
+  // Programmatic dependent launch: the kernel may start while the previous kernel in the stream
+  // finishes and reads nothing before that kernel is complete.
+  bool pdl = false;
+};
+cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int top_k,
+                         const int32_t* slot_of, const float* weights, const uint16_t* shared,
+                         const uint16_t* residual, uint16_t* out, cudaStream_t stream,
+                         const CombineOptions& opt);
+
 }  // namespace tetra::moe::cuda

@@ -1,0 +1,199 @@
+// See token_path.h.
+#include "ops/moe/token_path.h"
+
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "ops/moe/layout_device.cuh"
+#include "ops/moe/moe_ops_cuda.h"
+#include "ops/moe/router_dot.cuh"
+#include "ops/moe/routing_device.cuh"
+
+namespace tetra::moe::cuda {
+
+namespace {
+
+constexpr int kThreads = 1024;  // = detail::kChunk (layout) = kMaxExperts (one thread per expert)
+static_assert(kThreads == detail::kChunk && kThreads == kMaxExperts);
+constexpr int kBlocksWanted = 264;  // two 1024-thread blocks per SM of an H200 for the logits
+constexpr size_t kRouteSmemBudget = 96 * 1024;  // routing warps' scores (2 * E floats each)
+
+// One block of kThreads threads. Reads what the layout wrote (same block after a barrier, or an
+// earlier launch).
+__device__ void prepare_rows_block(const RowsPrep& r, int T) {
+  using Scan = cub::BlockScan<int, kThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  const bool contiguous = r.max_m == 0;
+  const int e = threadIdx.x;
+  int count = 0;
+  if (e < r.E) {
+    count = contiguous ? r.offsets[e + 1] - r.offsets[e] : r.masked_m[e];
+    if (contiguous) r.row_count[e] = count;
+  }
+  const int active = count > 0 ? 1 : 0;
+  int pos = 0, total = 0;
+  Scan(scan_tmp).ExclusiveSum(active, pos, total);
+  if (active && pos < r.num_slots) r.slots[pos] = e;
+  if (e >= total && e < r.num_slots) r.slots[e] = -1;
+  if (e == 0 && r.sh_rows) {
+    r.sh_rows[0] = 0;
+    r.sh_rows[1] = T;
+  }
+  if (r.shared_slot) {
+    if (e == 0) {
+      r.slots[r.num_slots] = r.E;
+      if (contiguous) {
+        r.row_count[r.E] = T;
+      } else {
+        r.masked_m[r.E] = T;
+      }
+    }
+    const int first = contiguous ? r.offsets[r.E] : r.E * r.max_m;
+    for (int t = threadIdx.x; t < T; t += kThreads) r.row_token[first + t] = t;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) prepare_rows_kernel(RowsPrep r, int T) {
+  prepare_rows_block(r, T);
+}
+
+struct SmallArgs {
+  SmallTokenPath a;
+  detail::LayoutOut lo;
+  int T = 0;
+  int dot_warps = 0;    // warps of each block computing logits (one dot product each)
+  int route_warps = 0;  // warps of the last block routing tokens
+};
+
+template <bool kSoftmax, bool kVec>
+__global__ void __launch_bounds__(kThreads) small_token_path_kernel(const SmallArgs g) {
+  extern __shared__ __align__(16) char smem[];
+  __shared__ int last_block;
+  const SmallTokenPath& a = g.a;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int Eg = a.router.num_experts, K = a.router.top_k, T = g.T;
+
+  // 1. Logits: dot product d = (t, e) by warp d % dot_warps of block d / dot_warps.
+  if (warp < g.dot_warps) {
+    const int d = blockIdx.x * g.dot_warps + warp;
+    if (d < T * Eg) {
+      const int t = d / Eg, e = d - t * Eg;
+      const float v = detail::router_dot<uint16_t, kVec>(a.x + size_t(t) * a.H,
+                                                         a.gate + size_t(e) * a.H, a.H, lane);
+      if (lane == 0) {
+        a.logits[d] = v;
+        __threadfence();  // visible to the last block before this block is counted
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();  // every block's logits are visible now (read through L2: __ldcg)
+
+  // 2. Routing: warp w < route_warps routes tokens w, w + route_warps, ...
+  if (warp < g.route_warps) {
+    float* s = reinterpret_cast<float*>(smem) + size_t(warp) * 2 * Eg;  // [E] scores
+    float* sel = s + Eg;                                                 // [E] selection keys
+    for (int t = warp; t < T; t += g.route_warps) {
+      detail::route_token<kSoftmax>(a.logits + size_t(t) * Eg, a.bias, a.router, s, sel,
+                                    a.ids + size_t(t) * K, a.weights + size_t(t) * K, lane);
+      __syncwarp();  // s / sel are reused by the next token
+    }
+  }
+  if (threadIdx.x == 0) {
+    *a.counter = 0;  // every block has counted: ready for the next launch
+    if (a.dropped) *a.dropped = 0;
+  }
+  __syncthreads();  // ids visible to the block; the scores' shared memory is free
+
+  // 3. Layout of the T*K pairs, 4. the GEMMs' row bookkeeping.
+  detail::layout_one_block(a.ids, int64_t(T) * K, detail::carve(smem, g.lo.E), g.lo);
+  __syncthreads();
+  prepare_rows_block(a.rows, T);
+}
+
+int route_warps_for(int E_global) {
+  return int(std::clamp<size_t>(kRouteSmemBudget / (size_t(E_global) * 2 * sizeof(float)), 1, 32));
+}
+
+size_t smem_for(int E_global, int E_local) {
+  return std::max(size_t(route_warps_for(E_global)) * 2 * E_global * sizeof(float),
+                  detail::layout_smem_bytes(E_local));
+}
+
+template <bool kSoftmax, bool kVec>
+void set_smem(size_t bytes) {
+  TETRA_CUDA_CHECK(cudaFuncSetAttribute(small_token_path_kernel<kSoftmax, kVec>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+}  // namespace
+
+cudaError_t prepare_rows(const RowsPrep& r, int T, cudaStream_t stream) {
+  if (r.E < 1 || r.E > kMaxExperts || T < 0 || r.num_slots < 0 || r.num_slots > r.E)
+    TETRA_FAIL("cuda prepare_rows: bad sizes E=", r.E, " T=", T, " slots=", r.num_slots);
+  prepare_rows_kernel<<<1, kThreads, 0, stream>>>(r, T);
+  return cudaGetLastError();
+}
+
+bool small_token_path_fits(int T, int top_k) {
+  return T >= 1 && int64_t(T) * top_k <= detail::kFusedMaxPairs;
+}
+
+void small_token_path_setup(int E_global, int E_local) {
+  if (E_global < 1 || E_global > kMaxExperts || E_local < 1 || E_local > E_global)
+    TETRA_FAIL("cuda small_token_path: bad expert counts ", E_local, " of ", E_global);
+  // One limit for every shape (the routing scratch is capped by kRouteSmemBudget), so that a
+  // layer built later cannot lower the limit an earlier, larger one needs.
+  const size_t bytes = std::max(kRouteSmemBudget, detail::layout_smem_bytes(kMaxExperts));
+  set_smem<false, false>(bytes);
+  set_smem<false, true>(bytes);
+  set_smem<true, false>(bytes);
+  set_smem<true, true>(bytes);
+}
+
+cudaError_t small_token_path(const SmallTokenPath& a, int T, cudaStream_t stream) {
+  const int Eg = a.router.num_experts, K = a.router.top_k;
+  if (!small_token_path_fits(T, K))
+    TETRA_FAIL("cuda small_token_path: ", T, " tokens x top-", K, " is too many pairs");
+  if (!a.counter || !a.logits || !a.ids || !a.weights || !a.slot_of || !a.row_token)
+    TETRA_FAIL("cuda small_token_path: output pointers are missing");
+  SmallArgs g;
+  g.a = a;
+  g.T = T;
+  g.lo.E = a.rows.E;
+  g.lo.top_k = K;
+  g.lo.begin = a.expert_begin;
+  g.lo.E_global = Eg;
+  g.lo.max_m = a.rows.max_m;
+  g.lo.offsets = a.offsets;
+  g.lo.masked_m = a.masked_m;
+  g.lo.row_token = a.row_token;
+  g.lo.slot_of = a.slot_of;
+  g.lo.dropped = a.dropped;
+  const int dots = T * Eg;
+  g.dot_warps = std::clamp((dots + kBlocksWanted - 1) / kBlocksWanted, 4, kThreads / 32);
+  g.route_warps = route_warps_for(Eg);
+  const int blocks = (dots + g.dot_warps - 1) / g.dot_warps;
+  const size_t smem = smem_for(Eg, a.rows.E);
+  const bool vec = a.H % 8 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(a.gate) % 16 == 0;
+  const bool softmax = a.router.scoring == Scoring::Softmax;
+  if (softmax && vec) {
+    small_token_path_kernel<true, true><<<blocks, kThreads, smem, stream>>>(g);
+  } else if (softmax) {
+    small_token_path_kernel<true, false><<<blocks, kThreads, smem, stream>>>(g);
+  } else if (vec) {
+    small_token_path_kernel<false, true><<<blocks, kThreads, smem, stream>>>(g);
+  } else {
+    small_token_path_kernel<false, false><<<blocks, kThreads, smem, stream>>>(g);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace tetra::moe::cuda
