@@ -110,7 +110,9 @@ std::vector<SplitCase> cases() {
   for (const char* p : {"tiny-glm4.5-air", "tiny-glm4.7", "tiny-qwen3-30b-a3b"})
     for (const char* d : {"bf16", "nvfp4"}) {
       v.push_back({p, d, 2, 1});
-      v.push_back({p, d, 4, 1});  // 4 heads, 2 KV heads: each KV head on two ranks
+      // 4 heads, 2 KV heads: each KV head on two ranks; dense MLP 128 / 4 = 32 (not a multiple
+      // of 64): replicated, rank 0's counts
+      v.push_back({p, d, 4, 1});
       v.push_back({p, d, 1, 2});  // attention and shared expert replicated: rank 1's zeroed
       v.push_back({p, d, 2, 2});  // heads split, whole experts in two blocks
       v.push_back({p, d, 2, 4});  // 4 expert blocks, attention in two tp groups
@@ -170,6 +172,11 @@ TEST(ShardWeights, RankConfigDividesHeadsAndWidths) {
   const ModelConfig r16 = parallel::rank_config(c, dist::ShardingPlan(c, {16, 1}), 3);
   EXPECT_EQ(r16.num_attention_heads, 6);
   EXPECT_EQ(r16.num_key_value_heads, 1);  // 8 KV heads over 16 ranks: each replicated twice
+  const ModelConfig air = preset_config("glm4.5-air");  // dense MLP 10944: 5472 per rank at tp2
+  EXPECT_FALSE(parallel::dense_mlp_split(air, {2, 1}));
+  EXPECT_EQ(parallel::rank_config(air, dist::ShardingPlan(air, {2, 1}), 0).intermediate_size,
+            air.intermediate_size);
+  EXPECT_TRUE(parallel::dense_mlp_split(c, {2, 1}));  // 12288 / 2 = 6144 = 96 x 64
   const ModelConfig e2 = parallel::rank_config(c, dist::ShardingPlan(c, {2, 2}), 1);
   EXPECT_EQ(e2.moe_intermediate_size, c.moe_intermediate_size);  // EP: whole experts
 }

@@ -50,6 +50,19 @@ class Sharder {
     return MlpWeights{cut(m.gate, false), cut(m.up, false), cut(m.down, zero_down)};
   }
 
+  // The whole linear (a replica), zeroed when it must not count.
+  LinearWeight whole(const LinearWeight& l, bool zero) {
+    LinearShard sh = shard_of(l);
+    sh.split = Split::Whole;
+    sh.rows = {0, l.out_features};
+    sh.cols = {0, l.in_features};
+    LinearWeight r = l;
+    r.weight = cut_matrix(l.weight, l, sh, l.quantized ? 2 : 1, zero);
+    if (l.weight_scale) r.weight_scale = cut_matrix(*l.weight_scale, l, sh, 16, zero);
+    if (l.bias && zero) r.bias.reset();
+    return r;
+  }
+
  private:
   // Bytes of one row of t, whose rows are l's out_features.
   static size_t row_bytes(const TensorView& t, const LinearWeight& l) {
@@ -105,6 +118,10 @@ class Sharder {
 
 }  // namespace
 
+bool dense_mlp_split(const ModelConfig& c, ParallelPlan plan) {
+  return plan.tp == 1 || (c.intermediate_size / plan.tp) % 64 == 0;
+}
+
 ModelConfig rank_config(const ModelConfig& c, const dist::ShardingPlan& plan, int rank) {
   (void)rank;  // every rank holds equal shares
   const ParallelPlan p = plan.plan();
@@ -112,7 +129,7 @@ ModelConfig rank_config(const ModelConfig& c, const dist::ShardingPlan& plan, in
   r.num_attention_heads = c.num_attention_heads / p.tp;
   r.num_key_value_heads =
       c.num_key_value_heads >= p.tp ? c.num_key_value_heads / p.tp : 1;  // replicated KV head
-  r.intermediate_size = c.intermediate_size / p.tp;
+  if (dense_mlp_split(c, p)) r.intermediate_size = c.intermediate_size / p.tp;
   r.moe_intermediate_size = c.moe_intermediate_size / p.moe_tp();
   // n_routed_experts stays global: the router scores all of them on every rank.
   return r;
@@ -146,7 +163,12 @@ std::unique_ptr<RankWeights> shard_weights(const ModelWeights& w, const dist::Sh
     l.attn.o = s.cut(lw.attn.o, tp_replica);
     l.attn.q_norm = lw.attn.q_norm;
     l.attn.k_norm = lw.attn.k_norm;
-    if (lw.dense) l.dense = s.cut_mlp(*lw.dense, tp_replica);
+    if (lw.dense && dense_mlp_split(w.config, plan.plan())) {
+      l.dense = s.cut_mlp(*lw.dense, tp_replica);
+    } else if (lw.dense) {  // replicated: rank 0's copy counts
+      const MlpWeights& d = *lw.dense;
+      l.dense = MlpWeights{s.whole(d.gate, false), s.whole(d.up, false), s.whole(d.down, rank != 0)};
+    }
     if (lw.moe) {
       const MoeWeights& m = *lw.moe;
       MoeWeights mm;

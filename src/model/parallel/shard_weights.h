@@ -13,6 +13,10 @@
 //     tp < world; a shared expert replica that is not `counted`) must contribute once: the
 //     replicas beyond the first get an all-zero output projection (o_proj / down_proj), so
 //     their partial is exactly 0. (The cost: replicated work, as replicated attention has.)
+//   - Dense MLPs are split tp ways only when each slice is a multiple of 64 (the NVFP4 W4A16
+//     linears read k in chunks of 64; GLM-4.5-Air's 10944 / 2 = 5472 is not): otherwise every
+//     rank holds the whole dense MLP and ranks other than 0 get a zero down_proj (dense layers
+//     are the first 1-3 of these models, so the replicated work is small).
 //   - Routed experts: the rank's contiguous block [expert_begin, expert_begin + E/ep); the
 //     router keeps all E rows.
 //   - Embedding, final norm, norms, router and lm_head are whole on every rank (replicated:
@@ -38,6 +42,9 @@ struct RankWeights {
 // The per-rank config: heads / tp, KV heads / tp (1 when tp > KV heads: replicated), dense and
 // shared intermediates / tp, routed experts' intermediate / moe_tp, routed experts / ep.
 ModelConfig rank_config(const ModelConfig& c, const dist::ShardingPlan& plan, int rank);
+
+// Whether the dense MLPs are split tp ways (else replicated: see above).
+bool dense_mlp_split(const ModelConfig& c, ParallelPlan plan);
 
 // Throws tetra::Error naming the tensor when a weight does not have the layout the plan assumes.
 // The result points into `w` (and into itself): keep `w` alive, and the result where it is.
