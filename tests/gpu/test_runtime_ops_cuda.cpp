@@ -145,7 +145,7 @@ TEST_F(RuntimeOpsCuda, RopeAllStyles) {
 
 // Fused RoPE + KV write: bit-identical to apply_rope then write_kv_cache (both on the GPU), and
 // close to the CPU RoPE. Slots include padding (-1) and one past the cache; strides with an odd
-// element count take the 2-byte copy path, even ones the 16-byte path.
+// element count (pad) leave rows unaligned.
 TEST_F(RuntimeOpsCuda, RopeAndKvWriteFusedMatchesTheTwoOps) {
   std::mt19937 rng(104);
   struct Case { int D, R, hq, hk, pad; RopeStyle style; };

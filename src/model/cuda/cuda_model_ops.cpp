@@ -60,8 +60,14 @@ struct DevLinear {
 
 Nvfp4MatrixView nvfp4_view(const LinearWeight& lw) {
   TETRA_CHECK(lw.weight_scale.has_value(), lw.module, " has no weight_scale");
-  return Nvfp4MatrixView{lw.weight.data, lw.weight_scale->data, lw.weight_scale_2,
-                         int(lw.out_features), int(lw.in_features), lw.module};
+  Nvfp4MatrixView v;  // by member: the view may grow optional fields
+  v.weight = lw.weight.data;
+  v.scale = lw.weight_scale->data;
+  v.scale_2 = lw.weight_scale_2;
+  v.n = int(lw.out_features);
+  v.k = int(lw.in_features);
+  v.name = lw.module;
+  return v;
 }
 
 DeviceMem upload_bf16(const TensorView& t) {

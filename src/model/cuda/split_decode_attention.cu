@@ -73,17 +73,51 @@ __device__ void merge_if_last(const SplitArgs& a, int s, int kh, float (*weight)
     if (lane == 0) den_s[i] = den;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
-    const int i = idx / D, d = idx % D;
-    const int64_t sh = int64_t(s) * H + kh * G + i;
-    const float* acc = a.part_acc + sh * a.splits * D + d;
-    float num = 0.0f;
-    for (int p = 0; p < a.splits; ++p) {
-      const float w = weight[i][p];
-      if (w > 0.0f) num += w * __ldcg(acc + int64_t(p) * D);
+  // Splits past the sequence's end are empty (weight 0, acc 0): only the first `active` are read.
+  // A thread owns up to kItems float4 outputs (4 dims of one head each) and keeps 4 splits' loads
+  // of all of them in flight at once: the merge sits on the layer's critical path, so it must
+  // not be a chain of dependent L2 round trips.
+  constexpr int kItems = kMaxGroup * D / 4 / kThreads;
+  const int active = min(a.splits, (a.lens[s] + a.split_tokens - 1) / a.split_tokens);
+  const int items = G * D / 4;
+  float4 num[kItems];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) num[it] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int p0 = 0; p0 < active; p0 += 4) {
+    float4 v[kItems][4];
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) {
+      const int idx = threadIdx.x + it * kThreads;
+      const int i = idx / (D / 4), d4 = idx % (D / 4);
+      const float4* acc = reinterpret_cast<const float4*>(
+                              a.part_acc + (int64_t(s) * H + kh * G + i) * a.splits * D) + d4;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        v[it][u] = idx < items && p0 + u < active ? __ldcg(acc + int64_t(p0 + u) * (D / 4))
+                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+#pragma unroll
+    for (int it = 0; it < kItems; ++it) {
+      const int i = min((threadIdx.x + it * kThreads) / (D / 4), G - 1);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const float w = p0 + u < active ? weight[i][p0 + u] : 0.0f;
+        num[it].x += w * v[it][u].x, num[it].y += w * v[it][u].y;
+        num[it].z += w * v[it][u].z, num[it].w += w * v[it][u].w;
+      }
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int idx = threadIdx.x + it * kThreads;
+    if (idx >= items) continue;
+    const int i = idx / (D / 4), d4 = idx % (D / 4);
+    const int64_t o = (int64_t(s) * H + kh * G + i) * D + 4 * d4;
     const float den = den_s[i];
-    a.out[sh * D + d] = __bfloat16_as_ushort(__float2bfloat16_rn(den > 0.0f ? num / den : 0.0f));
+    const float r[4] = {num[it].x, num[it].y, num[it].z, num[it].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      a.out[o + e] = __bfloat16_as_ushort(__float2bfloat16_rn(den > 0.0f ? r[e] / den : 0.0f));
   }
   if (threadIdx.x == 0) *counter = 0;
 }
@@ -250,6 +284,9 @@ __global__ void __launch_bounds__(kThreads) split_mma_kernel(SplitArgs a) {
   // A programmatic dependent (the o_proj GEMV) may start streaming its weights now; it waits for
   // this grid before it reads the attention output.
   asm volatile("griddepcontrol.launch_dependents;");
+  // Launched as a programmatic dependent itself (of the RoPE + KV write): wait for it before
+  // reading q or the cache.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int split = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int G = a.group;
@@ -445,10 +482,19 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   a.out = out;
   const dim3 grid(unsigned(p.splits), unsigned(s.n_kv_heads), unsigned(num_seqs));
   if (tensor_cores) {
-    if (s.head_dim == 64)
-      split_mma_kernel<64><<<grid, kThreads, 0, stream>>>(a);
-    else
-      split_mma_kernel<128><<<grid, kThreads, 0, stream>>>(a);
+    // Programmatic dependent launch: scheduled while the previous kernel drains; the kernel
+    // waits for it before reading.
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (s.head_dim == 64) return cudaLaunchKernelEx(&cfg, split_mma_kernel<64>, a);
+    return cudaLaunchKernelEx(&cfg, split_mma_kernel<128>, a);
   } else if (s.head_dim == 64) {
     split_kernel<64><<<grid, kThreads, 0, stream>>>(a);
   } else {

@@ -100,8 +100,11 @@ struct Nvfp4GemvOutput {
 };
 // Why these outputs cannot run ("" when they can).
 std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M);
+// Kernel variants for benchmarks; Auto is Batched, measured faster on the H200 for q/k/v
+// (k = 4096) and o_proj (k = 12288) at M = 1 and 8.
+enum class Nvfp4GemvKernel { Auto, Batched, Pipelined };
 cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
-                              cudaStream_t stream);
+                              cudaStream_t stream, Nvfp4GemvKernel kernel = Nvfp4GemvKernel::Auto);
 
 // BF16 linear through cuBLASLt: y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T, W [N, K] bf16.
 // Owns the cuBLASLt handle and a fixed workspace (so capture never allocates); not thread safe.

@@ -41,8 +41,32 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// One chunk: 4 k-steps of mma.m16n8k16 (16 weight rows x 8 activation rows).
+__device__ __forceinline__ void chunk_mma(float (&acc)[4], const uint4& w, uint32_t sc,
+                                          const uint16_t* xc) {
+  const uint4 x0 = moe_detail::ld_cached_u4(xc);      // k 16t .. 16t+7
+  const uint4 x1 = moe_detail::ld_cached_u4(xc + 8);  // k 16t+8 .. 16t+15
+  uint32_t sg, sg8;
+  moe_detail::scale_pair_to_bf16x2(sc, sg, sg8);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t A[4];
+    moe_detail::dequant_word(word_of(w, j), sg, sg8, A);
+    const uint4& xh = (j >> 1) ? x1 : x0;
+    moe_detail::mma_bf16_16816(acc, A, (j & 1) ? xh.z : xh.x, (j & 1) ? xh.w : xh.y);
+  }
+}
+
+// PIPELINED false: batches of kBatch chunks, all loads of a batch issued before its first MMA.
+// PIPELINED true: two register sets of kBatch / 2 chunks; the loads of the next half-batch are
+// in flight while the current one computes. Measured slower on the H200 even at o_proj's
+// k = 12288 (15.5 vs 14.1 us at M = 1, bench/results/2026-11-30-decode-air-h200.md): kept for the
+// benchmark only.
+template <bool PIPELINED>
 __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs a) {
   __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
+  // The next kernel (RoPE + KV write, a norm) may be scheduled now; it waits for this grid.
+  asm volatile("griddepcontrol.launch_dependents;");
   int o = 0;
   while (o + 1 < a.outputs && int(blockIdx.x) >= a.tile_end[o]) ++o;
   const int tile = int(blockIdx.x) - (o > 0 ? a.tile_end[o - 1] : 0);
@@ -56,33 +80,41 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
   const uint16_t* xp = a.x + size_t(min(lane / 4, a.m - 1)) * a.k + 16 * (lane % 4);
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int c = c_begin; c < c_end; c += kBatch) {
-    uint4 wv[kBatch];
-    uint32_t sv[kBatch];
+  constexpr int kSet = PIPELINED ? kBatch / 2 : kBatch;  // chunks per register set
+  auto load = [&](int c, uint4 (&wv)[kSet], uint32_t (&sv)[kSet]) {
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u)
+    for (int u = 0; u < kSet; ++u)
       if (c + u < c_end) {
         wv[u] = moe_detail::ld_stream_u4(wp + size_t(c + u) * kTileChunkBytes);
         sv[u] = moe_detail::ld_stream_u16(sp + size_t(c + u) * kTileChunkScales);
       }
-    // Launched as a programmatic dependent, the block starts while the kernel that writes x still
-    // runs: the first weight batch is already in flight when it waits for x (a no-op otherwise).
-    if (c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");
+  };
+  auto compute = [&](int c, const uint4 (&wv)[kSet], const uint32_t (&sv)[kSet]) {
 #pragma unroll
-    for (int u = 0; u < kBatch; ++u)
-      if (c + u < c_end) {
-        const uint4 x0 = moe_detail::ld_cached_u4(xp + size_t(c + u) * kChunkK);      // k 16t .. +7
-        const uint4 x1 = moe_detail::ld_cached_u4(xp + size_t(c + u) * kChunkK + 8);  // k 16t+8 .. +15
-        uint32_t sg, sg8;
-        moe_detail::scale_pair_to_bf16x2(sv[u], sg, sg8);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t A[4];
-          moe_detail::dequant_word(word_of(wv[u], j), sg, sg8, A);
-          const uint4& xh = (j >> 1) ? x1 : x0;
-          moe_detail::mma_bf16_16816(acc, A, (j & 1) ? xh.z : xh.x, (j & 1) ? xh.w : xh.y);
-        }
-      }
+    for (int u = 0; u < kSet; ++u)
+      if (c + u < c_end) chunk_mma(acc, wv[u], sv[u], xp + size_t(c + u) * kChunkK);
+  };
+  if constexpr (PIPELINED) {
+    uint4 wa[kSet], wb[kSet];
+    uint32_t sa[kSet], sb[kSet];
+    load(c_begin, wa, sa);
+    // Launched as a programmatic dependent, the block starts while the kernel that writes x
+    // still runs: the first weights are in flight when it waits for x (a no-op otherwise).
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    for (int c = c_begin; c < c_end; c += 2 * kSet) {
+      load(c + kSet, wb, sb);
+      compute(c, wa, sa);
+      load(c + 2 * kSet, wa, sa);
+      compute(c + kSet, wb, sb);
+    }
+  } else {
+    for (int c = c_begin; c < c_end; c += kSet) {
+      uint4 wv[kSet];
+      uint32_t sv[kSet];
+      load(c, wv, sv);
+      if (c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");  // as above
+      compute(c, wv, sv);
+    }
   }
   // Warps without chunks (k < 8 chunks) waited nowhere yet; y may still be read by the primary.
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -124,7 +156,7 @@ std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_out
 }
 
 cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, Nvfp4GemvKernel kernel) {
   const std::string why = nvfp4_gemv_unsupported_reason(outs, n_outs, M);
   if (!why.empty()) TETRA_FAIL("NVFP4 GEMV: ", why);
   GemvArgs a{};
@@ -156,7 +188,8 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel, a);
+  if (kernel == Nvfp4GemvKernel::Pipelined) return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel<true>, a);
+  return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel<false>, a);
 }
 
 }  // namespace tetra::ops::cuda

@@ -88,6 +88,9 @@ __global__ void __launch_bounds__(kVecBlock)
   // A programmatic dependent (the decode q/k/v GEMV) may start streaming its weights now; it
   // waits for this grid before it reads the output.
   asm volatile("griddepcontrol.launch_dependents;");
+  // Launched as a programmatic dependent itself: wait for the kernel that wrote x (and that may
+  // still read residual/out) before touching memory.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const int64_t base = int64_t(blockIdx.x) * vecs;
   float v[VPT][8];  // [vector][element] this thread's part of the row (residual sum if fused)
   float ss = 0.0f;
@@ -142,13 +145,23 @@ bool launch_vec(const uint16_t* x, uint16_t* residual, const uint16_t* w, uint16
   auto* ov = reinterpret_cast<uint4*>(out);
   const float nf = float(n);
   const int vpt = (vecs + kVecBlock - 1) / kVecBlock;
+  // Programmatic dependent launch: the block is scheduled while the previous kernel drains (it
+  // waits for it before reading), hiding the launch latency at batch 1.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(rows));
+  cfg.blockDim = dim3(kVecBlock);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
   if (vpt == 1)
-    rms_norm_vec_kernel<1><<<rows, kVecBlock, 0, stream>>>(xv, rv, wv, ov, vecs, nf, eps);
+    err = cudaLaunchKernelEx(&cfg, rms_norm_vec_kernel<1>, xv, rv, wv, ov, vecs, nf, eps);
   else if (vpt == 2)
-    rms_norm_vec_kernel<2><<<rows, kVecBlock, 0, stream>>>(xv, rv, wv, ov, vecs, nf, eps);
+    err = cudaLaunchKernelEx(&cfg, rms_norm_vec_kernel<2>, xv, rv, wv, ov, vecs, nf, eps);
   else
-    rms_norm_vec_kernel<4><<<rows, kVecBlock, 0, stream>>>(xv, rv, wv, ov, vecs, nf, eps);
-  err = cudaGetLastError();
+    err = cudaLaunchKernelEx(&cfg, rms_norm_vec_kernel<4>, xv, rv, wv, ov, vecs, nf, eps);
   return true;
 }
 

@@ -1,7 +1,9 @@
-// Fused RoPE + KV-cache write (see rope_kv_cuda.h): one block per token. The block computes each
-// pair's angle once into shared memory (the plain rope kernel recomputed sincosf per head), turns
-// q and k pairs exactly as rope.cu does, then copies the finished k row and the v row to the
-// token's cache slot, 16 bytes at a time when rows and pointers allow.
+// Fused RoPE + KV-cache write (see rope_kv_cuda.h): one warp per (token, head), q heads first,
+// then k heads. A lane turns pairs lane, lane + 32, ... of its head exactly as rope.cu does (same
+// sincosf angle, same rounding steps); a k warp also stores the turned pairs, the head's
+// pass-through dims and the matching v head straight into the cache slot. No loop carries a load
+// into the next iteration's, so a decode token costs one memory round trip (the per-token block
+// of the plain rope kernel walked 3000+ pairs with 128 threads, one dependent load after another).
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -13,58 +15,50 @@ namespace tetra::ops::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxHalf = 256;  // rotary_dim / 2 held in shared memory
+constexpr int kWarps = 8;  // heads per block
 
-template <typename Word>
-__device__ __forceinline__ void copy_row(const Word* src, Word* dst, int64_t words) {
-  for (int64_t i = threadIdx.x; i < words; i += kThreads) dst[i] = src[i];
-}
-
-template <bool kVec>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kWarps * 32)
     rope_kv_kernel(__nv_bfloat16* q, __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_stride,
                    const int32_t* __restrict__ positions, const int64_t* __restrict__ slots,
                    const float* __restrict__ inv_freq, RopeShape s, int64_t num_slots,
                    __nv_bfloat16* k_cache, __nv_bfloat16* v_cache) {
-  __shared__ float sin_s[kMaxHalf], cos_s[kMaxHalf];  // [rotary_dim / 2] this token's angles
+  // Programmatic dependent of the q/k/v projection: wait for it before touching memory; let the
+  // attention kernel after this one get scheduled meanwhile.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
   const int t = blockIdx.x;
+  const int head = blockIdx.y * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (head >= s.n_q_heads + s.n_k_heads) return;
+  const bool is_q = head < s.n_q_heads;
+  const int h = is_q ? head : head - s.n_q_heads;
+  __nv_bfloat16* x = is_q ? q + t * s.q_stride + int64_t(h) * s.head_dim
+                          : k + t * s.k_stride + int64_t(h) * s.head_dim;
+  const int64_t slot = is_q ? -1 : slots[t];
+  const bool store = slot >= 0 && slot < num_slots;  // false for q heads and padded tokens
+  const int64_t row = int64_t(s.n_k_heads) * s.head_dim;
+  __nv_bfloat16* kc = store ? k_cache + slot * row + int64_t(h) * s.head_dim : nullptr;
   const float pos = float(positions[t]);
   const int half = s.rotary_dim / 2;
-  for (int i = threadIdx.x; i < half; i += kThreads) sincosf(pos * inv_freq[i], &sin_s[i], &cos_s[i]);
-  __syncthreads();
-  const int q_pairs = s.n_q_heads * half;
-  const int total = q_pairs + s.n_k_heads * half;
   const bool neox = s.style == RopeStyle::NeoX;
-  for (int idx = threadIdx.x; idx < total; idx += kThreads) {
-    const bool is_q = idx < q_pairs;
-    const int j = is_q ? idx : idx - q_pairs;
-    const int h = j / half, i = j % half;
-    __nv_bfloat16* x = is_q ? q + t * s.q_stride + int64_t(h) * s.head_dim
-                            : k + t * s.k_stride + int64_t(h) * s.head_dim;
-    const float sn = sin_s[i], c = cos_s[i];
+  for (int i = lane; i < half; i += 32) {
+    float sn, c;
+    sincosf(pos * inv_freq[i], &sn, &c);
     const int ia = neox ? i : 2 * i;
     const int ib = neox ? i + half : 2 * i + 1;
     const float a = __bfloat162float(x[ia]), b = __bfloat162float(x[ib]);
-    x[ia] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
-    x[ib] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn)));
+    // __fmul_rn/__fsub_rn/__fadd_rn keep the CPU's rounding steps (no FMA contraction).
+    const __nv_bfloat16 ra = __float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
+    const __nv_bfloat16 rb = __float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn)));
+    x[ia] = ra;
+    x[ib] = rb;
+    if (store) kc[ia] = ra, kc[ib] = rb;
   }
-  const int64_t slot = slots[t];
-  if (slot < 0 || slot >= num_slots) return;  // uniform per block: no thread is left at the barrier
-  __syncthreads();  // the rotated k row (written by other threads) is complete
-  const int64_t elems = int64_t(s.n_k_heads) * s.head_dim;
-  if constexpr (kVec) {
-    copy_row(reinterpret_cast<const uint4*>(k + t * s.k_stride),
-             reinterpret_cast<uint4*>(k_cache + slot * elems), elems / 8);
-    copy_row(reinterpret_cast<const uint4*>(v + t * v_stride),
-             reinterpret_cast<uint4*>(v_cache + slot * elems), elems / 8);
-  } else {
-    copy_row(k + t * s.k_stride, k_cache + slot * elems, elems);
-    copy_row(v + t * v_stride, v_cache + slot * elems, elems);
-  }
+  if (!store) return;
+  for (int d = s.rotary_dim + lane; d < s.head_dim; d += 32) kc[d] = x[d];  // not rotated
+  const __nv_bfloat16* vr = v + t * v_stride + int64_t(h) * s.head_dim;
+  __nv_bfloat16* vc = v_cache + slot * row + int64_t(h) * s.head_dim;
+  for (int d = lane; d < s.head_dim; d += 32) vc[d] = vr[d];
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -75,24 +69,27 @@ cudaError_t rope_and_write_kv(uint16_t* q, uint16_t* k, const uint16_t* v, int64
   check_rope_shape(shape);
   TETRA_CHECK(k != nullptr && v != nullptr, "rope_and_write_kv: k and v are required");
   TETRA_CHECK(T >= 0 && num_slots > 0, "rope_and_write_kv: T=", T, " num_slots=", num_slots);
-  TETRA_CHECK_LE(shape.rotary_dim / 2, kMaxHalf, "rope_and_write_kv: rotary_dim");
   const int64_t elems = int64_t(shape.n_k_heads) * shape.head_dim;
   TETRA_CHECK(shape.k_stride >= elems && v_stride >= elems, "rope_and_write_kv: k/v stride");
   if (T == 0) return cudaSuccess;
-  const bool vec = elems % 8 == 0 && shape.k_stride % 8 == 0 && v_stride % 8 == 0 &&
-                   aligned16(k) && aligned16(v) && aligned16(k_cache) && aligned16(v_cache);
-  auto* qb = reinterpret_cast<__nv_bfloat16*>(q);
-  auto* kb = reinterpret_cast<__nv_bfloat16*>(k);
-  auto* vb = reinterpret_cast<const __nv_bfloat16*>(v);
-  auto* kc = reinterpret_cast<__nv_bfloat16*>(k_cache);
-  auto* vc = reinterpret_cast<__nv_bfloat16*>(v_cache);
-  if (vec)
-    rope_kv_kernel<true><<<T, kThreads, 0, stream>>>(qb, kb, vb, v_stride, positions, slots,
-                                                     inv_freq, shape, num_slots, kc, vc);
-  else
-    rope_kv_kernel<false><<<T, kThreads, 0, stream>>>(qb, kb, vb, v_stride, positions, slots,
-                                                      inv_freq, shape, num_slots, kc, vc);
-  return cudaGetLastError();
+  const int heads = shape.n_q_heads + shape.n_k_heads;
+  const dim3 grid(unsigned(T), unsigned((heads + kWarps - 1) / kWarps));
+  // Programmatic dependent launch (the kernel waits for its predecessor first): hides the launch
+  // latency of this small kernel behind the projection's tail.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, rope_kv_kernel, reinterpret_cast<__nv_bfloat16*>(q),
+                            reinterpret_cast<__nv_bfloat16*>(k),
+                            reinterpret_cast<const __nv_bfloat16*>(v), v_stride, positions, slots,
+                            inv_freq, shape, num_slots, reinterpret_cast<__nv_bfloat16*>(k_cache),
+                            reinterpret_cast<__nv_bfloat16*>(v_cache));
 }
 
 }  // namespace tetra::ops::cuda

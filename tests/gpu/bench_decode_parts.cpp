@@ -1,0 +1,233 @@
+// Timing of the non-MoE parts of a GLM-4.5-Air decode step at batch 1 (and 8): the q/k/v and o
+// NVFP4 linears (the decode GEMV in both kernel variants next to the one-expert W4A16 kernel +
+// add_bias it replaced), RMSNorm of 4096, fused RoPE + KV write, split decode attention over 1025
+// cached tokens. Each is timed as a CUDA graph of 32 back-to-back launches (launch gaps as in the
+// model's step graph), rotating over enough weight / KV copies that every launch reads HBM, not
+// L2 (60 MB). Prints us per launch and GB/s of the bytes a launch must read. The checks: the two
+// GEMV variants agree bit for bit, the GEMV agrees with the W4A16 path, and every time is finite.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/half.h"
+#include "model/cuda/split_decode_attention.h"
+#include "ops/elementwise/elementwise_cuda.h"
+#include "ops/linear/linear_cuda.h"
+#include "ops/norm/rms_norm_cuda.h"
+#include "ops/rope/rope.h"
+#include "ops/rope/rope_kv_cuda.h"
+
+namespace tetra {
+namespace {
+
+namespace oc = ops::cuda;
+constexpr int kLaunches = 32;
+
+struct DevBuf {
+  explicit DevBuf(size_t bytes) { TETRA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p); }
+  void* p = nullptr;
+};
+
+oc::Nvfp4LinearBuffer random_linear(int n, int k, uint64_t seed) {
+  auto b = oc::Nvfp4LinearBuffer::allocate(n, k, false);
+  TETRA_CUDA_CHECK(oc::fill_random_bytes(b.weight_mut(), int64_t(n) * k / 2, seed, nullptr));
+  TETRA_CUDA_CHECK(oc::fill_random_byte_range(b.scale_mut(), int64_t(n) * k / 16, 7 << 3,
+                                              (8 << 3) | 7, seed + 1, nullptr));
+  TETRA_CUDA_CHECK(oc::fill_f32(b.alpha_mut(), 1, 1024.0f * 2.0f / std::sqrt(float(k)), nullptr));
+  return b;
+}
+
+// us per launch of `launch(i)` (i = 0..kLaunches-1) captured into one graph, median of 5 replays.
+double time_graph(const std::function<void(int, cudaStream_t)>& launch) {
+  cudaStream_t s;
+  TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < kLaunches; ++i) launch(i, s);  // warm-up, eager
+  TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  TETRA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunches; ++i) launch(i, s);
+  TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t e;
+  TETRA_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  cudaEvent_t a, b;
+  TETRA_CUDA_CHECK(cudaEventCreate(&a));
+  TETRA_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int r = 0; r < 6; ++r) {
+    TETRA_CUDA_CHECK(cudaEventRecord(a, s));
+    TETRA_CUDA_CHECK(cudaGraphLaunch(e, s));
+    TETRA_CUDA_CHECK(cudaEventRecord(b, s));
+    TETRA_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    TETRA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (r > 0) ms.push_back(t);  // the first replay uploads the graph
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(e);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  return double(ms[ms.size() / 2]) * 1000.0 / kLaunches;
+}
+
+void report(const std::string& what, double us, double bytes) {
+  EXPECT_TRUE(std::isfinite(us) && us > 0.0) << what;
+  std::printf("| %-44s | %8.2f | %7.0f |\n", what.c_str(), us, bytes / us / 1e3);
+}
+
+TEST(BenchDecodeParts, Glm45AirBatch1) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  constexpr int H = 4096, NQ = 12288, NKV = 1024, kCopies = 4;
+  std::vector<oc::Nvfp4LinearBuffer> q, k, v, o;  // kCopies each: 4 x 61 MB > L2
+  for (int c = 0; c < kCopies; ++c) {
+    q.push_back(random_linear(NQ, H, 100 + 10 * c));
+    k.push_back(random_linear(NKV, H, 102 + 10 * c));
+    v.push_back(random_linear(NKV, H, 104 + 10 * c));
+    o.push_back(random_linear(H, NQ, 106 + 10 * c));
+  }
+  DevBuf x(size_t(8) * NQ * 2), bias(size_t(NQ) * 2), yq(size_t(8) * NQ * 2), yk(size_t(8) * NKV * 2),
+      yv(size_t(8) * NKV * 2), yo(size_t(8) * H * 2), ref(size_t(8) * NQ * 2);
+  TETRA_CUDA_CHECK(oc::fill_random_bf16(x.as<uint16_t>(), int64_t(8) * NQ, 1.0f, 7, nullptr));
+  TETRA_CUDA_CHECK(oc::fill_random_bf16(bias.as<uint16_t>(), NQ, 0.1f, 8, nullptr));
+  oc::RowCountTable rows(8);
+  const double qkv_bytes = double(q[0].bytes() + k[0].bytes() + v[0].bytes());
+  const double o_bytes = double(o[0].bytes());
+  std::printf("\n| part (GLM-4.5-Air, one layer) | us | GB/s |\n|---|---|---|\n");
+  for (int M : {1, 8}) {
+    const std::string m = " M=" + std::to_string(M);
+    for (auto kern : {oc::Nvfp4GemvKernel::Batched, oc::Nvfp4GemvKernel::Pipelined}) {
+      const char* name = kern == oc::Nvfp4GemvKernel::Batched ? "batched" : "pipelined";
+      report(std::string("qkv GEMV ") + name + m, time_graph([&](int i, cudaStream_t s) {
+               const int c = i % kCopies;
+               const oc::Nvfp4GemvOutput outs[3] = {{&q[c].view(), bias.as<uint16_t>(), yq.as<uint16_t>()},
+                                                    {&k[c].view(), bias.as<uint16_t>(), yk.as<uint16_t>()},
+                                                    {&v[c].view(), bias.as<uint16_t>(), yv.as<uint16_t>()}};
+               TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(outs, 3, x.as<uint16_t>(), M, s, kern));
+             }),
+             qkv_bytes);
+      report(std::string("o GEMV ") + name + m, time_graph([&](int i, cudaStream_t s) {
+               const oc::Nvfp4GemvOutput out{&o[i % kCopies].view(), nullptr, yo.as<uint16_t>()};
+               TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, x.as<uint16_t>(), M, s, kern));
+             }),
+             o_bytes);
+    }
+    report("q, k, v W4A16 + 3 add_bias" + m, time_graph([&](int i, cudaStream_t s) {
+             const int c = i % kCopies;
+             const std::pair<const oc::Nvfp4LinearBuffer*, DevBuf*> parts[3] = {
+                 {&q[c], &yq}, {&k[c], &yk}, {&v[c], &yv}};
+             for (const auto& [w, y] : parts) {
+               TETRA_CUDA_CHECK(oc::linear_nvfp4(w->view(), x.as<uint16_t>(), M, rows, y->p,
+                                                 DType::BF16, s));
+               TETRA_CUDA_CHECK(oc::add_bias(y->p, false, M, w->view().n, bias.as<uint16_t>(), s));
+             }
+           }),
+           qkv_bytes);
+    report("o W4A16" + m, time_graph([&](int i, cudaStream_t s) {
+             TETRA_CUDA_CHECK(oc::linear_nvfp4(o[i % kCopies].view(), x.as<uint16_t>(), M, rows,
+                                               yo.p, DType::BF16, s));
+           }),
+           o_bytes);
+  }
+  // Checks: variants bit-equal, GEMV vs W4A16 close (o, M = 3).
+  auto download = [](const DevBuf& b, size_t n) {
+    std::vector<uint16_t> h(n);
+    TETRA_CUDA_CHECK(cudaMemcpy(h.data(), b.p, n * 2, cudaMemcpyDeviceToHost));
+    return h;
+  };
+  const oc::Nvfp4GemvOutput out{&o[0].view(), nullptr, yo.as<uint16_t>()};
+  TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, x.as<uint16_t>(), 3, nullptr, oc::Nvfp4GemvKernel::Batched));
+  const auto batched = download(yo, size_t(3) * H);
+  TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, x.as<uint16_t>(), 3, nullptr, oc::Nvfp4GemvKernel::Pipelined));
+  EXPECT_EQ(download(yo, size_t(3) * H), batched) << "the variants sum the same chunks in the same order";
+  TETRA_CUDA_CHECK(oc::linear_nvfp4(o[0].view(), x.as<uint16_t>(), 3, rows, ref.p, DType::BF16, nullptr));
+  const auto w4a16 = download(ref, size_t(3) * H);
+  double err = 0, nrm = 0;
+  for (size_t i = 0; i < batched.size(); ++i) {
+    const double a = bf16_to_float(batched[i]), b = bf16_to_float(w4a16[i]);
+    err += (a - b) * (a - b);
+    nrm += b * b;
+  }
+  EXPECT_LE(err / nrm, 1e-5);
+
+  // RMSNorm of one 4096 row (fused add), fused RoPE + KV write of one token.
+  DevBuf res(size_t(H) * 2), nw(size_t(H) * 2), normed(size_t(H) * 2);
+  TETRA_CUDA_CHECK(oc::fill_random_bf16(res.as<uint16_t>(), H, 1.0f, 9, nullptr));
+  TETRA_CUDA_CHECK(oc::fill_random_bf16(nw.as<uint16_t>(), H, 1.0f, 10, nullptr));
+  report("fused add + RMSNorm, 4096", time_graph([&](int, cudaStream_t s) {
+           TETRA_CUDA_CHECK(oc::fused_add_rms_norm(x.as<uint16_t>(), res.as<uint16_t>(),
+                                                   nw.as<uint16_t>(), 1, H, 1e-5f,
+                                                   normed.as<uint16_t>(), s));
+         }),
+         3.0 * H * 2);
+  ops::RopeShape rs{128, 64, 96, 8, NQ, NKV, ops::RopeStyle::NeoX};
+  const auto inv = ops::rope_inv_freq(1e6, 64);
+  DevBuf dinv(inv.size() * 4), pos(4), slot(8), kc(size_t(2048) * NKV * 2), vc(size_t(2048) * NKV * 2);
+  TETRA_CUDA_CHECK(cudaMemcpy(dinv.p, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  const int32_t p1024 = 1024;
+  const int64_t s1024 = 1024;
+  TETRA_CUDA_CHECK(cudaMemcpy(pos.p, &p1024, 4, cudaMemcpyHostToDevice));
+  TETRA_CUDA_CHECK(cudaMemcpy(slot.p, &s1024, 8, cudaMemcpyHostToDevice));
+  report("RoPE + KV write, 1 token", time_graph([&](int, cudaStream_t s) {
+           TETRA_CUDA_CHECK(oc::rope_and_write_kv(yq.as<uint16_t>(), yk.as<uint16_t>(),
+                                                  yv.as<uint16_t>(), NKV, pos.as<int32_t>(),
+                                                  slot.as<int64_t>(), 1, dinv.as<float>(), rs,
+                                                  2048, kc.as<uint16_t>(), vc.as<uint16_t>(), s));
+         }),
+         (2.0 * NQ + 6.0 * NKV) * 2);
+
+  // Split decode attention, 1025 cached tokens, limits of the decode bench (4096-token table).
+  constexpr int kCaches = 16, kLen = 1025, kBlock = 16, kMaxBlocks = 256;
+  ops::AttentionShape as;
+  as.n_heads = 96;
+  as.n_kv_heads = 8;
+  as.head_dim = 128;
+  as.scale = 1.0f / std::sqrt(128.0f);
+  std::vector<std::unique_ptr<DevBuf>> kcache, vcache;
+  const size_t cache_elems = size_t(kMaxBlocks) * kBlock * NKV;
+  for (int c = 0; c < kCaches; ++c) {
+    kcache.push_back(std::make_unique<DevBuf>(cache_elems * 2));
+    vcache.push_back(std::make_unique<DevBuf>(cache_elems * 2));
+    TETRA_CUDA_CHECK(oc::fill_random_bf16(kcache.back()->as<uint16_t>(), int64_t(cache_elems), 1.0f, 20 + c, nullptr));
+    TETRA_CUDA_CHECK(oc::fill_random_bf16(vcache.back()->as<uint16_t>(), int64_t(cache_elems), 1.0f, 40 + c, nullptr));
+  }
+  std::vector<int32_t> table(kMaxBlocks);
+  for (int b = 0; b < kMaxBlocks; ++b) table[size_t(b)] = b;
+  DevBuf dtable(table.size() * 4), dlen(4), attn_out(size_t(NQ) * 2);
+  TETRA_CUDA_CHECK(cudaMemcpy(dtable.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  TETRA_CUDA_CHECK(cudaMemcpy(dlen.p, &kLen, 4, cudaMemcpyHostToDevice));
+  ops::PagedKv kv;
+  kv.block_tables = dtable.as<int32_t>();
+  kv.seq_lens = dlen.as<int32_t>();
+  kv.num_blocks = kMaxBlocks;
+  kv.block_size = kBlock;
+  kv.max_blocks_per_seq = kMaxBlocks;
+  const size_t ws_bytes = model::cuda::split_decode_workspace_bytes(1, as, kv);
+  DevBuf ws(ws_bytes);
+  TETRA_CUDA_CHECK(cudaMemset(ws.p, 0, ws_bytes));
+  report("split decode attention, 1025 tokens", time_graph([&](int i, cudaStream_t s) {
+           ops::PagedKv c = kv;
+           c.k_cache = kcache[size_t(i % kCaches)]->as<uint16_t>();
+           c.v_cache = vcache[size_t(i % kCaches)]->as<uint16_t>();
+           TETRA_CUDA_CHECK(model::cuda::split_decode_attention(yq.as<uint16_t>(), c, 1, as, ws.p,
+                                                                ws_bytes, attn_out.as<uint16_t>(), s));
+         }),
+         2.0 * kLen * NKV * 2);
+  TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace tetra
