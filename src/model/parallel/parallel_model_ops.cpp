@@ -151,14 +151,24 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
   void record(RankOp op) { program_.push_back(std::move(op)); }
 
   // Every rank issues the recorded ops, concurrently (the all-reduces need all of them).
+  // A rank that throws mid-step leaves its peers waiting in an all-reduce it never joins; the
+  // split model is then unusable (its GPUs may never finish the step), so every later call
+  // refuses instead of waiting on them.
   void flush() {
+    TETRA_CHECK(!failed_, "the tensor/expert parallel model failed in an earlier step (a rank "
+                "stopped mid-step); reload the model");
     if (program_.empty()) return;
     std::vector<RankOp> prog;
     prog.swap(program_);
-    workers_.run_all([&](int r) {
-      ModelOps& o = *ranks_[size_t(r)];
-      for (const RankOp& op : prog) op(o);
-    });
+    try {
+      workers_.run_all([&](int r) {
+        ModelOps& o = *ranks_[size_t(r)];
+        for (const RankOp& op : prog) op(o);
+      });
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
   }
 
   cuda::CudaModelOpsApi& cuda_rank(int r) const {
@@ -190,6 +200,7 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
   ModelConfig full_, rank_;  // the model's config and one rank's (rank_config)
   std::optional<StepBatch> step_;   // the current step (recorded ops point at it)
   std::vector<RankOp> program_;     // the current step's ops, not yet handed to the ranks
+  bool failed_ = false;             // a rank threw during a step (see flush)
 };
 
 }  // namespace
