@@ -1,6 +1,7 @@
 // BF16 grouped MoE GEMM kernel (see bf16_moe.h). Swap-AB orientation: the weight tile is the MMA's
 // A operand (16 weight rows per m16 tile), the expert's token rows are B (8 tokens per n8 tile), so
 // small token counts waste only B-side work while the weights stream once.
+#include "core/kernel_smem_attr.h"
 #include "ops/moe/bf16_moe.h"
 
 #include <algorithm>
@@ -205,14 +206,9 @@ int slots_of(const MoeGemmProblem& p, const MoeRows& rows) {
 
 template <bool GATED, bool OUT_F32>
 cudaError_t launch(const MoeGemmProblem& p, const Bf16GemmArgs& a, cudaStream_t stream) {
-  static bool attr_set = false;  // per instantiation; setting it twice is harmless
-  if (!attr_set) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        bf16_moe_kernel<GATED, OUT_F32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        kMoeBf16SmemBytes);
-    if (err != cudaSuccess) return err;
-    attr_set = true;
-  }
+  const cudaError_t attr = ensure_max_dynamic_smem(bf16_moe_kernel<GATED, OUT_F32>,
+                                                   int(kMoeBf16SmemBytes));
+  if (attr != cudaSuccess) return attr;
   const int slots = slots_of(p, a.rows);
   const int hint = p.max_rows_hint > 0 ? p.max_rows_hint : (p.total_rows + slots - 1) / slots;
   // Token tiles per expert in parallel; experts with more rows loop over grid.z.

@@ -9,6 +9,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
+#include "core/kernel_smem_attr.h"
 #include "ops/moe/w4a16_fragment.cuh"
 #include "ops/moe/w4a16_launch.h"
 
@@ -211,14 +212,9 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) moe_tiled_kernel(const G
 
 template <bool GATED, bool OUT_F32, int MIN_BLOCKS>
 cudaError_t launch_tiled_t(const GroupedGemmArgs& a, cudaStream_t stream) {
-  static bool attr_set = false;  // per instantiation; setting it twice is harmless
-  if (!attr_set) {
-    const cudaError_t err = cudaFuncSetAttribute(moe_tiled_kernel<GATED, OUT_F32, MIN_BLOCKS>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 kSmemBytes);
-    if (err != cudaSuccess) return err;
-    attr_set = true;
-  }
+  const cudaError_t attr =
+      ensure_max_dynamic_smem(moe_tiled_kernel<GATED, OUT_F32, MIN_BLOCKS>, int(kSmemBytes));
+  if (attr != cudaSuccess) return attr;
   const int col_blocks = (a.n + kTilesM * 16 - 1) / (kTilesM * 16);
   const int row_blocks = (a.total_rows + kRowsN - 1) / kRowsN + a.num_slots;  // upper bound
   const dim3 grid{unsigned(col_blocks), unsigned(row_blocks), 1u};

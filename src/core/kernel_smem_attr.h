@@ -1,0 +1,26 @@
+// Opting a kernel into more than 48 KB of dynamic shared memory, once per GPU.
+// cudaFuncSetAttribute acts on the device that is current when it is called, so a per-process
+// "done" flag leaves every other GPU without the opt-in (its launches then fail): remember it
+// per device instead.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace tetra {
+
+template <class Kernel>
+cudaError_t ensure_max_dynamic_smem(Kernel* kernel, int bytes) {
+  static std::atomic<uint64_t> done_devices{0};  // bit d: set on device d (per instantiation)
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (done_devices.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess && bit != 0) done_devices.fetch_or(bit, std::memory_order_acq_rel);
+  return err;
+}
+
+}  // namespace tetra
