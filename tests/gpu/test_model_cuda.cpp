@@ -128,6 +128,34 @@ struct Twin {
     }
     return b;
   }
+  // Chunked prefill: tokens [start, start + chunk) of each prompt that has them, attending to
+  // the earlier chunks through the cache (block tables and seq_lens: a cached-prefix prefill).
+  StepBatch prefill_chunk(const std::vector<int64_t>& ids,
+                          const std::vector<std::vector<int32_t>>& p, int start, int chunk) {
+    StepBatch b;
+    b.kind = StepKind::Prefill;
+    b.cu_seqlens = {0};
+    b.max_blocks_per_seq = lim.max_blocks_per_seq;
+    std::vector<int64_t> in_step;
+    for (size_t s = 0; s < ids.size(); ++s) {
+      const int len = std::min(chunk, int(p[s].size()) - start);
+      if (len <= 0) continue;
+      if (start == 0) cache.add_sequence(ids[s]);
+      in_step.push_back(ids[s]);
+      const std::vector<int64_t> slots = cache.append(ids[s], len, nullptr);
+      for (int i = 0; i < len; ++i) {
+        b.tokens.push_back(p[s][size_t(start + i)]);
+        b.positions.push_back(start + i);
+        b.slots.push_back(slots[size_t(i)]);
+        b.logit_rows.push_back(b.num_tokens() - 1);
+      }
+      b.cu_seqlens.push_back(b.num_tokens());
+    }
+    b.block_tables.resize(in_step.size() * size_t(b.max_blocks_per_seq));
+    b.seq_lens.resize(in_step.size());
+    cache.fill_block_tables(in_step, b.max_blocks_per_seq, b.block_tables.data(), b.seq_lens.data());
+    return b;
+  }
   StepBatch decode(const std::vector<int64_t>& ids, const std::vector<int32_t>& tokens) {
     StepBatch b;
     b.kind = StepKind::Decode;
@@ -226,6 +254,33 @@ TEST_P(ModelCuda, LogitsMatchCpuPrefillThenDecode) {
     for (size_t s = 0; s < ids.size(); ++s) next[s] = argmax(out[0].data() + int64_t(s) * t.vocab(), t.vocab());
   }
   errors.expect_within_bounds(preset + " " + dtype);
+}
+
+// Chunked prefill (the engine's long prompts and recompute after preemption): the CUDA extend
+// attention path against the CPU backend, every chunk's rows, then decode on top of it.
+TEST_P(ModelCuda, ChunkedPrefillMatchesCpu) {
+  const auto [preset, dtype] = GetParam();
+  Twin t(tiny_model(preset, dtype));
+  t.add(make_model_ops("cpu"));
+  t.add(cuda::make_cuda_model_ops_api());
+  std::mt19937 rng(8);
+  const std::vector<int64_t> ids = {1, 2};
+  const std::vector<std::vector<int32_t>> prompts = {prompt(23, t.vocab(), rng),
+                                                     prompt(9, t.vocab(), rng)};
+  RowErrors errors;
+  for (int start = 0; start < 23; start += 7) {
+    StepBatch b = t.prefill_chunk(ids, prompts, start, 7);
+    ASSERT_TRUE(b.has_cached_prefix());
+    b.logit_rows.clear();
+    for (int r = 0; r < b.num_tokens(); ++r) b.logit_rows.push_back(r);
+    const auto out = t.run(b);
+    expect_logits_close(out[1], out[0], t.vocab(),
+                        preset + " " + dtype + " chunk at " + std::to_string(start), errors);
+  }
+  const auto out = t.run(t.decode(ids, {3, 4}));
+  expect_logits_close(out[1], out[0], t.vocab(), preset + " " + dtype + " decode after chunks",
+                      errors);
+  errors.expect_within_bounds(preset + " " + dtype + " chunked");
 }
 
 TEST_P(ModelCuda, GraphReplayEqualsEager) {

@@ -20,6 +20,7 @@
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention_cuda.h"
+#include "ops/attention/paged_extend_attention.h"
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/norm/rms_norm_cuda.h"
@@ -311,18 +312,18 @@ class CudaModelOps final : public CudaModelOpsApi {
     ck(ops::cuda::prefill_attention(buf(q), buf(k), buf(v), d_cu(), S_, max_seqlen_, attn_,
                                     buf(out), stream_));
   }
+  // Chunked prefill / recompute: the step's tokens attend to their sequence's cached prefix and
+  // to themselves (write_kv already put them in the cache).
+  void extend_attention(int layer, Buf q, Buf out) override {
+    if (skip()) return;
+    flush_rope();
+    ck(ops::cuda::paged_extend_attention(buf(q), d_cu(), S_, T_, paged_kv(layer), attn_, buf(out),
+                                         stream_));
+  }
   void decode_attention(int layer, Buf q, Buf out) override {
     if (skip()) return;
     flush_rope();
-    const DevLayer& L = layers_.at(size_t(layer));
-    ops::PagedKv kv;
-    kv.k_cache = L.k_cache.as<uint16_t>();
-    kv.v_cache = L.v_cache.as<uint16_t>();
-    kv.block_tables = d_tables();
-    kv.seq_lens = d_lens();
-    kv.num_blocks = lim_.kv_num_blocks;
-    kv.block_size = lim_.kv_block_size;
-    kv.max_blocks_per_seq = lim_.max_blocks_per_seq;
+    const ops::PagedKv kv = paged_kv(layer);
     if (split_decode_)
       ck(split_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(), attn_ws_.bytes(),
                                 buf(out), stream_));
@@ -558,7 +559,7 @@ class CudaModelOps final : public CudaModelOpsApi {
     const int S = st.num_seqs();
     for (int s = 0; s <= S_run; ++s) cu[s] = s <= S ? st.cu_seqlens[size_t(s)] : st.cu_seqlens[size_t(S)] + (s - S);
     const int mb = lim_.max_blocks_per_seq;
-    if (st.kind == StepKind::Decode) {
+    if (st.kind == StepKind::Decode || st.has_cached_prefix()) {
       TETRA_CHECK_LE(st.max_blocks_per_seq, mb, "step block table wider than the limits");
       for (int s = 0; s < S_run; ++s) {
         const int src = s < S ? s : 0;
@@ -579,6 +580,20 @@ class CudaModelOps final : public CudaModelOpsApi {
     while (b < S) b *= 2;
     if (b > lim_.max_seqs || b > lim_.max_tokens) return 0;  // cannot pad: run eagerly
     return b;
+  }
+
+  // Layer's cache with the step's block tables (stage() writes them at the limits' width).
+  ops::PagedKv paged_kv(int layer) const {
+    const DevLayer& L = layers_.at(size_t(layer));
+    ops::PagedKv kv;
+    kv.k_cache = L.k_cache.as<uint16_t>();
+    kv.v_cache = L.v_cache.as<uint16_t>();
+    kv.block_tables = d_tables();
+    kv.seq_lens = d_lens();
+    kv.num_blocks = lim_.kv_num_blocks;
+    kv.block_size = lim_.kv_block_size;
+    kv.max_blocks_per_seq = lim_.max_blocks_per_seq;
+    return kv;
   }
 
   bool skip() const { return mode_ == Mode::Replay; }
