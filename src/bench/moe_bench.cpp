@@ -151,11 +151,13 @@ std::string token_path_label(const moe::CudaTokenPath& p) {
   return os.str();
 }
 
+// cuda-w4a16, or cuda-w4a4 (the same random layer with NVFP4 activations) when w4a4.
 void bench_backend_w4a16(const Shape& s, const MoeBenchOptions& o, const GpuSpec& gpu,
-                         MoeBenchReport& r) {
+                         MoeBenchReport& r, bool w4a4 = false) {
   int max_t = 0;
   for (int t : o.tokens) max_t = std::max(max_t, t);
   moe::RandomW4a16Layer spec;
+  spec.w4a4 = w4a4;
   spec.experts = s.E, spec.hidden = s.H, spec.inter = s.I, spec.shared_inter = s.Is;
   spec.router = s.router;
   if (s.has_bias || o.routing == "skewed") {
@@ -227,7 +229,7 @@ void bench_backend_w4a16(const Shape& s, const MoeBenchOptions& o, const GpuSpec
     for (int i = 0; i < iters; ++i) us.push_back(1e3 * ev.ms(size_t(2 * i), size_t(2 * i + 1)));
 
     MoeBenchRow row;
-    row.backend = "cuda-w4a16";
+    row.backend = w4a4 ? "cuda-w4a4" : "cuda-w4a16";
     row.tokens = T;
     row.unique_experts = unique;
     row.median_us = percentile(us, 0.5);
@@ -320,6 +322,11 @@ MoeBenchReport run_moe_bench(const MoeBenchOptions& o) {
   moe::MoeLayerOptions lo;
   lo.max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
   const MoeWorkload w = moe::layer_workload(probe, lo);
+  // cuda-w4a4 is judged on the same layer with input scales (a W4A4 checkpoint).
+  moe::MoeLayerWeights probe_w4a4 = probe;
+  for (moe::ExpertMlpView& e : probe_w4a4.experts)
+    e.gate.input_scale = e.up.input_scale = e.down.input_scale = 1.0f;
+  const MoeWorkload w_w4a4 = moe::layer_workload(probe_w4a4, lo);
   Target t;
   t.gpu = gpu;
   t.host_memory_bytes = host_memory_bytes();
@@ -330,15 +337,15 @@ MoeBenchReport run_moe_bench(const MoeBenchOptions& o) {
       r.skipped.push_back({b.name, "the CPU reference is not a GPU benchmark"});
       continue;
     }
-    const Verdict v = evaluate(b, w, t);
+    const Verdict v = evaluate(b, b.name == "cuda-w4a4" ? w_w4a4 : w, t);
     if (!v.ok) {
       std::string why;
       for (const std::string& x : v.reasons) why += (why.empty() ? "" : "; ") + x;
       r.skipped.push_back({b.name, why});
       continue;
     }
-    if (b.name == "cuda-w4a16") {
-      bench_backend_w4a16(s, o, *gpu, r);
+    if (b.name == "cuda-w4a16" || b.name == "cuda-w4a4") {
+      bench_backend_w4a16(s, o, *gpu, r, b.name == "cuda-w4a4");
     } else {
       r.skipped.push_back({b.name, "no benchmark driver for this backend yet"});
     }

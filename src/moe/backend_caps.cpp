@@ -60,12 +60,12 @@ std::vector<BackendCaps> declare() {
   {
     BackendCaps b;
     b.name = "cuda-w4a4";
-    b.summary = "NVFP4 activation quantization + the same GEMMs (Blackwell numerics on Hopper)";
-    // The GEMMs exist and pass their GPU tests (ops/moe/w4a4_moe.h), but the MoE layer runner
-    // does not dispatch to them yet: `built` flips when it does, so `auto` never picks a backend
-    // the runtime would then refuse.
-    b.origin = "Tetra ops/moe/w4a4_moe.h (GEMMs GPU-tested; the layer runner does not call them yet)";
-    b.built = false;
+    // W4A4 changes the numerics (activations rounded to NVFP4), so auto never picks it over
+    // cuda-w4a16 (lower priority); it runs when asked for (--backend cuda-w4a4).
+    b.summary = "NVFP4 activation quantization + the same GEMMs (Blackwell numerics on Hopper; "
+                "changes numerics vs W4A16, so auto picks it only when asked)";
+    b.origin = "Tetra ops/moe/w4a4_moe.h through the layer runner ops/moe/moe_layer_cuda.h";
+    b.built = true;
     b.weight_formats = {WeightFormat::NVFP4};
     b.act_formats = {ActFormat::NVFP4};
     b.needs_input_scale = true;

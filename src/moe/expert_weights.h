@@ -25,6 +25,7 @@
 // tile 2i+1 = up rows 16i..16i+15, so any warp holding an even/odd tile pair can apply SiLU(gate)*up.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,9 @@ struct Nvfp4MatrixView {
   int n = 0;                        // out_features
   int k = 0;                        // in_features
   std::string name;                 // tensor prefix, for error messages
+  // The checkpoint's activation global scale of this linear (NVFP4 = W4A4 exports); weight-only
+  // W4A16_NVFP4 checkpoints have none. Only the cuda-w4a4 backend and its cpu twin read it.
+  std::optional<float> input_scale;
 };
 
 // A matrix in fragment order (layout above).

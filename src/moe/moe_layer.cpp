@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "moe/backend_select.h"
+#include "moe/w4a4_scales.h"
 #include "perf/gpu_spec.h"
 
 namespace tetra::moe {
@@ -48,7 +49,44 @@ void check_mlp(const std::string& layer, const ExpertMlpView& m, int H, int I) {
   }
 }
 
+// The first routed linear without an input_scale, for the W4A4 refusal ("" when none).
+std::string first_missing_input_scale(const MoeLayerWeights& w) {
+  for (size_t e = 0; e < w.experts.size(); ++e) {
+    const ExpertMlpView& m = w.experts[e];
+    if (m.format != ExpertFormat::NVFP4) return "";  // BF16 experts: the algo label says it
+    const Nvfp4MatrixView* mats[3] = {&m.gate, &m.up, &m.down};
+    const char* what[3] = {"gate_proj", "up_proj", "down_proj"};
+    for (int i = 0; i < 3; ++i)
+      if (!mats[i]->input_scale)
+        return mats[i]->name.empty()
+                   ? str(w.name, ".experts.", w.expert_begin + int(e), ".", what[i], ".input_scale")
+                   : str(mats[i]->name, ".input_scale");
+  }
+  return "";
+}
+
 }  // namespace
+
+bool mlp_has_input_scales(const ExpertMlpView& m) {
+  return m.format == ExpertFormat::NVFP4 && m.gate.input_scale && m.up.input_scale &&
+         m.down.input_scale;
+}
+
+bool layer_has_input_scales(const MoeLayerWeights& w) {
+  if (w.experts.empty()) return false;
+  for (const ExpertMlpView& m : w.experts)
+    if (!mlp_has_input_scales(m)) return false;
+  return true;
+}
+
+W4a4MlpScales w4a4_mlp_scales(const ExpertMlpView& m, const std::string& mlp_name) {
+  if (!mlp_has_input_scales(m)) TETRA_FAIL(mlp_name, ": no input_scale for W4A4");
+  W4a4MlpScales s;
+  s.gate_up = w4a4_gate_up_input_scale(*m.gate.input_scale, *m.up.input_scale, mlp_name);
+  check_input_scale(*m.down.input_scale, mlp_name + ".down_proj.input_scale");
+  s.down = *m.down.input_scale;
+  return s;
+}
 
 void validate_layer_weights(const MoeLayerWeights& w) {
   const std::string& L = w.name.empty() ? std::string("moe layer") : w.name;
@@ -105,10 +143,11 @@ MoeWorkload layer_workload(const MoeLayerWeights& w, const MoeLayerOptions& o) {
   MoeWorkload m;
   m.model_label = w.name.empty() ? std::string("moe layer") : w.name;
   const bool nvfp4 = !w.experts.empty() && w.experts[0].format == ExpertFormat::NVFP4;
-  // The runner has no input_scale: the layer is W4A16 as far as the backends can tell.
-  m.expert_algo = nvfp4 ? QuantAlgo::W4A16_NVFP4 : QuantAlgo::None;
+  // Input scales on every routed linear make it a W4A4 (NVFP4) layer; without, W4A16_NVFP4.
+  const bool scales = nvfp4 && layer_has_input_scales(w);
+  m.expert_algo = !nvfp4 ? QuantAlgo::None : scales ? QuantAlgo::NVFP4 : QuantAlgo::W4A16_NVFP4;
   m.expert_weights = nvfp4 ? WeightFormat::NVFP4 : WeightFormat::BF16;
-  m.has_input_scale = false;
+  m.has_input_scale = scales;
   m.hidden = w.hidden;
   m.moe_intermediate = w.inter;
   m.moe_intermediate_per_gpu = w.inter;
@@ -140,10 +179,25 @@ std::unique_ptr<MoeLayerRunner> make_moe_layer(const MoeLayerWeights& w, const M
     target.gpu = detect_local_gpu();
     target.host_memory_bytes = host_memory_bytes();
   }
-  const BackendCaps& caps = require_compatible(o.backend, layer_workload(w, o), target);
-  if (caps.name == "cpu") return make_cpu_moe_layer(w, o.max_tokens);
-  if (caps.name == "cuda-w4a16" || caps.name == "cuda-bf16")
-    return make_cuda_moe_layer(w, o.max_tokens, o.layout);
+  // W4A4 is asked for, never picked by auto on its own: it changes the numerics.
+  const bool w4a4 = o.w4a4 || o.backend == "cuda-w4a4";
+  std::string backend = o.backend;
+  if (w4a4 && backend == "auto") backend = target.gpu ? "cuda-w4a4" : "cpu";
+  if (w4a4 && backend != "cpu" && backend != "cuda-w4a4")
+    TETRA_FAIL(w.name, ": W4A4 numerics asked for, but MoE backend ", backend,
+               " keeps bf16 activations (use cuda-w4a4 or cpu)");
+  const MoeWorkload workload = layer_workload(w, o);
+  if (w4a4 && !workload.has_input_scale) {
+    // The same words as check's refusal, plus the first tensor that is missing.
+    const std::string missing = first_missing_input_scale(w);
+    TETRA_FAIL("MoE backend ", backend, " with W4A4 numerics cannot run ", w.name, ": checkpoint is ",
+               quant_algo_label(workload.expert_algo), ": no input_scale for W4A4",
+               missing.empty() ? std::string() : str(" (", missing, " is missing)"));
+  }
+  const BackendCaps& caps = require_compatible(backend, workload, target);
+  if (caps.name == "cpu") return make_cpu_moe_layer(w, o.max_tokens, w4a4);
+  if (caps.name == "cuda-w4a16" || caps.name == "cuda-bf16" || caps.name == "cuda-w4a4")
+    return make_cuda_moe_layer(w, o.max_tokens, o.layout, w4a4);
   TETRA_FAIL(w.name, ": MoE backend ", caps.name, " has no layer runner in this version");
 }
 

@@ -17,9 +17,19 @@
 //   as bf16); the combine is combine_bf16's fixed-order FMA sum with one final rounding.
 //
 // Backends: "cpu" (host pointers; float32 loops on the dequantized weights), "cuda-w4a16" (device
-// pointers; NVFP4 experts), "cuda-bf16" (device pointers; BF16 experts), "auto" (the
-// declarations' pick). On the CUDA backends the shared expert may be NVFP4 or BF16. The backend is checked with
-// require_compatible, so a refusal carries the reasons `tetra check` prints.
+// pointers; NVFP4 experts), "cuda-w4a4" (device pointers; NVFP4 experts AND NVFP4 activations
+// quantized with the checkpoint's input_scale, moe/w4a4_reference.h), "cuda-bf16" (device
+// pointers; BF16 experts), "auto" (the declarations' pick: never cuda-w4a4 unless
+// MoeLayerOptions::w4a4 asks, because W4A4 changes the numerics). On the CUDA backends the shared
+// expert may be NVFP4 or BF16. The backend is checked with require_compatible, so a refusal
+// carries the reasons `tetra check` prints.
+//
+// W4A4 numerics (cuda-w4a4, and "cpu" with MoeLayerOptions::w4a4 = its CPU twin): every routed
+// expert needs gate/up/down input_scale (else the refusal "checkpoint is W4A16_NVFP4: no
+// input_scale for W4A4"). GEMM1 quantizes x once for the fused gate+up GEMM with
+// max(gate.input_scale, up.input_scale) (moe/w4a4_scales.h: the larger scale never saturates
+// what either calibrated range covers; ModelOpt exports them equal). The shared expert runs W4A4
+// when its three linears carry input_scale too, else W4A16 (bf16 activations).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -86,6 +96,9 @@ struct MoeLayerOptions {
   int max_tokens = 0;            // largest T forward accepts (> 0); sizes all scratch
   TokenLayout layout = TokenLayout::Contiguous;  // masked: [E, max_tokens, .] rows (decode)
   std::optional<Target> target;  // where to run; default: this machine (detected GPU)
+  // W4A4 numerics (see above). With backend "cpu": the cpu twin of cuda-w4a4; with "auto": pick
+  // cuda-w4a4 on a GPU, else cpu; "cuda-w4a4" implies it; any other backend refuses it.
+  bool w4a4 = false;
 };
 
 class MoeLayerRunner {
@@ -127,9 +140,24 @@ std::vector<uint16_t> router_weight_bf16(const MoeLayerWeights& w);
 void dequantize_mlp(const ExpertMlpView& m, int H, int I, float* w13, float* w2);
 
 // Backend constructors (make_moe_layer dispatches here after the checks).
-std::unique_ptr<MoeLayerRunner> make_cpu_moe_layer(const MoeLayerWeights& w, int max_tokens);
-// Defined in ops/moe/moe_layer_cuda.cu: cuda-w4a16 for NVFP4 experts, cuda-bf16 for BF16 ones.
+// w4a4: routed experts (and the shared one when it has input scales) with W4A4 numerics.
+std::unique_ptr<MoeLayerRunner> make_cpu_moe_layer(const MoeLayerWeights& w, int max_tokens,
+                                                   bool w4a4 = false);
+// Defined in ops/moe/moe_layer_cuda.cu: cuda-w4a16 for NVFP4 experts, cuda-bf16 for BF16 ones,
+// cuda-w4a4 for NVFP4 experts when w4a4.
 std::unique_ptr<MoeLayerRunner> make_cuda_moe_layer(const MoeLayerWeights& w, int max_tokens,
-                                                    TokenLayout layout);
+                                                    TokenLayout layout, bool w4a4 = false);
+
+// True when the MLP is NVFP4 and gate, up and down all carry an input_scale.
+bool mlp_has_input_scales(const ExpertMlpView& m);
+// True when every routed expert does (the shared expert is not asked: it may stay W4A16).
+bool layer_has_input_scales(const MoeLayerWeights& w);
+// The MLP's two activation scales for W4A4: {GEMM1 = max(gate, up), GEMM2 = down}, each checked
+// (positive, finite, invertible; errors name the tensor). Needs mlp_has_input_scales(m).
+struct W4a4MlpScales {
+  float gate_up = 0.0f;
+  float down = 0.0f;
+};
+W4a4MlpScales w4a4_mlp_scales(const ExpertMlpView& m, const std::string& mlp_name);
 
 }  // namespace tetra::moe

@@ -10,6 +10,7 @@
 #include "format/nvfp4.h"
 #include "moe/moe_layer.h"
 #include "moe/token_movement.h"
+#include "moe/w4a4_reference.h"
 
 namespace tetra::moe {
 namespace {
@@ -48,24 +49,45 @@ struct MlpF32 {
   int inter = 0;
   std::vector<float> w13;  // [2I, H]
   std::vector<float> w2;   // [H, I]
+  bool w4a4 = false;       // NVFP4 activations (the cpu twin of cuda-w4a4)
+  W4a4MlpScales scales;    // when w4a4
 };
+
+// One MLP with W4A4 numerics: exactly the reference's per-row functions (moe/w4a4_reference.h),
+// so this twin and the reference cannot drift apart. x [H] bf16, act [I] scratch, y [H].
+void mlp_forward_w4a4(const MlpF32& m, int H, const uint16_t* x, float* act, float* y) {
+  ExpertMlpF32 one;
+  one.w13 = m.w13.data();
+  one.w2 = m.w2.data();
+  one.num_experts = 1;
+  one.hidden = H;
+  one.inter = m.inter;
+  w4a4_gemm1_row_cpu(one, 0, x, m.scales.gate_up, m.scales.down, act);
+  w4a4_gemm2_row_cpu(one, 0, act, m.scales.down, y);
+}
 
 class CpuMoeLayer final : public MoeLayerRunner {
  public:
-  CpuMoeLayer(const MoeLayerWeights& w, int max_tokens)
+  CpuMoeLayer(const MoeLayerWeights& w, int max_tokens, bool w4a4)
       : name_(w.name), H_(w.hidden), I_(w.inter), max_tokens_(max_tokens), router_(w.router),
         expert_begin_(w.expert_begin) {
+    if (w4a4 && !layer_has_input_scales(w))
+      TETRA_FAIL(name_, ": W4A4 numerics need input_scale on every routed expert linear");
     gate_ = router_weight_bf16(w);
     if (w.bias) bias_.assign(w.bias, w.bias + router_.num_experts);
     const int E = int(w.experts.size());  // local block
     experts_.resize(size_t(E));
     parallel_for(E, 1, [&](int64_t b, int64_t e_end) {
-      for (int64_t e = b; e < e_end; ++e) experts_[size_t(e)] = load(w.experts[size_t(e)], I_);
+      for (int64_t e = b; e < e_end; ++e)
+        experts_[size_t(e)] = load(w.experts[size_t(e)], I_, w4a4,
+                                   str(name_, ".experts.", expert_begin_ + e));
     });
     if (w.shared) {
       const int Is = w.shared->format == ExpertFormat::NVFP4 ? w.shared->gate.n
                                                              : w.shared->gate_bf16.n;
-      shared_ = load(*w.shared, Is);
+      // The shared expert goes W4A4 only when it carries its own input scales.
+      shared_ = load(*w.shared, Is, w4a4 && mlp_has_input_scales(*w.shared),
+                     name_ + ".shared_experts");
       has_shared_ = true;
     }
   }
@@ -113,13 +135,13 @@ class CpuMoeLayer final : public MoeLayerRunner {
         const int pair = routed ? local_pairs[size_t(job)] : -1;
         const int t = routed ? pair / K : int(job - n_routed);
         bf16_to_f32(x + size_t(t) * H, size_t(H), xf.data());
-        if (routed) {
-          const MlpF32& m = experts_[size_t(ids[size_t(pair)] - expert_begin_)];
-          mlp_forward(m.w13.data(), m.w2.data(), H, m.inter, xf.data(), act.data(),
-                      rows.data() + size_t(pair) * H);
-        } else {
-          mlp_forward(shared_.w13.data(), shared_.w2.data(), H, shared_.inter, xf.data(),
-                      act.data(), y.data());
+        const MlpF32& m = routed ? experts_[size_t(ids[size_t(pair)] - expert_begin_)] : shared_;
+        float* dst = routed ? rows.data() + size_t(pair) * H : y.data();
+        if (m.w4a4)
+          mlp_forward_w4a4(m, H, x + size_t(t) * H, act.data(), dst);
+        else
+          mlp_forward(m.w13.data(), m.w2.data(), H, m.inter, xf.data(), act.data(), dst);
+        if (!routed) {
           for (int h = 0; h < H; ++h) shared[size_t(t) * H + h] = float_to_bf16(y[size_t(h)]);
         }
       }
@@ -129,9 +151,11 @@ class CpuMoeLayer final : public MoeLayerRunner {
   }
 
  private:
-  MlpF32 load(const ExpertMlpView& v, int I) const {
+  MlpF32 load(const ExpertMlpView& v, int I, bool w4a4, const std::string& mlp_name) const {
     MlpF32 m;
     m.inter = I;
+    m.w4a4 = w4a4;
+    if (w4a4) m.scales = w4a4_mlp_scales(v, mlp_name);
     m.w13.resize(size_t(2) * I * H_);
     m.w2.resize(size_t(H_) * I);
     dequantize_mlp(v, H_, I, m.w13.data(), m.w2.data());
@@ -176,8 +200,9 @@ void dequantize_mlp(const ExpertMlpView& m, int H, int I, float* w13, float* w2)
   }
 }
 
-std::unique_ptr<MoeLayerRunner> make_cpu_moe_layer(const MoeLayerWeights& w, int max_tokens) {
-  return std::make_unique<CpuMoeLayer>(w, max_tokens);
+std::unique_ptr<MoeLayerRunner> make_cpu_moe_layer(const MoeLayerWeights& w, int max_tokens,
+                                                   bool w4a4) {
+  return std::make_unique<CpuMoeLayer>(w, max_tokens, w4a4);
 }
 
 }  // namespace tetra::moe

@@ -19,6 +19,7 @@ struct HostMatrix {
   std::vector<uint8_t> weight;  // [n, k/2] e2m1 pairs (NVFP4)
   std::vector<uint8_t> scale;   // [n, k/16] e4m3 block scales (NVFP4)
   std::vector<uint16_t> bf16;   // [n, k] (BF16 layers)
+  std::optional<float> input_scale;  // activation global scale (W4A4 checkpoints only)
 };
 
 // Random NVFP4 matrix: uniform E2M1 codes, block scales 0.5 .. 2 (e4m3 0x30..0x40) with one in
@@ -63,7 +64,8 @@ struct HostMoeLayer {
     moe::ExpertMlpView v;
     v.format = f;
     auto nv = [&](const HostMatrix& x, const char* what) {
-      return Nvfp4MatrixView{x.weight.data(), x.scale.data(), x.s2, x.n, x.k, prefix + what};
+      return Nvfp4MatrixView{x.weight.data(), x.scale.data(), x.s2, x.n, x.k, prefix + what,
+                             x.input_scale};
     };
     auto bf = [&](const HostMatrix& x, const char* what) {
       return moe::Bf16MatrixView{x.bf16.data(), x.n, x.k, prefix + what};
@@ -136,6 +138,28 @@ inline HostMoeLayer random_layer(const moe::RouterParams& rp, int H, int I, int 
   for (int e = 0; e < E; ++e) L.experts.push_back(mlp(I, format));
   if (shared_inter > 0) L.shared = mlp(shared_inter, L.shared_format);
   return L;
+}
+
+// Gives every NVFP4 linear of the layer a W4A4 input_scale, as ModelOpt calibrates it
+// (amax / (6 * 448)): x is unit normal (amax ~ 4.5), silu(g)*u reaches ~ 16 with the random
+// weights above (row norms up to ~3); each scale is jittered by 0.7..1.4 so gate and up differ
+// (GEMM1 takes their max) and a few blocks saturate at E4M3's 448. with_shared = false leaves the
+// shared expert W4A16.
+inline void add_input_scales(HostMoeLayer& L, uint32_t seed, bool with_shared = true) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> jitter(0.7f, 1.4f);
+  auto give = [&](HostMlp& m) {
+    m.gate.input_scale = 4.5f / (6.0f * 448.0f) * jitter(rng);
+    m.up.input_scale = 4.5f / (6.0f * 448.0f) * jitter(rng);
+    m.down.input_scale = 16.0f / (6.0f * 448.0f) * jitter(rng);
+  };
+  for (HostMlp& m : L.experts) give(m);
+  if (with_shared && L.shared_inter > 0 && L.shared_format == moe::ExpertFormat::NVFP4)
+    give(L.shared);
+}
+
+inline bool has_input_scales(const HostMoeLayer& L) {
+  return !L.experts.empty() && L.experts[0].gate.input_scale.has_value();
 }
 
 // Unit-variance bf16 activations [T, H].

@@ -144,10 +144,15 @@ TEST(CliCheck, ModelDirectoryReadsTheQuantConfig) {
   const fs::path nvfp4 = write_checkpoint("tiny-qwen3-30b-a3b", QuantAlgo::NVFP4);
   const RunResult runs = run_tetra("check --model " + nvfp4.string() + " --gpu h200 --backend cuda-w4a16");
   EXPECT_EQ(runs.code, 0) << runs.out;
+  // cuda-w4a4 runs an NVFP4 (input_scale) checkpoint when asked; auto stays on cuda-w4a16.
   const RunResult w4a4 = run_tetra("check --model " + nvfp4.string() + " --gpu h200 --backend cuda-w4a4");
-  EXPECT_EQ(w4a4.code, 3) << w4a4.out;
-  EXPECT_TRUE(contains(w4a4.out, "not built in this version")) << w4a4.out;
+  EXPECT_EQ(w4a4.code, 0) << w4a4.out;
+  EXPECT_FALSE(contains(w4a4.out, "not built in this version")) << w4a4.out;
   EXPECT_FALSE(contains(w4a4.out, "no input_scale")) << w4a4.out;
+  EXPECT_TRUE(contains(w4a4.out, "auto: cuda-w4a16")) << w4a4.out;
+  // The declarations (--backend all) say why auto does not take it.
+  const RunResult all = run_tetra("check --model " + nvfp4.string() + " --gpu h200 --backend all");
+  EXPECT_TRUE(contains(all.out, "changes numerics vs W4A16, so auto picks it only when asked")) << all.out;
   const fs::path bf16 = write_checkpoint("tiny-qwen3-30b-a3b", QuantAlgo::None);
   const RunResult plain = run_tetra("check --model " + bf16.string() + " --gpu h200");
   EXPECT_EQ(plain.code, 0) << plain.out;

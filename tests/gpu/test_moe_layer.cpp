@@ -4,6 +4,8 @@
 // T in {1, 3, 19, 99, 989, 4096}, both layouts, all tokens on one expert, empty experts.
 // Checks: NMSE = sum (a-b)^2 / sum b^2 <= 1e-5, no NaN/Inf, guard bytes around the output intact,
 // the GPU's expert ids equal route_cpu's, no dropped pairs; a CUDA-graph replay equals eager.
+// cuda-w4a4 layers get input scales on every linear and are held to the cpu backend with W4A4
+// numerics (MoeLayerOptions::w4a4), its twin; the W4a4* tests run it alone.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -67,12 +69,24 @@ ExpertFormat format_of(const std::string& backend) {
   return b->weight_formats[0] == WeightFormat::BF16 ? ExpertFormat::BF16 : ExpertFormat::NVFP4;
 }
 
+bool is_w4a4(const std::string& backend) { return backend == "cuda-w4a4"; }
+
+// A random layer in the backend's format; for cuda-w4a4 with input scales on every linear
+// (the cpu runner of such a layer is then the W4A4 twin, see runner()).
+HostMoeLayer layer_for(const std::string& backend, const RouterParams& rp, int H, int I, int Is,
+                       uint32_t seed) {
+  HostMoeLayer L = test::random_layer(rp, H, I, Is, seed, true, format_of(backend));
+  if (is_w4a4(backend)) test::add_input_scales(L, seed + 777);
+  return L;
+}
+
 std::unique_ptr<moe::MoeLayerRunner> runner(const HostMoeLayer& L, const std::string& backend,
                                             int max_tokens, TokenLayout layout) {
   moe::MoeLayerOptions o;
   o.backend = backend;
   o.max_tokens = max_tokens;
   o.layout = layout;
+  o.w4a4 = backend == "cpu" && test::has_input_scales(L);  // the cuda-w4a4 twin
   return moe::make_moe_layer(L.weights(), o);
 }
 
@@ -96,13 +110,13 @@ struct LayerCase {
   uint32_t seed;
 };
 
-// One layer, every T, both layouts, every CUDA backend.
-void run_layer_case(const LayerCase& c) {
+// One layer, every T, both layouts, every CUDA backend (or the ones given).
+void run_layer_case(const LayerCase& c,
+                    const std::vector<std::string>& backends = cuda_backends()) {
   SCOPED_TRACE(c.name);
-  for (const std::string& backend : cuda_backends()) {
+  for (const std::string& backend : backends) {
     SCOPED_TRACE(backend);
-    const HostMoeLayer L = test::random_layer(c.router, c.H, c.I, c.shared_inter, c.seed, true,
-                                              format_of(backend));
+    const HostMoeLayer L = layer_for(backend, c.router, c.H, c.I, c.shared_inter, c.seed);
     int max_t = 0;
     for (int T : c.tokens) max_t = std::max(max_t, T);
     auto cpu = runner(L, "cpu", max_t, TokenLayout::Contiguous);
@@ -193,13 +207,13 @@ TEST_F(MoeLayerGpu, Qwen3ShapeUpTo4096) {
 }
 
 // All tokens on expert 5 (the bias forces it), every other expert empty; top-1 and top-4.
-TEST_F(MoeLayerGpu, AllTokensOnOneExpert) {
+void all_tokens_on_one_expert(const std::vector<std::string>& backends) {
   for (int top_k : {1, 4}) {
     RouterParams rp;
     rp.num_experts = 8;
     rp.top_k = top_k;
-    for (const std::string& backend : cuda_backends()) {
-      HostMoeLayer L = test::random_layer(rp, 256, 128, 0, 9, true, format_of(backend));
+    for (const std::string& backend : backends) {
+      HostMoeLayer L = layer_for(backend, rp, 256, 128, 0, 9);
       L.bias[5] = 100.0f;
       const int T = 300;
       const std::vector<uint16_t> x = test::random_x(T, 256, 10);
@@ -213,12 +227,16 @@ TEST_F(MoeLayerGpu, AllTokensOnOneExpert) {
         dx.upload(x);
         gpu->forward(dx.ptr(), T, dout.ptr(), nullptr, nullptr);
         TETRA_CUDA_CHECK(cudaDeviceSynchronize());
-        EXPECT_LE(test::nmse_bf16(dout.body(), want), 1e-5) << backend << " top_k " << top_k;
+        const double e = test::nmse_bf16(dout.body(), want);
+        EXPECT_LE(e, 1e-5) << backend << " top_k " << top_k;
         EXPECT_EQ(dout.guards_lost(), 0u);
+        std::printf("  one expert %-10s top-%d %-10s T=%d nmse %.3g\n", backend.c_str(), top_k,
+                    layout == TokenLayout::Masked ? "masked" : "contiguous", T, e);
       }
     }
   }
 }
+TEST_F(MoeLayerGpu, AllTokensOnOneExpert) { all_tokens_on_one_expert(cuda_backends()); }
 
 // An NVFP4 layer whose shared expert stayed BF16 (the shared expert runs on the BF16 GEMMs).
 TEST_F(MoeLayerGpu, Nvfp4ExpertsBf16SharedExpert) {
@@ -265,7 +283,7 @@ TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
     }
     for (const std::string& backend : cuda_backends()) {
       SCOPED_TRACE(backend + (forced ? " forced" : ""));
-      HostMoeLayer L = test::random_layer(r, 256, 128, 128, 31, true, format_of(backend));
+      HostMoeLayer L = layer_for(backend, r, 256, 128, 128, 31);
       if (forced)
         for (int e = 0; e < 4; ++e) L.bias[size_t(e)] = 50.0f;
       const int E = r.num_experts;
@@ -277,6 +295,7 @@ TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
         moe::MoeLayerOptions o;
         o.max_tokens = 99;
         o.backend = "cpu";
+        o.w4a4 = is_w4a4(backend);
         auto cpu = moe::make_moe_layer(L.block_weights(b.begin, b.count, b.shared), o);
         for (TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked}) {
           o.backend = backend;
@@ -358,13 +377,13 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
       SCOPED_TRACE(backend);
       // The real shape only on NVFP4 (random BF16 weights of that size take long to make).
       if (c.H > 1024 && format_of(backend) == ExpertFormat::BF16) continue;
-      const HostMoeLayer L =
-          test::random_layer(c.router, c.H, c.I, c.Is, 51, true, format_of(backend));
+      const HostMoeLayer L = layer_for(backend, c.router, c.H, c.I, c.Is, 51);
       const moe::MoeLayerWeights w = L.block_weights(c.begin, c.count, c.Is > 0);
       moe::validate_layer_weights(w);
       moe::MoeLayerOptions o;
       o.backend = "cpu";
       o.max_tokens = 99;
+      o.w4a4 = is_w4a4(backend);
       auto cpu = moe::make_moe_layer(w, o);
       for (TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked}) {
         SCOPED_TRACE(layout == TokenLayout::Masked ? "masked" : "contiguous");
@@ -372,7 +391,8 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
         const size_t n_paths = c.H > 1024 ? 2 : paths.size();
         std::vector<std::unique_ptr<moe::CudaMoeLayer>> gpus;
         for (size_t i = 0; i < n_paths; ++i)
-          gpus.push_back(std::make_unique<moe::CudaMoeLayer>(w, 99, layout, paths[i].second));
+          gpus.push_back(std::make_unique<moe::CudaMoeLayer>(w, 99, layout, paths[i].second,
+                                                             is_w4a4(backend)));
         for (int T : {1, 2, 8, 9, 64, 65, 99}) {
           if (c.H > 1024 && T != 1 && T != 9 && T != 65) continue;  // the CPU reference is slow
           const std::vector<uint16_t> x = test::random_x(T, c.H, 60 + uint32_t(T));
@@ -416,10 +436,9 @@ TEST_F(MoeLayerGpu, CapturedGraphEqualsEager) {
   moe::CudaTokenPath serial;
   serial.shared_side_stream = false;
   for (const std::string& backend : cuda_backends()) {
-    const HostMoeLayer L = test::random_layer(moe::router_params_of(c), 64, 64, 64, 13, true,
-                                              format_of(backend));
+    const HostMoeLayer L = layer_for(backend, moe::router_params_of(c), 64, 64, 64, 13);
     for (const moe::CudaTokenPath& path : {moe::CudaTokenPath{}, serial}) {
-      moe::CudaMoeLayer gpu(L.weights(), 32, TokenLayout::Masked, path);
+      moe::CudaMoeLayer gpu(L.weights(), 32, TokenLayout::Masked, path, is_w4a4(backend));
       for (int T : {1, 19}) {
         SCOPED_TRACE(backend + " T=" + std::to_string(T) +
                      (path.shared_side_stream ? " side stream" : " serial"));
@@ -446,6 +465,87 @@ TEST_F(MoeLayerGpu, CapturedGraphEqualsEager) {
       }
     }
   }
+}
+
+// ---- cuda-w4a4 against its cpu twin (the cpu backend with W4A4 numerics) ------------------------
+// run_layer_case / all_tokens_on_one_expert above cover every built backend, cuda-w4a4 included;
+// these name it alone so that one device call can run exactly the W4A4 cases.
+const std::vector<std::string> kW4a4 = {"cuda-w4a4"};
+
+TEST_F(MoeLayerGpu, W4a4TinyGlm5EveryTokenCount) {
+  const ModelConfig c = preset_config("tiny-glm5");
+  run_layer_case({"tiny-glm5", moe::router_params_of(c), int(c.hidden_size),
+                  int(c.moe_intermediate_size), int(c.n_shared_experts * c.moe_intermediate_size),
+                  {1, 3, 19, 99, 989}, 1},
+                 kW4a4);
+}
+TEST_F(MoeLayerGpu, W4a4Glm5Shape) {
+  run_layer_case({"glm5 (E=16)", preset_router("glm5", 16), 6144, 2048, 2048, {1, 3, 19}, 2}, kW4a4);
+}
+TEST_F(MoeLayerGpu, W4a4Qwen3ShapeNoShared) {
+  run_layer_case({"qwen3-30b-a3b (E=32)", preset_router("qwen3-30b-a3b", 32), 2048, 768, 0,
+                  {1, 3, 19, 99, 989}, 6},
+                 kW4a4);
+}
+TEST_F(MoeLayerGpu, W4a4AllTokensOnOneExpert) { all_tokens_on_one_expert(kW4a4); }
+TEST_F(MoeLayerGpu, W4a4MostExpertsEmpty) {
+  RouterParams rp;
+  rp.num_experts = 256;
+  rp.top_k = 2;
+  rp.scoring = moe::Scoring::Softmax;
+  run_layer_case({"E=256 top-2", rp, 128, 64, 64, {1, 2, 3}, 12}, kW4a4);
+}
+
+// W4A4 routed experts, the shared expert without input scales (W4A16 on its own launches, never
+// the routed slot), and a shared expert of another width; both layouts, T across the slot limit.
+TEST_F(MoeLayerGpu, W4a4SharedExpertVariants) {
+  const RouterParams rp = moe::router_params_of(preset_config("tiny-glm5"));
+  struct Variant {
+    const char* name;
+    int Is;
+    bool shared_scales;
+  };
+  for (const Variant& v : {Variant{"shared W4A16", 128, false}, Variant{"shared W4A4 Is=192", 192, true}}) {
+    SCOPED_TRACE(v.name);
+    HostMoeLayer L = test::random_layer(rp, 256, 128, v.Is, 71, true, ExpertFormat::NVFP4);
+    test::add_input_scales(L, 72, v.shared_scales);
+    auto cpu = runner(L, "cpu", 40, TokenLayout::Contiguous);
+    for (TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked}) {
+      auto gpu = runner(L, "cuda-w4a4", 40, layout);
+      EXPECT_EQ(gpu->backend(), "cuda-w4a4");
+      for (int T : {1, 5, 40}) {
+        const std::vector<uint16_t> x = test::random_x(T, 256, 73 + uint32_t(T));
+        std::vector<uint16_t> want(x.size());
+        cpu->forward(x.data(), T, want.data(), nullptr, nullptr);
+        GuardedBf16 dx(x.size()), dout(x.size());
+        dx.upload(x);
+        gpu->forward(dx.ptr(), T, dout.ptr(), nullptr, nullptr);
+        TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+        const double e = test::nmse_bf16(dout.body(), want);
+        EXPECT_LE(e, 1e-5) << "T=" << T;
+        EXPECT_EQ(dout.guards_lost(), 0u);
+        std::printf("  w4a4 %-20s %-10s T=%-3d nmse %.3g\n", v.name,
+                    layout == TokenLayout::Masked ? "masked" : "contiguous", T, e);
+      }
+    }
+  }
+}
+
+// The W4A4 result is not the W4A16 one: the activation quantization really runs on the GPU.
+TEST_F(MoeLayerGpu, W4a4DiffersFromW4a16) {
+  const RouterParams rp = moe::router_params_of(preset_config("tiny-glm5"));
+  HostMoeLayer L = layer_for("cuda-w4a4", rp, 256, 128, 128, 81);
+  const int T = 19;
+  const std::vector<uint16_t> x = test::random_x(T, 256, 82);
+  GuardedBf16 dx(x.size()), d4(x.size()), d16(x.size());
+  dx.upload(x);
+  runner(L, "cuda-w4a4", T, TokenLayout::Contiguous)->forward(dx.ptr(), T, d4.ptr(), nullptr, nullptr);
+  runner(L, "cuda-w4a16", T, TokenLayout::Contiguous)->forward(dx.ptr(), T, d16.ptr(), nullptr, nullptr);
+  TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+  const double moved = test::nmse_bf16(d4.body(), d16.body());
+  std::printf("  w4a4 vs w4a16 nmse %.3g\n", moved);
+  EXPECT_GT(moved, 1e-5);
+  EXPECT_LT(moved, 0.1);
 }
 
 }  // namespace

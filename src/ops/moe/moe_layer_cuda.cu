@@ -7,6 +7,7 @@
 
 #include "core/cuda_check.h"
 #include "moe/expert_weights.h"
+#include "moe/w4a4_scales.h"
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/token_path.h"
 #include "ops/moe/w4a16_moe.h"
@@ -85,7 +86,7 @@ class Carver {
 };
 
 void check_launch(cudaError_t e, const char* what, const std::string& layer) {
-  if (e != cudaSuccess) TETRA_FAIL(layer, ": cuda-w4a16 ", what, " failed: ", cudaGetErrorString(e));
+  if (e != cudaSuccess) TETRA_FAIL(layer, ": MoE ", what, " failed: ", cudaGetErrorString(e));
 }
 
 MoeGemmProblem gemm_problem(int E, int H, int I, int total_rows, int num_slots, int rows_hint) {
@@ -103,7 +104,7 @@ MoeGemmProblem gemm_problem(int E, int H, int I, int total_rows, int num_slots, 
 
 void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   E_ = E, H_ = H, I_ = I, Is_ = Is;
-  backend_ = routed_bf16_ ? "cuda-bf16" : "cuda-w4a16";
+  backend_ = routed_bf16_ ? "cuda-bf16" : routed_w4a4_ ? "cuda-w4a4" : "cuda-w4a16";
   auto shape_reason = [&](int inter, bool bf16) {
     return bf16 ? moe_bf16_unsupported_reason(gemm_problem(1, H, inter, 1, 0, 1))
                 : moe_shape_unsupported_reason(H, inter);
@@ -118,7 +119,8 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   if (Eg > cuda::kMaxExperts) TETRA_FAIL(name_, ": ", Eg, " experts; the CUDA router takes at most ", cuda::kMaxExperts);
   // The shared expert is stored as routed expert E when it has the routed experts' format and
   // width (GLM, DeepSeek: one shared expert of moe_intermediate_size).
-  shared_in_slot_ = Is > 0 && Is == I && shared_bf16_ == routed_bf16_;
+  shared_in_slot_ = Is > 0 && Is == I && shared_bf16_ == routed_bf16_ &&
+                    shared_w4a4_ == routed_w4a4_;
   const int slot = shared_in_slot_ ? 1 : 0;
   const int Ew = E + slot;  // experts in the weight tensors and row bookkeeping
   const int K = router_.top_k, T = max_tokens_;
@@ -143,6 +145,11 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
       w.alpha_up = c.take<float>(Ew);
       w.alpha_down = c.take<float>(Ew);
       w_ = w;
+      if (routed_w4a4_) {
+        in13_ = c.take<float>(Ew);
+        in2_ = c.take<float>(Ew);
+        xq_ = c.take<uint16_t>(rows_cap * H);
+      }
     }
     if (shared_in_slot_) {
       if (routed_bf16_) {
@@ -163,6 +170,11 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
       s.alpha_up = c.take<float>(1);
       s.alpha_down = c.take<float>(1);
       ws_ = s;
+    }
+    if (Is > 0 && shared_w4a4_) {
+      // In the slot the scales are routed entry E; own launches read them from in_sh_ then.
+      in_sh_ = shared_in_slot_ ? nullptr : c.take<float>(2);
+      xq_sh_ = c.take<uint16_t>(size_t(T) * H);
     }
     if (Is > 0) {
       act_sh_ = c.take<uint16_t>(size_t(T) * Is);
@@ -207,20 +219,33 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
 }
 
 CudaMoeLayer::CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout,
-                           const CudaTokenPath& path)
+                           const CudaTokenPath& path, bool w4a4)
     : name_(w.name), max_tokens_(max_tokens), layout_(layout), path_(path), router_(w.router) {
   const int E = int(w.experts.size()), H = w.hidden, I = w.inter;  // E local experts
   E_global_ = w.router.num_experts;
   begin_ = w.expert_begin;
   routed_bf16_ = w.experts[0].format == ExpertFormat::BF16;
   shared_bf16_ = w.shared && w.shared->format == ExpertFormat::BF16;
+  if (w4a4 && (routed_bf16_ || !layer_has_input_scales(w)))
+    TETRA_FAIL(name_, ": cuda-w4a4 needs NVFP4 experts with input_scale on every linear");
+  routed_w4a4_ = w4a4;
+  shared_w4a4_ = w4a4 && w.shared && mlp_has_input_scales(*w.shared);
   const int Is = !w.shared ? 0 : shared_bf16_ ? w.shared->gate_bf16.n : w.shared->gate.n;
   allocate(E, H, I, Is, w.bias != nullptr);
   try {
     // Pack one expert at a time: host memory stays at one expert, not the whole layer.
-    auto upload = [&](const MoeWeightsDevice& dst, int e, int inter, const ExpertMlpView& v) {
+    // W4A4: its input scales are folded into the alphas (w4a4_scales.h) and uploaded to
+    // scales[0][e] / scales[1][e] for the activation quantizer.
+    auto upload = [&](const MoeWeightsDevice& dst, int e, int inter, const ExpertMlpView& v,
+                      bool quantize_act, float* scale13, float* scale2, const std::string& mlp) {
       PackedMoeLayer one = make_packed_moe_layer(1, H, inter);
       pack_moe_expert(one, 0, v.gate, v.up, v.down);
+      if (quantize_act) {
+        const W4a4MlpScales sc = w4a4_mlp_scales(v, mlp);
+        fold_w4a4_input_scales(one, {sc.gate_up}, {sc.down});
+        TETRA_CUDA_CHECK(cudaMemcpy(scale13 + e, &sc.gate_up, 4, cudaMemcpyHostToDevice));
+        TETRA_CUDA_CHECK(cudaMemcpy(scale2 + e, &sc.down, 4, cudaMemcpyHostToDevice));
+      }
       auto put = [](const void* d, size_t stride, int i, const std::vector<uint8_t>& src) {
         TETRA_CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(const_cast<void*>(d)) + stride * i,
                                     src.data(), src.size(), cudaMemcpyHostToDevice));
@@ -239,10 +264,16 @@ CudaMoeLayer::CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout
       if (routed_bf16_)
         upload_bf16(w.experts[size_t(e)], e, I, wb_);
       else
-        upload(w_, e, I, w.experts[size_t(e)]);
+        upload(w_, e, I, w.experts[size_t(e)], routed_w4a4_, in13_, in2_,
+               str(name_, ".experts.", begin_ + e));
     }
     if (w.shared && shared_bf16_) upload_bf16(*w.shared, 0, Is, wsb_);
-    if (w.shared && !shared_bf16_) upload(ws_, 0, Is, *w.shared);
+    if (w.shared && !shared_bf16_) {
+      // In the slot (expert E) its scales are routed entry E; else in_sh_ {GEMM1, GEMM2}.
+      float* s13 = !shared_w4a4_ ? nullptr : shared_in_slot_ ? in13_ + E : in_sh_;
+      float* s2 = !shared_w4a4_ ? nullptr : shared_in_slot_ ? in2_ + E : in_sh_ + 1;
+      upload(ws_, 0, Is, *w.shared, shared_w4a4_, s13, s2, name_ + ".shared_experts");
+    }
     const std::vector<uint16_t> gate = router_weight_bf16(w);
     TETRA_CUDA_CHECK(cudaMemcpy(gate_, gate.data(), gate.size() * 2, cudaMemcpyHostToDevice));
     if (w.bias)
@@ -265,7 +296,13 @@ CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayou
                " outside the ", E_global_, " of the layer");
   if (s.router.num_experts != E_global_) TETRA_FAIL("random layer: router has ", s.router.num_experts, " experts, layer ", E_global_);
   if (!s.bias.empty() && int(s.bias.size()) != E_global_) TETRA_FAIL("random layer: bias has ", s.bias.size(), " entries for ", E_global_, " experts");
+  routed_w4a4_ = s.w4a4;
+  shared_w4a4_ = s.w4a4 && s.shared_inter > 0;
   allocate(s.experts, s.hidden, s.inter, s.shared_inter, !s.bias.empty());
+  // W4A4 input scales as calibration would set them for unit-variance x (amax ~ 4.5) and an
+  // intermediate of amax ~ 3: amax / (6 * 448); the alphas below carry them too.
+  const float in13 = s.w4a4 ? 4.5f / (6.0f * 448.0f) : 1.0f;
+  const float in2 = s.w4a4 ? 3.0f / (6.0f * 448.0f) : 1.0f;
   auto fill = [&](const MoeWeightsDevice& d, int E, int inter, uint32_t seed) {
     const size_t w13b = packed_weight_bytes(2 * inter, H_) * E, s13b = packed_scale_bytes(2 * inter, H_) * E;
     const size_t w2b = packed_weight_bytes(H_, inter) * E, s2b = packed_scale_bytes(H_, inter) * E;
@@ -275,12 +312,21 @@ CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayou
     fill_random_bytes<<<1024, 256>>>(const_cast<uint8_t*>(d.s13), s13b, seed + 1, 72, 16);
     fill_random_bytes<<<1024, 256>>>(const_cast<uint8_t*>(d.w2), w2b, seed + 2, 0, 0);
     fill_random_bytes<<<1024, 256>>>(const_cast<uint8_t*>(d.s2), s2b, seed + 3, 72, 16);
-    fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_gate), E, packed_alpha(0.5f / std::sqrt(float(H_))));
-    fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_up), E, packed_alpha(0.5f / std::sqrt(float(H_))));
-    fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_down), E, packed_alpha(0.5f / std::sqrt(float(inter))));
+    fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_gate), E, in13 * packed_alpha(0.5f / std::sqrt(float(H_))));
+    fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_up), E, in13 * packed_alpha(0.5f / std::sqrt(float(H_))));
+    fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_down), E, in2 * packed_alpha(0.5f / std::sqrt(float(inter))));
   };
   fill(w_, E_, I_, s.seed * 16);
-  if (Is_ > 0) fill(ws_, 1, Is_, s.seed * 16 + 8);
+  if (Is_ > 0) fill(ws_, 1, Is_, s.seed * 16 + 8);  // in the slot: ws_ views routed expert E
+  if (s.w4a4) {
+    const int Ew = E_ + (shared_in_slot_ ? 1 : 0);
+    fill_f32<<<8, 256>>>(in13_, size_t(Ew), in13);
+    fill_f32<<<8, 256>>>(in2_, size_t(Ew), in2);
+    if (in_sh_) {
+      fill_f32<<<1, 1>>>(in_sh_, 1, in13);
+      fill_f32<<<1, 1>>>(in_sh_ + 1, 1, in2);
+    }
+  }
   // Router weights ~ U(-a, a) with a = sqrt(3/H): logits of unit-variance x are O(1).
   fill_random_bf16<<<1024, 256>>>(gate_, size_t(E_global_) * H_, s.seed * 16 + 12, std::sqrt(3.0f / H_));
   TETRA_CUDA_CHECK(cudaGetLastError());
@@ -449,14 +495,23 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     sh.row_count = sh_rows_ + 1;
     ps = gemm_problem(1, H, Is_, T, 0, T);
   }
+  // W4A4 weight sets: the packed weights plus the per-expert activation scales.
+  MoeW4a4WeightsDevice w4{w_, in13_, in2_};
+  MoeW4a4WeightsDevice ws4{ws_, nullptr, nullptr};
+  if (shared_w4a4_) {
+    ws4.input_scale13 = shared_in_slot_ ? in13_ + E : in_sh_;
+    ws4.input_scale2 = shared_in_slot_ ? in2_ + E : in_sh_ + 1;
+  }
   auto shared_gemm1 = [&](cudaStream_t s) {
-    check_launch(shared_bf16_ ? moe_bf16_gemm1(ps, wsb_, sh, x, act_sh_, s)
-                              : moe_w4a16_gemm1(ps, ws_, sh, x, act_sh_, s),
+    check_launch(shared_bf16_   ? moe_bf16_gemm1(ps, wsb_, sh, x, act_sh_, s)
+                 : shared_w4a4_ ? moe_w4a4_gemm1(ps, ws4, sh, x, xq_sh_, act_sh_, s)
+                                : moe_w4a16_gemm1(ps, ws_, sh, x, act_sh_, s),
                  "shared GEMM1", name_);
   };
   auto shared_gemm2 = [&](cudaStream_t s) {
-    check_launch(shared_bf16_ ? moe_bf16_gemm2(ps, wsb_, sh, act_sh_, y_sh_, false, s)
-                              : moe_w4a16_gemm2(ps, ws_, sh, act_sh_, y_sh_, false, s),
+    check_launch(shared_bf16_   ? moe_bf16_gemm2(ps, wsb_, sh, act_sh_, y_sh_, false, s)
+                 : shared_w4a4_ ? moe_w4a4_gemm2(ps, ws4, sh, act_sh_, y_sh_, false, s)
+                                : moe_w4a16_gemm2(ps, ws_, sh, act_sh_, y_sh_, false, s),
                  "shared GEMM2", name_);
   };
   if (side) {  // fork after the row bookkeeping (sh_rows_) is written
@@ -466,13 +521,16 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     shared_gemm2(side_);
     TETRA_CUDA_CHECK(cudaEventRecord(join_, side_));
   }
-  check_launch(routed_bf16_ ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
-                            : moe_w4a16_gemm1(p, w_, rows, x, act_, stream),
+  check_launch(routed_bf16_   ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
+               : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream)
+                              : moe_w4a16_gemm1(p, w_, rows, x, act_, stream),
                "GEMM1", name_);
   if (own && !side) shared_gemm1(stream);
   mark(2);
-  check_launch(routed_bf16_ ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
-                            : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream),
+  // (W4A4: GEMM2's PDL follows the in-place act quantizer; it still waits before reading act.)
+  check_launch(routed_bf16_   ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
+               : routed_w4a4_ ? moe_w4a4_gemm2(p2, w4, rows, act_, y_, true, stream)
+                              : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream),
                "GEMM2", name_);
   if (own && !side) shared_gemm2(stream);
   if (side) TETRA_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
@@ -488,8 +546,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
 }
 
 std::unique_ptr<MoeLayerRunner> make_cuda_moe_layer(const MoeLayerWeights& w, int max_tokens,
-                                                    TokenLayout layout) {
-  return std::make_unique<CudaMoeLayer>(w, max_tokens, layout);
+                                                    TokenLayout layout, bool w4a4) {
+  return std::make_unique<CudaMoeLayer>(w, max_tokens, layout, CudaTokenPath{}, w4a4);
 }
 
 }  // namespace tetra::moe

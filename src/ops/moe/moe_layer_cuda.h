@@ -1,10 +1,13 @@
 // The CUDA MoE layer: router logits -> route -> layout -> GEMM1 (gathering x) -> GEMM2 (f32 rows)
 // -> shared expert -> combine. At small T the first four are one launch and the shared expert
 // rides in the routed GEMMs as one more slot, else it runs its own GEMMs on a side stream
-// (CudaTokenPath below). Two backends, one class:
+// (CudaTokenPath below). Three backends, one class:
 //   cuda-w4a16: NVFP4 routed experts through the W4A16 GEMMs (ops/moe/w4a16_moe.h);
+//   cuda-w4a4:  NVFP4 routed experts and NVFP4 activations (input_scale) through the W4A4 GEMMs
+//               (ops/moe/w4a4_moe.h), the input scales folded into the alphas at upload;
 //   cuda-bf16:  BF16 routed experts through the BF16 grouped GEMMs (ops/moe/bf16_moe.h).
-// The shared expert uses the GEMMs of its own format (an NVFP4 layer may keep it in BF16).
+// The shared expert uses the GEMMs of its own format (an NVFP4 layer may keep it in BF16); under
+// cuda-w4a4 it is W4A4 when it has its own input scales, else W4A16.
 // Weights are packed and uploaded once; every scratch buffer is allocated at construction for
 // max_tokens, so forward allocates nothing and never synchronises (CUDA-graph capturable).
 //
@@ -19,6 +22,7 @@
 
 #include "moe/moe_layer.h"
 #include "ops/moe/bf16_moe.h"
+#include "ops/moe/w4a4_moe.h"
 #include "ops/moe/w4a16_moe.h"
 
 namespace tetra::moe {
@@ -55,6 +59,8 @@ struct RandomW4a16Layer {
   int expert_begin = 0;
   int global_experts = 0;
   RouterParams router;   // num_experts == global_experts (or experts)
+  // cuda-w4a4: NVFP4 activations with fixed random-layer input scales (the shared expert too).
+  bool w4a4 = false;
   // [E_global] correction bias (host values, uploaded); empty = none. Skews the choice of experts.
   std::vector<float> bias;
   uint32_t seed = 1;
@@ -62,9 +68,10 @@ struct RandomW4a16Layer {
 
 class CudaMoeLayer final : public MoeLayerRunner {
  public:
-  // Packs and uploads w (validated by make_moe_layer). Throws on CUDA errors.
+  // Packs and uploads w (validated by make_moe_layer). Throws on CUDA errors. w4a4: NVFP4
+  // experts run cuda-w4a4 (every routed expert needs its input scales, else Error).
   CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout,
-               const CudaTokenPath& path = {});
+               const CudaTokenPath& path = {}, bool w4a4 = false);
   CudaMoeLayer(const RandomW4a16Layer& spec, int max_tokens, TokenLayout layout,
                const CudaTokenPath& path = {});
   ~CudaMoeLayer() override;
@@ -119,6 +126,14 @@ class CudaMoeLayer final : public MoeLayerRunner {
 
   // Weights: packed NVFP4 (w_, ws_) or BF16 (wb_, wsb_), per the flags.
   bool routed_bf16_ = false, shared_bf16_ = false;
+  // cuda-w4a4: activations quantized to NVFP4 per expert (the shared expert only with its own
+  // input scales); the alphas above then carry input_scale too.
+  bool routed_w4a4_ = false, shared_w4a4_ = false;
+  float* in13_ = nullptr;     // [E (+1 shared slot)] GEMM1 input_scale per expert
+  float* in2_ = nullptr;      // [E (+1)] GEMM2 input_scale per expert
+  float* in_sh_ = nullptr;    // [2] the shared expert's {GEMM1, GEMM2} scales (own launches)
+  uint16_t* xq_ = nullptr;    // [rows_cap, H] bf16 NVFP4-quantized x rows (W4A4 GEMM1 input)
+  uint16_t* xq_sh_ = nullptr; // [max_T, H] the same for the shared expert's own launches
   tetra::MoeWeightsDevice w_{}, ws_{};       // routed [E (+1 shared slot)], shared [1]
   tetra::MoeBf16WeightsDevice wb_{}, wsb_{};  // routed w13 [E(+1), 2I, H], w2 [E(+1), H, I]; shared [1, ..]
   uint16_t* gate_ = nullptr;         // [E_global, H] bf16 router weight
