@@ -10,15 +10,17 @@
 
 namespace tetra {
 
-template <class Kernel>
-cudaError_t ensure_max_dynamic_smem(Kernel* kernel, int bytes) {
-  static std::atomic<uint64_t> done_devices{0};  // bit d: set on device d (per instantiation)
+// Kernel is the kernel itself (a template argument, so every kernel keeps its own flags: kernels
+// of one signature share a function type, and a flag per type would skip all but the first).
+template <auto Kernel>
+cudaError_t ensure_max_dynamic_smem(int bytes) {
+  static std::atomic<uint64_t> done_devices{0};  // bit d: set on device d
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
   if (bit != 0 && (done_devices.load(std::memory_order_acquire) & bit)) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err == cudaSuccess && bit != 0) done_devices.fetch_or(bit, std::memory_order_acq_rel);
   return err;
 }

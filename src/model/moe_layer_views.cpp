@@ -14,6 +14,7 @@ Nvfp4MatrixView nvfp4_view(const LinearWeight& l) {
   v.n = int(l.out_features);
   v.k = int(l.in_features);
   v.name = l.module;
+  v.input_scale = l.input_scale;  // W4A4 activation scale (absent in W4A16_NVFP4)
   return v;
 }
 

@@ -206,8 +206,7 @@ int slots_of(const MoeGemmProblem& p, const MoeRows& rows) {
 
 template <bool GATED, bool OUT_F32>
 cudaError_t launch(const MoeGemmProblem& p, const Bf16GemmArgs& a, cudaStream_t stream) {
-  const cudaError_t attr = ensure_max_dynamic_smem(bf16_moe_kernel<GATED, OUT_F32>,
-                                                   int(kMoeBf16SmemBytes));
+  const cudaError_t attr = ensure_max_dynamic_smem<bf16_moe_kernel<GATED, OUT_F32>>(int(kMoeBf16SmemBytes));
   if (attr != cudaSuccess) return attr;
   const int slots = slots_of(p, a.rows);
   const int hint = p.max_rows_hint > 0 ? p.max_rows_hint : (p.total_rows + slots - 1) / slots;

@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) moe_tiled_kernel(const G
 template <bool GATED, bool OUT_F32, int MIN_BLOCKS>
 cudaError_t launch_tiled_t(const GroupedGemmArgs& a, cudaStream_t stream) {
   const cudaError_t attr =
-      ensure_max_dynamic_smem(moe_tiled_kernel<GATED, OUT_F32, MIN_BLOCKS>, int(kSmemBytes));
+      ensure_max_dynamic_smem<moe_tiled_kernel<GATED, OUT_F32, MIN_BLOCKS>>(int(kSmemBytes));
   if (attr != cudaSuccess) return attr;
   const int col_blocks = (a.n + kTilesM * 16 - 1) / (kTilesM * 16);
   const int row_blocks = (a.total_rows + kRowsN - 1) / kRowsN + a.num_slots;  // upper bound
