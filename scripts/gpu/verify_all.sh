@@ -82,19 +82,32 @@ serve_load() {  # tiny demo model on cuda: a KV pool and prefill budget small en
   kill -TERM $pid; wait $pid; echo "serve exit=$?" >> "$summary"
 }
 
+parallel_lane() {  # tensor / expert parallel on GPUs 0,1: logits test, then decode benchmarks
+  local t="$bin/tetra"
+  step test_parallel_model 200 0,1 "$bin/tests/test_parallel_model"
+  local air="--preset glm4.5-air --random-weights --batch 1,64 --context 1024 --prefill-tokens 2048"
+  step bench_decode_air_tp2 150 0,1 "$t" bench decode $air --tp 2 \
+    --json "$logs/decode-air-tp2.json" --markdown "$logs/decode-air-tp2.md"
+  step bench_decode_air_tp2_ep2 150 0,1 "$t" bench decode $air --tp 2 --ep 2 \
+    --json "$logs/decode-air-tp2-ep2.json" --markdown "$logs/decode-air-tp2-ep2.md"
+  step bench_decode_glm47_tp2_ep2 150 0,1 "$t" bench decode --preset glm4.7 --random-weights \
+    --batch 1 --context 1024 --prefill-tokens 1024 --tp 2 --ep 2 \
+    --json "$logs/decode-glm47-tp2-ep2.json" --markdown "$logs/decode-glm47-tp2-ep2.md"
+  step test_allreduce 120 0,1 "$bin/tests/test_allreduce"
+}
+
 if [ "$ngpu" -ge 2 ]; then
   tests_lane & lane=$!
+  reference_lane & ref=$!
   bench_lane
-  wait $lane
-  reference_lane
-  step test_allreduce 120 0,1 "$bin/tests/test_allreduce"
-  step test_parallel_model 200 0,1 "$bin/tests/test_parallel_model"
+  wait $lane $ref
+  parallel_lane
 else
   bench_lane
   reference_lane & lane=$!
   tests_lane
   wait $lane
+  serve_load  # (the 2-GPU call spends its time on the parallel lane instead)
 fi
-serve_load
 tar -C "$out" -czf "$out/all.tgz" logs
 cat "$summary"
