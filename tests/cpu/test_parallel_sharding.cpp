@@ -185,6 +185,16 @@ TEST(ShardWeights, RankConfigDividesHeadsAndWidths) {
   EXPECT_EQ(e2.moe_intermediate_size, c.moe_intermediate_size);  // EP: whole experts
 }
 
+TEST(ShardWeights, SharedExpertReplicatedWhenItsSlicesLoseAlignment) {
+  // GLM-4.7: shared expert 1536 wide -> 768 per rank at tp2: split.
+  const ModelConfig big = preset_config("glm4.7");
+  EXPECT_TRUE(parallel::runnable_sharding(big, ParallelPlan{2, 2}, {}).shared_expert_tp);
+  // Tiny presets: 64 wide -> 32 per rank: the expert GEMMs read 64-wide chunks, so replicate.
+  const ModelConfig tiny = preset_config("tiny-glm4.5-air");
+  EXPECT_FALSE(parallel::runnable_sharding(tiny, ParallelPlan{2, 1}, {}).shared_expert_tp);
+  EXPECT_TRUE(parallel::runnable_sharding(tiny, ParallelPlan{1, 2}, {}).shared_expert_tp);  // nothing cut
+}
+
 TEST(ParallelModelLoad, RefusesSplitsTheModelDoesNotDivide) {
   ModelOptions o;
   o.backend = "cpu";

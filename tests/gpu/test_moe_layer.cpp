@@ -2,7 +2,8 @@
 // data: tiny and real preset shapes (real ones at a reduced expert count so that the CPU
 // reference stays fast: the GEMM shapes H, I, top-k and routing rules are the real ones),
 // T in {1, 3, 19, 99, 989, 4096}, both layouts, all tokens on one expert, empty experts.
-// Checks: NMSE = sum (a-b)^2 / sum b^2 <= 1e-5, no NaN/Inf, guard bytes around the output intact,
+// Checks: NMSE = sum (a-b)^2 / sum b^2 <= 1e-5 (cuda-w4a4: 2e-4, see nmse_bound), no NaN/Inf,
+// guard bytes around the output intact,
 // the GPU's expert ids equal route_cpu's, no dropped pairs; a CUDA-graph replay equals eager.
 // cuda-w4a4 layers get input scales on every linear and are held to the cpu backend with W4A4
 // numerics (MoeLayerOptions::w4a4), its twin; the W4a4* tests run it alone.
@@ -70,6 +71,13 @@ ExpertFormat format_of(const std::string& backend) {
 }
 
 bool is_w4a4(const std::string& backend) { return backend == "cuda-w4a4"; }
+
+// NMSE bound against the cpu backend. W4A4 requantizes GEMM1's output as GEMM2's input: a 1-ulp
+// difference of a bf16 intermediate (float summation order) can move an E4M3 block scale or an
+// E2M1 code, a discrete step of a whole 16-value block that the W4A16/BF16 paths do not have
+// (measured on the H200: up to 4.5e-5 on one GLM-5-shape token). test_w4a4_moe holds each W4A4
+// GEMM to its CPU twin on the same inputs, where there is no requantization difference.
+double nmse_bound(const std::string& backend) { return is_w4a4(backend) ? 2e-4 : 1e-5; }
 
 // A random layer in the backend's format; for cuda-w4a4 with input scales on every linear
 // (the cpu runner of such a layer is then the W4A4 twin, see runner()).
@@ -147,7 +155,7 @@ void run_layer_case(const LayerCase& c,
         EXPECT_EQ(dout.guards_lost(), 0u);
         EXPECT_EQ(dx.guards_lost() + dres.guards_lost(), 0u);
         const double e = test::nmse_bf16(got, want);
-        EXPECT_LE(e, 1e-5);
+        EXPECT_LE(e, nmse_bound(backend));
         if (auto* w4 = dynamic_cast<moe::CudaW4a16MoeLayer*>(gpu)) {
           EXPECT_EQ(w4->dropped_pairs(), 0);
           EXPECT_EQ(w4->last_ids(T), want_ids);
@@ -228,7 +236,7 @@ void all_tokens_on_one_expert(const std::vector<std::string>& backends) {
         gpu->forward(dx.ptr(), T, dout.ptr(), nullptr, nullptr);
         TETRA_CUDA_CHECK(cudaDeviceSynchronize());
         const double e = test::nmse_bf16(dout.body(), want);
-        EXPECT_LE(e, 1e-5) << backend << " top_k " << top_k;
+        EXPECT_LE(e, nmse_bound(backend)) << backend << " top_k " << top_k;
         EXPECT_EQ(dout.guards_lost(), 0u);
         std::printf("  one expert %-10s top-%d %-10s T=%d nmse %.3g\n", backend.c_str(), top_k,
                     layout == TokenLayout::Masked ? "masked" : "contiguous", T, e);
@@ -314,7 +322,7 @@ TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
             TETRA_CUDA_CHECK(cudaDeviceSynchronize());
             const std::vector<uint16_t> got = dout.body();
             const double e = test::nmse_bf16(got, want);
-            EXPECT_LE(e, 1e-5) << "T=" << T;
+            EXPECT_LE(e, nmse_bound(backend)) << "T=" << T;
             EXPECT_EQ(dout.guards_lost(), 0u);
             if (forced && b.begin >= 4 && !b.shared) {  // nothing routed here: exact zeros
               size_t nonzero = 0;
@@ -335,7 +343,7 @@ TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
   }
 }
 
-// The token path's settings (moe::CudaTokenPath) all match cpu to 1e-5 with the same expert ids,
+// The token path's settings (moe::CudaTokenPath) all match cpu to nmse_bound with the same expert ids,
 // on both layouts and around each threshold: the one-launch token path (forced up to 99 tokens)
 // against the separate launches, the shared expert as a slot of the routed GEMMs (also forced up
 // to 99 tokens: several passes over its rows) against its own launches, serial or on the side
@@ -411,7 +419,7 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
             TETRA_CUDA_CHECK(cudaDeviceSynchronize());
             const std::vector<uint16_t> got = dout.body();
             const double e = test::nmse_bf16(got, want);
-            EXPECT_LE(e, 1e-5);
+            EXPECT_LE(e, nmse_bound(backend));
             EXPECT_EQ(dout.guards_lost(), 0u);
             EXPECT_EQ(gpus[i]->dropped_pairs(), 0);
             EXPECT_EQ(gpus[i]->last_ids(T), ids);
@@ -522,7 +530,7 @@ TEST_F(MoeLayerGpu, W4a4SharedExpertVariants) {
         gpu->forward(dx.ptr(), T, dout.ptr(), nullptr, nullptr);
         TETRA_CUDA_CHECK(cudaDeviceSynchronize());
         const double e = test::nmse_bf16(dout.body(), want);
-        EXPECT_LE(e, 1e-5) << "T=" << T;
+        EXPECT_LE(e, nmse_bound("cuda-w4a4")) << "T=" << T;
         EXPECT_EQ(dout.guards_lost(), 0u);
         std::printf("  w4a4 %-20s %-10s T=%-3d nmse %.3g\n", v.name,
                     layout == TokenLayout::Masked ? "masked" : "contiguous", T, e);

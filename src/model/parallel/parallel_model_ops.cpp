@@ -180,7 +180,7 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
 
   void setup(const ModelWeights& w, const OpsLimits& lim, const uint64_t* seed) {
     program_.clear();
-    plan_.emplace(w.config, cfg_.plan, cfg_.sharding);
+    plan_.emplace(w.config, cfg_.plan, runnable_sharding(w.config, cfg_.plan, cfg_.sharding));
     full_ = w.config;
     rank_ = rank_config(w.config, *plan_, 0);
     workers_.run_all([&](int r) {

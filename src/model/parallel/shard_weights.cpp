@@ -122,6 +122,14 @@ bool dense_mlp_split(const ModelConfig& c, ParallelPlan plan) {
   return plan.tp == 1 || (c.intermediate_size / plan.tp) % 64 == 0;
 }
 
+dist::ShardingOptions runnable_sharding(const ModelConfig& c, ParallelPlan plan,
+                                        dist::ShardingOptions requested) {
+  const int64_t shared_width = c.moe_intermediate_size * c.n_shared_experts;
+  if (plan.tp > 1 && shared_width > 0 && (shared_width / plan.tp) % 64 != 0)
+    requested.shared_expert_tp = false;
+  return requested;
+}
+
 ModelConfig rank_config(const ModelConfig& c, const dist::ShardingPlan& plan, int rank) {
   (void)rank;  // every rank holds equal shares
   const ParallelPlan p = plan.plan();

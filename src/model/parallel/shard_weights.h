@@ -45,6 +45,10 @@ ModelConfig rank_config(const ModelConfig& c, const dist::ShardingPlan& plan, in
 
 // Whether the dense MLPs are split tp ways (else replicated: see above).
 bool dense_mlp_split(const ModelConfig& c, ParallelPlan plan);
+// The sharding options a plan runs with: the shared expert is replicated instead of tp-split when
+// its slices would not keep the 64-wide alignment the expert GEMMs read (small shared experts).
+dist::ShardingOptions runnable_sharding(const ModelConfig& c, ParallelPlan plan,
+                                        dist::ShardingOptions requested);
 
 // Throws tetra::Error naming the tensor when a weight does not have the layout the plan assumes.
 // The result points into `w` (and into itself): keep `w` alive, and the result where it is.
