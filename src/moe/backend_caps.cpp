@@ -99,7 +99,7 @@ std::vector<BackendCaps> declare() {
     b.hidden_align = 8;  // 16-byte rows of bf16 (cp.async chunks; partial tiles are predicated)
     b.inter_align = 8;
     b.multi_gpu = true;
-    b.supports_ep = false;
+    b.supports_ep = true;  // expert blocks: test_moe_layer ExpertParallel*, test_parallel_model tp2+ep2
     b.activations = {"silu"};
     b.priority = 100;
     b.sources = {"DESIGN.md"};

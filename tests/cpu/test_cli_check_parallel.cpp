@@ -46,14 +46,18 @@ TEST(CliCheckParallel, JsonCarriesPerGpuShareAndProblems) {
 }
 
 TEST(CliCheckParallel, ExpertParallelOnlyOnBackendsThatDeclareIt) {
-  // cuda-bf16 declares supports_ep = false; cuda-w4a16 declares it.
-  const auto bf16 = run_tetra("check --preset glm5 --quant bf16 --gpu h200 --tp 8 --ep 8 "
-                              "--backend cuda-bf16");
-  EXPECT_EQ(bf16.code, 3) << bf16.output;
-  EXPECT_TRUE(has(bf16.output, "no expert parallelism (ep=8 asked)")) << bf16.output;
+  // b12x-fp4-sm120 declares supports_ep = false (not verified); the cuda backends declare it.
+  const auto b12x = run_tetra("check --preset glm5 --gpu rtx-pro-6000 --tp 8 --ep 8 "
+                              "--backend b12x-fp4-sm120");
+  EXPECT_EQ(b12x.code, 3) << b12x.output;
+  EXPECT_TRUE(has(b12x.output, "no expert parallelism (ep=8 asked)")) << b12x.output;
   const auto w4 = run_tetra("check --preset glm5 --gpu h200 --tp 8 --ep 8 --backend cuda-w4a16");
   EXPECT_EQ(w4.code, 0) << w4.output;
   EXPECT_TRUE(has(w4.output, "routed experts 32 of 256 x intermediate 2048 of 2048")) << w4.output;
+  const auto bf16 = run_tetra("check --preset glm4.5-air --quant bf16 --gpu h200 --tp 8 --ep 8 "
+                              "--backend cuda-bf16");
+  EXPECT_EQ(bf16.code, 0) << bf16.output;
+  EXPECT_TRUE(has(bf16.output, "routed experts 16 of 128")) << bf16.output;
 }
 
 TEST(CliCheckParallel, KvHeadsReplicatedBeyondTheirCount) {
