@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "moe/moe_layer.h"
 
 namespace tetra::model {
 namespace {
@@ -116,20 +117,6 @@ class Loader {
   std::string where_;
 };
 
-moe::RouterParams router_params(const ModelConfig& c) {
-  moe::RouterParams p;
-  p.scoring = c.routing.scoring == RouterScoring::Sigmoid ? moe::Scoring::Sigmoid
-                                                          : moe::Scoring::Softmax;
-  p.num_experts = int(c.n_routed_experts);
-  p.top_k = int(c.num_experts_per_tok);
-  p.n_group = int(c.routing.n_group);
-  p.topk_group = int(c.routing.topk_group);
-  p.norm_topk_prob = c.routing.norm_topk_prob;
-  p.routed_scaling_factor = float(c.routing.routed_scaling_factor);
-  moe::validate_router_params(p);
-  return p;
-}
-
 }  // namespace
 
 void check_runtime_supports(const ModelConfig& c, const std::string& source_label) {
@@ -189,7 +176,7 @@ ModelWeights ModelWeights::load(const Checkpoint& ck) {
           TETRA_FAIL("tensor ", m.correction_bias->name, " in ", ck.dir().string(),
                      " must be F32, got ", dtype_name(m.correction_bias->dtype));
       }
-      m.router_params = router_params(c);
+      m.router_params = moe::router_params_of(c);
       m.experts.reserve(size_t(c.n_routed_experts));
       for (int e = 0; e < int(c.n_routed_experts); ++e)
         m.experts.push_back(ld.mlp(p + "mlp.experts." + std::to_string(e) + "."));

@@ -4,9 +4,8 @@
 #include "model/tensor_to_float.h"
 
 namespace tetra::model {
-namespace {
-
 Nvfp4MatrixView nvfp4_view(const LinearWeight& l) {
+  TETRA_CHECK(l.weight_scale.has_value(), l.module, " has no weight_scale");
   Nvfp4MatrixView v;
   v.weight = l.weight.data;
   v.scale = l.weight_scale->data;
@@ -17,8 +16,6 @@ Nvfp4MatrixView nvfp4_view(const LinearWeight& l) {
   v.input_scale = l.input_scale;  // W4A4 activation scale (absent in W4A16_NVFP4)
   return v;
 }
-
-}  // namespace
 
 std::unique_ptr<MoeLayerViews> moe_layer_views(const MoeWeights& mw, int layer, int64_t hidden) {
   TETRA_CHECK(!mw.experts.empty(), "layer ", layer, " has no experts");

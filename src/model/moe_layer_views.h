@@ -22,6 +22,10 @@ struct MoeLayerViews {
   std::deque<std::vector<uint16_t>> converted;   // bf16 copies of F16/F32 expert matrices
 };
 
+// One NVFP4 linear of the checkpoint as the MoE and linear kernels take it (borrowed views; the
+// input scale rides along for W4A4). Throws when the linear has no weight_scale.
+Nvfp4MatrixView nvfp4_view(const LinearWeight& l);
+
 // Throws tetra::Error naming the tensor when the routed experts mix NVFP4 and high precision.
 // The result holds pointers into itself: keep it where it is (hence the unique_ptr).
 std::unique_ptr<MoeLayerViews> moe_layer_views(const MoeWeights& mw, int layer, int64_t hidden);

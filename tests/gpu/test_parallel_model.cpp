@@ -18,133 +18,23 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <map>
 #include <random>
-#include <unistd.h>
 
 #include "logit_row_errors.h"
+#include "model_twin.h"
 #include "core/cuda_check.h"
 #include "dist/rank_threads.h"
 #include "format/checkpoint.h"
-#include "format/model_layout.h"
 #include "format/presets.h"
 #include "model/cuda/cuda_model_ops.h"
 #include "model/model.h"
 #include "model/parallel/parallel_model_ops.h"
 #include "runtime/kv_cache.h"
-#include "tools/checkpoint_writer.h"
-#include "tools/model_writer.h"
-#include "tools/tensor_source.h"
 
 namespace tetra::model {
 namespace {
 
-namespace fs = std::filesystem;
-
-fs::path tiny_checkpoint(const std::string& preset, const std::string& dtype) {
-  static std::map<std::string, fs::path> made;
-  const std::string key = preset + "-" + dtype;
-  if (auto it = made.find(key); it != made.end()) return it->second;
-  const fs::path dir =
-      fs::temp_directory_path() / ("tetra-parallel-" + std::to_string(::getpid())) / key;
-  const ModelConfig cfg = preset_config(preset);
-  const bool quantized = dtype == "nvfp4";
-  const ModelLayout layout = model_layout(cfg);
-  RandomSource source(layout, cfg.num_layers, DType::BF16, 13);
-  std::unique_ptr<WeightQuantizer> quantizer;
-  if (quantized) quantizer = make_weight_quantizer("auto");
-  WriteOptions wopt;
-  wopt.quantizer = quantizer.get();
-  wopt.progress = false;
-  fs::create_directories(dir);
-  const WriteResult result = write_checkpoint_tensors(source, layout, wopt, dir);
-  write_model_configs(dir, model_config_to_json(cfg), result, {}, quantized);
-  made[key] = dir;
-  return dir;
-}
-
-OpsLimits limits(const std::string& moe_backend) {
-  OpsLimits l;
-  l.max_tokens = 64;
-  l.max_seqs = 8;
-  l.kv_block_size = 4;
-  l.kv_num_blocks = 160;
-  l.max_blocks_per_seq = 20;
-  l.moe_backend = moe_backend;
-  return l;
-}
-
-// Backends fed identical steps, one host-side cache bookkeeping for all.
-struct Twin {
-  Checkpoint ckpt;
-  ModelWeights w;
-  OpsLimits lim;
-  std::vector<std::unique_ptr<ModelOps>> ops;
-  runtime::PagedKvCache cache;
-
-  Twin(const fs::path& dir, OpsLimits l)
-      : ckpt(Checkpoint::open(dir)), w(ModelWeights::load(ckpt)), lim(l),
-        cache(l.kv_num_blocks, l.kv_block_size) {}
-  void add(std::unique_ptr<ModelOps> o) {
-    o->prepare(w, lim);
-    ops.push_back(std::move(o));
-  }
-  int64_t vocab() const { return w.config.vocab_size; }
-  std::vector<std::vector<float>> run(const StepBatch& b) {
-    b.validate(lim, vocab());
-    std::vector<std::vector<float>> out;
-    for (auto& o : ops) {
-      run_forward(*o, w, b);
-      out.emplace_back(size_t(b.num_logit_rows()) * size_t(vocab()));
-      o->read_logits(out.back().data());
-    }
-    return out;
-  }
-  StepBatch prefill(const std::vector<int64_t>& ids, const std::vector<std::vector<int32_t>>& p) {
-    StepBatch b;
-    b.kind = StepKind::Prefill;
-    b.cu_seqlens = {0};
-    for (size_t s = 0; s < ids.size(); ++s) {
-      cache.add_sequence(ids[s]);
-      const std::vector<int64_t> slots = cache.append(ids[s], int(p[s].size()), nullptr);
-      for (size_t i = 0; i < p[s].size(); ++i) {
-        b.tokens.push_back(p[s][i]);
-        b.positions.push_back(int32_t(i));
-        b.slots.push_back(slots[i]);
-        b.logit_rows.push_back(b.num_tokens() - 1);  // every row
-      }
-      b.cu_seqlens.push_back(b.num_tokens());
-    }
-    return b;
-  }
-  StepBatch decode(const std::vector<int64_t>& ids, const std::vector<int32_t>& tokens) {
-    StepBatch b;
-    b.kind = StepKind::Decode;
-    b.cu_seqlens = {0};
-    b.max_blocks_per_seq = lim.max_blocks_per_seq;
-    for (size_t s = 0; s < ids.size(); ++s) {
-      const std::vector<int64_t> slot = cache.append(ids[s], 1, nullptr);
-      b.tokens.push_back(tokens[s]);
-      b.positions.push_back(cache.seq_len(ids[s]) - 1);
-      b.slots.push_back(slot[0]);
-      b.cu_seqlens.push_back(int32_t(s + 1));
-      b.logit_rows.push_back(int32_t(s));
-    }
-    b.block_tables.resize(ids.size() * size_t(b.max_blocks_per_seq));
-    b.seq_lens.resize(ids.size());
-    cache.fill_block_tables(ids, b.max_blocks_per_seq, b.block_tables.data(), b.seq_lens.data());
-    return b;
-  }
-};
-
-int argmax(const float* r, int64_t n) { return int(std::max_element(r, r + n) - r); }
-
-std::vector<int32_t> prompt(int n, int64_t vocab, std::mt19937& rng) {
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (auto& t : p) t = int32_t(rng() % uint64_t(vocab));
-  return p;
-}
-
+using namespace test_twin;
 
 struct Case {
   std::string preset, dtype, moe_backend;
@@ -169,7 +59,7 @@ class ParallelModel : public ::testing::TestWithParam<Case> {
 
 TEST_P(ParallelModel, TwoGpuLogitsMatchOneGpu) {
   const Case c = GetParam();
-  Twin t(tiny_checkpoint(c.preset, c.dtype), limits(c.moe_backend));
+  Twin t(tiny_checkpoint("parallel", c.preset, c.dtype, 13), twin_limits(c.moe_backend));
   t.add(cuda::make_cuda_model_ops_api());
   auto split = parallel::make_parallel_cuda_model_ops(ParallelPlan{c.tp, c.ep});
   cuda::CudaModelOpsApi* sp = split.get();
@@ -199,7 +89,7 @@ TEST_P(ParallelModel, TwoGpuLogitsMatchOneGpu) {
 TEST_P(ParallelModel, GraphReplayEqualsEager) {
   const Case c = GetParam();
   if (c.moe_backend == "cpu") GTEST_SKIP() << "a host MoE runner turns graphs off";
-  Twin t(tiny_checkpoint(c.preset, c.dtype), limits(c.moe_backend));
+  Twin t(tiny_checkpoint("parallel", c.preset, c.dtype, 13), twin_limits(c.moe_backend));
   auto eager = parallel::make_parallel_cuda_model_ops(ParallelPlan{c.tp, c.ep});
   eager->set_options({.graphs = false});
   auto graphed = parallel::make_parallel_cuda_model_ops(ParallelPlan{c.tp, c.ep});
@@ -239,9 +129,9 @@ TEST(ParallelModelLoad, LoadsOverTwoGpus) {
   if (dist::visible_gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   ModelOptions o;
   o.backend = "cuda";
-  o.limits = limits("auto");
+  o.limits = twin_limits("auto");
   o.tp = 2;
-  auto m = Model::load(tiny_checkpoint("tiny-glm4.5-air", "bf16"), o);
+  auto m = Model::load(tiny_checkpoint("parallel", "tiny-glm4.5-air", "bf16", 13), o);
   StepBatch b;
   b.kind = StepKind::Prefill;
   b.tokens = {5, 6, 7};

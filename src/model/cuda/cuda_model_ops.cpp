@@ -16,6 +16,7 @@
 #include "model/cuda/cuda_moe_block.h"
 #include "model/cuda/device_mem.h"
 #include "model/attention_shapes.h"
+#include "model/moe_layer_views.h"
 #include "model/cuda/split_decode_attention.h"
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
@@ -58,18 +59,6 @@ struct DevLinear {
   DeviceMem bias;              // BF16 [n] or empty
   size_t bytes() const { return q.bytes() + w.bytes() + bias.bytes(); }
 };
-
-Nvfp4MatrixView nvfp4_view(const LinearWeight& lw) {
-  TETRA_CHECK(lw.weight_scale.has_value(), lw.module, " has no weight_scale");
-  Nvfp4MatrixView v;  // by member: the view may grow optional fields
-  v.weight = lw.weight.data;
-  v.scale = lw.weight_scale->data;
-  v.scale_2 = lw.weight_scale_2;
-  v.n = int(lw.out_features);
-  v.k = int(lw.in_features);
-  v.name = lw.module;
-  return v;
-}
 
 DeviceMem upload_bf16(const TensorView& t) {
   const std::vector<uint16_t> h = tensor_to_bf16(t);

@@ -1,4 +1,5 @@
 // Split paged decode attention (see split_decode_attention.h).
+#include "core/kernel_launch.h"
 #include "model/cuda/split_decode_attention.h"
 
 #include <cuda_bf16.h>
@@ -484,17 +485,9 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   if (tensor_cores) {
     // Programmatic dependent launch: scheduled while the previous kernel drains; the kernel
     // waits for it before reading.
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (s.head_dim == 64) return cudaLaunchKernelEx(&cfg, split_mma_kernel<64>, a);
-    return cudaLaunchKernelEx(&cfg, split_mma_kernel<128>, a);
+    const KernelLaunch launch(grid, dim3(kThreads), stream);
+    if (s.head_dim == 64) return launch(split_mma_kernel<64>, a);
+    return launch(split_mma_kernel<128>, a);
   } else if (s.head_dim == 64) {
     split_kernel<64><<<grid, kThreads, 0, stream>>>(a);
   } else {

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "core/kernel_launch.h"
 #include "core/error.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/w4a16_fragment.cuh"
@@ -179,17 +180,9 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   a.k = outs[0].w->k;
   // Programmatic dependent launch: this grid may begin before the previous kernel in the stream
   // ends (the kernel waits for it before reading x), overlapping the weight stream with its tail.
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(tiles));
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  if (kernel == Nvfp4GemvKernel::Pipelined) return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel<true>, a);
-  return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel<false>, a);
+  const KernelLaunch launch(dim3(unsigned(tiles)), dim3(kWarps * 32), stream);
+  if (kernel == Nvfp4GemvKernel::Pipelined) return launch(nvfp4_gemv_kernel<true>, a);
+  return launch(nvfp4_gemv_kernel<false>, a);
 }
 
 }  // namespace tetra::ops::cuda

@@ -1,6 +1,7 @@
 // Combine: out[t] = sum_j w[t,j] * rows[slot_of[t,j]] (+ shared[t]) (+ residual[t]) as a gather
 // with a fixed j order, float32 FMAs and one bf16 rounding: deterministic and bit-identical to
 // combine_bf16_cpu (no atomics, unlike a combine fused into the down GEMM's epilogue).
+#include "core/kernel_launch.h"
 #include "core/error.h"
 #include "moe/routing_math.h"
 #include "ops/moe/moe_ops_cuda.h"
@@ -106,22 +107,13 @@ cudaError_t launch(const R* rows, int T, int H, int top_k, const int32_t* slot_o
   const bool vec = H % 8 == 0 && aligned16(rows) && aligned16(out) &&
                    (!shared || aligned16(shared)) && (!residual || aligned16(residual));
   const int per_block = (vec ? 8 : 1) * kThreads;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(T, (H + per_block - 1) / per_block);
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  if (opt.pdl) {
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-  }
+  const KernelLaunch launch(dim3(T, (H + per_block - 1) / per_block), dim3(kThreads), stream,
+                            opt.pdl);
   if (vec)
-    return cudaLaunchKernelEx(&cfg, combine_kernel<8, R>, rows, H, top_k, slot_of, weights,
-                              shared, opt.shared_first_row, residual, out);
-  return cudaLaunchKernelEx(&cfg, combine_kernel<1, R>, rows, H, top_k, slot_of, weights, shared,
-                            opt.shared_first_row, residual, out);
+    return launch(combine_kernel<8, R>, rows, H, top_k, slot_of, weights, shared,
+                  opt.shared_first_row, residual, out);
+  return launch(combine_kernel<1, R>, rows, H, top_k, slot_of, weights, shared,
+                opt.shared_first_row, residual, out);
 }
 
 }  // namespace

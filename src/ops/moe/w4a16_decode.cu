@@ -9,6 +9,7 @@
 // fewer warps with 4-8 chunks each (bench/moe_kernels/RESULTS.md).
 #include <cuda_runtime.h>
 
+#include "core/kernel_launch.h"
 #include "ops/moe/w4a16_fragment.cuh"
 #include "ops/moe/w4a16_launch.h"
 
@@ -213,29 +214,11 @@ template <int NT, int KW, int U, bool LATE, int MINB, bool PF>
 cudaError_t launch_variant(const GroupedGemmArgs& a, cudaStream_t stream) {
   const dim3 grid{unsigned(a.n / 32), unsigned(a.num_slots), 1u};
   const dim3 block(KW * 32);
-  if (a.pdl) {  // programmatic dependent launch: the kernel waits before reading activations
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    if (a.gated)
-      return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, PF>, a);
-    if (a.out_f32)
-      return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, PF>, a);
-    return cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, PF>, a);
-  }
-  if (a.gated)
-    moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, PF><<<grid, block, 0, stream>>>(a);
-  else if (a.out_f32)
-    moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, PF><<<grid, block, 0, stream>>>(a);
-  else
-    moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, PF><<<grid, block, 0, stream>>>(a);
-  return cudaGetLastError();
+  // a.pdl: programmatic dependent launch (the kernel waits before reading activations).
+  const KernelLaunch launch(grid, block, stream, a.pdl);
+  if (a.gated) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, PF>, a);
+  if (a.out_f32) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, PF>, a);
+  return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, PF>, a);
 }
 
 // The original register-streaming shape (U = 4, activations with the weights), every NT.

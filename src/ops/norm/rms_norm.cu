@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/kernel_launch.h"
 #include "core/error.h"
 #include "ops/norm/rms_norm_cuda.h"
 
@@ -147,21 +148,13 @@ bool launch_vec(const uint16_t* x, uint16_t* residual, const uint16_t* w, uint16
   const int vpt = (vecs + kVecBlock - 1) / kVecBlock;
   // Programmatic dependent launch: the block is scheduled while the previous kernel drains (it
   // waits for it before reading), hiding the launch latency at batch 1.
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(rows));
-  cfg.blockDim = dim3(kVecBlock);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const KernelLaunch launch(dim3(unsigned(rows)), dim3(kVecBlock), stream);
   if (vpt == 1)
-    err = cudaLaunchKernelEx(&cfg, rms_norm_vec_kernel<1>, xv, rv, wv, ov, vecs, nf, eps);
+    err = launch(rms_norm_vec_kernel<1>, xv, rv, wv, ov, vecs, nf, eps);
   else if (vpt == 2)
-    err = cudaLaunchKernelEx(&cfg, rms_norm_vec_kernel<2>, xv, rv, wv, ov, vecs, nf, eps);
+    err = launch(rms_norm_vec_kernel<2>, xv, rv, wv, ov, vecs, nf, eps);
   else
-    err = cudaLaunchKernelEx(&cfg, rms_norm_vec_kernel<4>, xv, rv, wv, ov, vecs, nf, eps);
+    err = launch(rms_norm_vec_kernel<4>, xv, rv, wv, ov, vecs, nf, eps);
   return true;
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "core/kernel_launch.h"
 #include "core/error.h"
 #include "ops/rope/rope_kv_cuda.h"
 
@@ -76,16 +77,8 @@ cudaError_t rope_and_write_kv(uint16_t* q, uint16_t* k, const uint16_t* v, int64
   const dim3 grid(unsigned(T), unsigned((heads + kWarps - 1) / kWarps));
   // Programmatic dependent launch (the kernel waits for its predecessor first): hides the launch
   // latency of this small kernel behind the projection's tail.
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, rope_kv_kernel, reinterpret_cast<__nv_bfloat16*>(q),
+  const KernelLaunch launch(grid, dim3(kWarps * 32), stream);
+  return launch(rope_kv_kernel, reinterpret_cast<__nv_bfloat16*>(q),
                             reinterpret_cast<__nv_bfloat16*>(k),
                             reinterpret_cast<const __nv_bfloat16*>(v), v_stride, positions, slots,
                             inv_freq, shape, num_slots, reinterpret_cast<__nv_bfloat16*>(k_cache),
