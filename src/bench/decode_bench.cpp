@@ -96,8 +96,9 @@ class TimedOps final : public model::ModelOps {
     timed(what, [&] { in_.linear(id, l, i, o); });
   }
   void head_norm(NormId w, int l, Buf x) override { timed("norms", [&] { in_.head_norm(w, l, x); }); }
-  void rope(Buf q, Buf k) override { timed("rope", [&] { in_.rope(q, k); }); }
-  void write_kv(int l, Buf k, Buf v) override { timed("kv write", [&] { in_.write_kv(l, k, v); }); }
+  void rope_write_kv(int l, Buf q, Buf k, Buf v) override {
+    timed("rope + kv write", [&] { in_.rope_write_kv(l, q, k, v); });
+  }
   void prefill_attention(Buf q, Buf k, Buf v, Buf o) override {
     timed("attention", [&] { in_.prefill_attention(q, k, v, o); });
   }

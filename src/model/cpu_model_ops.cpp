@@ -145,11 +145,8 @@ class CpuModelOps final : public ModelOps {
     ops::head_rms_norm_cpu(buf(x), T_, heads, hd_, int64_t(heads) * hd_, w.data(), eps());
   }
 
-  void rope(Buf q, Buf k) override {
+  void rope_write_kv(int layer, Buf q, Buf k, Buf v) override {
     ops::apply_rope_cpu(buf(q), buf(k), step_->positions.data(), T_, inv_freq_.data(), rope_);
-  }
-
-  void write_kv(int layer, Buf k, Buf v) override {
     CpuLayer& l = layers_[size_t(layer)];
     ops::write_kv_cache_cpu(buf(k), buf(v), step_->slots.data(), T_, attn_, lim_.kv_num_blocks,
                             lim_.kv_block_size, l.k_cache.data(), l.v_cache.data());

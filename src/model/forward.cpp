@@ -19,8 +19,7 @@ void attention(ModelOps& ops, const LayerWeights& lw, const StepBatch& step) {
   // GLM-4.x use_qk_norm and Qwen3: per-head RMSNorm before RoPE.
   if (lw.attn.q_norm) ops.head_norm(NormId::QHead, L, Buf::Q);
   if (lw.attn.k_norm) ops.head_norm(NormId::KHead, L, Buf::K);
-  ops.rope(Buf::Q, Buf::K);
-  ops.write_kv(L, Buf::K, Buf::V);
+  ops.rope_write_kv(L, Buf::Q, Buf::K, Buf::V);
   if (step.has_cached_prefix())  // chunked prefill: the chunk reads the earlier chunks' cache
     ops.extend_attention(L, Buf::Q, Buf::Attn);
   else if (step.kind == StepKind::Prefill)

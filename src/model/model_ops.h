@@ -73,18 +73,18 @@ class ModelOps {
   // In place per-head RMSNorm of x ([T, heads, head_dim]; which = QHead on Q, KHead on K).
   virtual void head_norm(NormId which, int layer, Buf x) = 0;
   // In place RoPE of q [T, n_heads, head_dim] and k [T, n_kv_heads, head_dim] at the step's
-  // positions: config rope theta, partial rotary factor, NeoX or GPT-J pairing.
-  virtual void rope(Buf q, Buf k) = 0;
-  // Writes k, v [T, n_kv_heads, head_dim] into layer's cache at the step's slots.
-  virtual void write_kv(int layer, Buf k, Buf v) = 0;
+  // positions (config rope theta, partial rotary factor, NeoX or GPT-J pairing), then k and
+  // v [T, n_kv_heads, head_dim] into layer's cache at the step's slots (one op: a backend may
+  // fuse the two). q, k, v are distinct buffers.
+  virtual void rope_write_kv(int layer, Buf q, Buf k, Buf v) = 0;
   // Prefill: causal attention of each sequence over its own tokens (cu_seqlens), GQA,
   // scale head_dim^-0.5. q [T, n_heads, hd], k/v [T, n_kv, hd] -> out [T, n_heads, hd].
   virtual void prefill_attention(Buf q, Buf k, Buf v, Buf out) = 0;
   // Decode: each sequence's one query attends to its seq_lens[s] cached tokens of `layer`
   // (block tables of the step). q [S, n_heads, hd] -> out [S, n_heads, hd].
   virtual void decode_attention(int layer, Buf q, Buf out) = 0;
-  // Prefill with a cached prefix (step.has_cached_prefix(), after write_kv stored this step's
-  // k/v): each new token attends causally to its sequence's cache positions 0 .. its own
+  // Prefill with a cached prefix (step.has_cached_prefix(), after rope_write_kv stored this
+  // step's k/v): each new token attends causally to its sequence's cache positions 0 .. its own
   // (block tables and seq_lens of the step, GQA, scale head_dim^-0.5).
   // q [T, n_heads, hd] -> out [T, n_heads, hd]. Backends without it refuse chunked prefill.
   virtual void extend_attention(int layer, Buf q, Buf out) {

@@ -193,7 +193,6 @@ class CudaModelOps final : public CudaModelOpsApi {
       max_seqlen_ = std::max(max_seqlen_, step.cu_seqlens[s + 1] - step.cu_seqlens[s]);
     fused_act_ready_ = false;
     qkv_pending_ = 0;
-    rope_pending_ = false;
     if (bucket > 0) {
       auto it = graphs_.find(bucket);
       if (it != graphs_.end()) {
@@ -209,24 +208,20 @@ class CudaModelOps final : public CudaModelOpsApi {
 
   void embed(Buf out) override {
     if (skip()) return;
-    flush_rope();
     ck(lin::embedding_gather(embedding_.as<uint16_t>(), int(c_.vocab_size), H_, d_tokens(), T_,
                              buf(out), stream_));
   }
   void rms_norm(NormId which, int layer, Buf in, Buf out) override {
     if (skip()) return;
-    flush_rope();
     ck(ops::cuda::rms_norm(buf(in), norm_weight(which, layer), T_, H_, eps(), buf(out), stream_));
   }
   void add_rms_norm(NormId which, int layer, Buf x, Buf residual, Buf out) override {
     if (skip()) return;
-    flush_rope();
     ck(ops::cuda::fused_add_rms_norm(buf(x), buf(residual), norm_weight(which, layer), T_, H_,
                                      eps(), buf(out), stream_));
   }
   void linear(LinearId which, int layer, Buf in, Buf out) override {
     if (skip()) return;
-    flush_rope();
     DevLayer& L = layers_.at(size_t(layer));
     if (which == LinearId::Q && out == Buf::Q && qkv_gemv_ok(L)) {
       // Fused q/k/v (decode batches): one launch writes Q, K and V with their biases; linear(K)
@@ -261,7 +256,6 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void head_norm(NormId which, int layer, Buf x) override {
     if (skip()) return;
-    flush_rope();
     const bool q = which == NormId::QHead;
     const DevLayer& L = layers_.at(size_t(layer));
     const DeviceMem& w = q ? L.q_norm : L.k_norm;
@@ -270,48 +264,30 @@ class CudaModelOps final : public CudaModelOpsApi {
     ck(ops::cuda::head_rms_norm(buf(x), T_, heads, hd_, int64_t(heads) * hd_, w.as<uint16_t>(),
                                 eps(), stream_));
   }
-  // RoPE waits for the KV write that follows it (forward.cpp: rope, then write_kv of the same
-  // k): both run as one kernel. Any other op launches a waiting rope first (flush_rope).
-  void rope(Buf q, Buf k) override {
+  // RoPE and the KV-cache write as one kernel (bit-identical to apply_rope + write_kv_cache).
+  void rope_write_kv(int layer, Buf q, Buf k, Buf v) override {
     if (skip()) return;
-    flush_rope();
-    rope_pending_ = true;
-    rope_q_ = q;
-    rope_k_ = k;
-  }
-  void write_kv(int layer, Buf k, Buf v) override {
-    if (skip()) return;
+    TETRA_CHECK(q != k && q != v && k != v, "rope_write_kv takes three distinct buffers");
     DevLayer& L = layers_.at(size_t(layer));
-    if (rope_pending_ && rope_k_ == k && rope_q_ != v && k != v) {
-      rope_pending_ = false;
-      ck(ops::cuda::rope_and_write_kv(buf(rope_q_), buf(k), buf(v), attn_.kv_step(), d_positions(),
-                                      d_slots(), T_, inv_freq_.as<float>(), rope_,
-                                      int64_t(lim_.kv_num_blocks) * lim_.kv_block_size,
-                                      L.k_cache.as<uint16_t>(), L.v_cache.as<uint16_t>(), stream_));
-      return;
-    }
-    flush_rope();
-    ck(ops::cuda::write_kv_cache(buf(k), buf(v), d_slots(), T_, attn_, lim_.kv_num_blocks,
-                                 lim_.kv_block_size, L.k_cache.as<uint16_t>(),
-                                 L.v_cache.as<uint16_t>(), stream_));
+    ck(ops::cuda::rope_and_write_kv(buf(q), buf(k), buf(v), attn_.kv_step(), d_positions(),
+                                    d_slots(), T_, inv_freq_.as<float>(), rope_,
+                                    int64_t(lim_.kv_num_blocks) * lim_.kv_block_size,
+                                    L.k_cache.as<uint16_t>(), L.v_cache.as<uint16_t>(), stream_));
   }
   void prefill_attention(Buf q, Buf k, Buf v, Buf out) override {
     if (skip()) return;
-    flush_rope();
     ck(ops::cuda::prefill_attention(buf(q), buf(k), buf(v), d_cu(), S_, max_seqlen_, attn_,
                                     buf(out), stream_));
   }
   // Chunked prefill / recompute: the step's tokens attend to their sequence's cached prefix and
-  // to themselves (write_kv already put them in the cache).
+  // to themselves (rope_write_kv already put them in the cache).
   void extend_attention(int layer, Buf q, Buf out) override {
     if (skip()) return;
-    flush_rope();
     ck(ops::cuda::paged_extend_attention(buf(q), d_cu(), S_, T_, paged_kv(layer), attn_, buf(out),
                                          stream_));
   }
   void decode_attention(int layer, Buf q, Buf out) override {
     if (skip()) return;
-    flush_rope();
     const ops::PagedKv kv = paged_kv(layer);
     if (split_decode_)
       ck(split_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(), attn_ws_.bytes(),
@@ -322,7 +298,6 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
     if (skip()) return;
-    flush_rope();
     if (fused_act_ready_) {
       TETRA_CHECK(gate == fused_act_buf_, "fused gate/up result is in ", buf_name(fused_act_buf_));
       fused_act_ready_ = false;
@@ -339,7 +314,6 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void moe(int layer, Buf in, Buf out) override {
     if (skip()) return;
-    flush_rope();
     DevLayer& L = layers_.at(size_t(layer));
     TETRA_CHECK(L.moe != nullptr, "layer ", layer, " is not a MoE layer");
     const int chunk = L.moe->max_tokens();
@@ -368,7 +342,6 @@ class CudaModelOps final : public CudaModelOpsApi {
       TETRA_CUDA_CHECK(cudaGraphLaunch(replay_, stream_));
       return;
     }
-    flush_rope();
     // Gather the logit rows of `in`, then lm_head -> f32 logits.
     ck(lin::embedding_gather(buf(in), T_, H_, d_rows(), R_run_, logit_in_.as<uint16_t>(), stream_));
     run_linear(*lm_head_, logit_in_.as<uint16_t>(), R_run_, logits_.as(), DType::F32);
@@ -398,7 +371,6 @@ class CudaModelOps final : public CudaModelOpsApi {
   void set_all_reduce_hook(AllReduceHook hook) override { all_reduce_ = std::move(hook); }
   void all_reduce(Buf b) override {
     if (skip()) return;
-    flush_rope();
     if (!all_reduce_) return;
     all_reduce_(buf(b), size_t(T_) * size_t(buf_width(b, c_)), stream_);
   }
@@ -588,12 +560,6 @@ class CudaModelOps final : public CudaModelOpsApi {
   bool skip() const { return mode_ == Mode::Replay; }
   void ck(cudaError_t e) const { TETRA_CUDA_CHECK(e); }
 
-  void flush_rope() {
-    if (!rope_pending_) return;
-    rope_pending_ = false;
-    ck(ops::cuda::apply_rope(buf(rope_q_), buf(rope_k_), d_positions(), T_, inv_freq_.as<float>(),
-                             rope_, stream_));
-  }
 
   static const uint16_t* bias_of(const DevLinear& l) {
     return l.bias.empty() ? nullptr : l.bias.as<uint16_t>();
@@ -691,8 +657,6 @@ class CudaModelOps final : public CudaModelOpsApi {
   Buf fused_act_buf_ = Buf::Gate;
   int qkv_pending_ = 0;        // bits 2 (K) and 4 (V): written by the fused q/k/v GEMV
   Buf qkv_in_ = Buf::Normed;   // the input of that GEMV
-  bool rope_pending_ = false;  // rope(rope_q_, rope_k_) waits for write_kv (or a flush)
-  Buf rope_q_ = Buf::Q, rope_k_ = Buf::K;
   Mode mode_ = Mode::Eager;
   int capture_bucket_ = 0;
   cudaGraphExec_t replay_ = nullptr;

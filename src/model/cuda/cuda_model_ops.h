@@ -6,8 +6,7 @@
 //   - Decode batches (<= 8 rows): NVFP4 linears run the decode GEMV (linear_nvfp4_gemv) with the
 //     bias in its epilogue; linear(Q) computes q, k and v in one launch into Buf::Q/K/V when all
 //     three are NVFP4 (linear(K)/linear(V) from the same input then have nothing left to do).
-//   - rope() waits for the write_kv() that follows it and both run as one kernel
-//     (ops/rope/rope_kv_cuda.h); any other op first launches a waiting rope on its own.
+//   - rope_write_kv runs RoPE and the KV-cache write as one kernel (ops/rope/rope_kv_cuda.h).
 //   - MoE blocks use the MoE layer runner (moe/moe_layer.h, cuda-w4a16), prefill in chunks.
 //   - Decode steps are captured once per bucketed batch size (1, 2, 4, ... up to max_seqs) as a
 //     CUDA graph and replayed: begin_step uploads the step (tokens, positions, slots, block

@@ -19,15 +19,6 @@ namespace {
 // One recorded op, replayed on every rank's backend.
 using RankOp = std::function<void(ModelOps& ops)>;
 
-// ModelOps::extend_attention is being added to the interface; this compiles with and without it.
-template <typename Ops>
-void call_extend_attention(Ops& o, int layer, Buf q, Buf out) {
-  if constexpr (requires { o.extend_attention(layer, q, out); })
-    o.extend_attention(layer, q, out);
-  else
-    TETRA_FAIL("backend ", o.name(), " has no extend_attention");
-}
-
 class ParallelModelOps final : public cuda::CudaModelOpsApi {
  public:
   explicit ParallelModelOps(ParallelOpsConfig cfg)
@@ -71,11 +62,8 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
   void head_norm(NormId which, int layer, Buf x) override {
     record([=](ModelOps& o) { o.head_norm(which, layer, x); });
   }
-  void rope(Buf q, Buf k) override {
-    record([=](ModelOps& o) { o.rope(q, k); });
-  }
-  void write_kv(int layer, Buf k, Buf v) override {
-    record([=](ModelOps& o) { o.write_kv(layer, k, v); });
+  void rope_write_kv(int layer, Buf q, Buf k, Buf v) override {
+    record([=](ModelOps& o) { o.rope_write_kv(layer, q, k, v); });
   }
   void prefill_attention(Buf q, Buf k, Buf v, Buf out) override {
     record([=](ModelOps& o) { o.prefill_attention(q, k, v, out); });
@@ -83,10 +71,8 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
   void decode_attention(int layer, Buf q, Buf out) override {
     record([=](ModelOps& o) { o.decode_attention(layer, q, out); });
   }
-  // Chunked prefill (a cached prefix). No `override`: it overrides ModelOps::extend_attention
-  // where the interface has it and is a harmless extra method where it does not yet.
-  void extend_attention(int layer, Buf q, Buf out) {
-    record([=](ModelOps& o) { call_extend_attention(o, layer, q, out); });
+  void extend_attention(int layer, Buf q, Buf out) override {
+    record([=](ModelOps& o) { o.extend_attention(layer, q, out); });
   }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
     // The forward pass passes the model's dense width; each rank holds a tp slice of it.
