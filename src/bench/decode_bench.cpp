@@ -95,6 +95,12 @@ class TimedOps final : public model::ModelOps {
                                                                                    : "dense mlp";
     timed(what, [&] { in_.linear(id, l, i, o); });
   }
+  void qkv(int l, Buf i, Buf q, Buf k, Buf v) override {
+    timed("qkv linears", [&] { in_.qkv(l, i, q, k, v); });
+  }
+  void dense_gate_up(int l, Buf i, Buf g, Buf u, int64_t w) override {
+    timed("dense mlp", [&] { in_.dense_gate_up(l, i, g, u, w); });
+  }
   void head_norm(NormId w, int l, Buf x) override { timed("norms", [&] { in_.head_norm(w, l, x); }); }
   void rope_write_kv(int l, Buf q, Buf k, Buf v) override {
     timed("rope + kv write", [&] { in_.rope_write_kv(l, q, k, v); });

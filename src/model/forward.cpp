@@ -13,9 +13,7 @@ namespace {
 
 void attention(ModelOps& ops, const LayerWeights& lw, const StepBatch& step) {
   const int L = lw.index;
-  ops.linear(LinearId::Q, L, Buf::Normed, Buf::Q);
-  ops.linear(LinearId::K, L, Buf::Normed, Buf::K);
-  ops.linear(LinearId::V, L, Buf::Normed, Buf::V);
+  ops.qkv(L, Buf::Normed, Buf::Q, Buf::K, Buf::V);
   // GLM-4.x use_qk_norm and Qwen3: per-head RMSNorm before RoPE.
   if (lw.attn.q_norm) ops.head_norm(NormId::QHead, L, Buf::Q);
   if (lw.attn.k_norm) ops.head_norm(NormId::KHead, L, Buf::K);
@@ -37,9 +35,7 @@ void mlp(ModelOps& ops, const LayerWeights& lw) {
     return;
   }
   TETRA_CHECK(lw.dense.has_value(), "layer ", L, " has neither a dense MLP nor a MoE block");
-  ops.linear(LinearId::DenseGate, L, Buf::Normed, Buf::Gate);
-  ops.linear(LinearId::DenseUp, L, Buf::Normed, Buf::Up);
-  ops.silu_mul(Buf::Gate, Buf::Up, lw.dense->inter(), Buf::Gate);
+  ops.dense_gate_up(L, Buf::Normed, Buf::Gate, Buf::Up, lw.dense->inter());
   ops.linear(LinearId::DenseDown, L, Buf::Gate, Buf::Out);
 }
 

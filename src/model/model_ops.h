@@ -70,6 +70,21 @@ class ModelOps {
   virtual void add_rms_norm(NormId which, int layer, Buf x, Buf residual, Buf out) = 0;
   // out [T, N] = in [T, K] . W^T (+ bias), W = linear `which` of `layer`, rounded to bf16.
   virtual void linear(LinearId which, int layer, Buf in, Buf out) = 0;
+  // The attention's three projections of one input: q [T, n_heads*hd], k and v [T, n_kv*hd],
+  // each exactly as linear() writes it. A backend may run the three as one launch.
+  virtual void qkv(int layer, Buf in, Buf q, Buf k, Buf v) {
+    linear(LinearId::Q, layer, in, q);
+    linear(LinearId::K, layer, in, k);
+    linear(LinearId::V, layer, in, v);
+  }
+  // A dense SwiGLU MLP's first half: gate [T, width] <- silu(in . Wg^T) * (in . Wu^T); up
+  // [T, width] is scratch. A backend may fuse it (then gate and up are not rounded to bf16 before
+  // the product, as the MoE experts do).
+  virtual void dense_gate_up(int layer, Buf in, Buf gate, Buf up, int64_t width) {
+    linear(LinearId::DenseGate, layer, in, gate);
+    linear(LinearId::DenseUp, layer, in, up);
+    silu_mul(gate, up, width, gate);
+  }
   // In place per-head RMSNorm of x ([T, heads, head_dim]; which = QHead on Q, KHead on K).
   virtual void head_norm(NormId which, int layer, Buf x) = 0;
   // In place RoPE of q [T, n_heads, head_dim] and k [T, n_kv_heads, head_dim] at the step's

@@ -191,8 +191,6 @@ class CudaModelOps final : public CudaModelOpsApi {
     max_seqlen_ = 0;
     for (int s = 0; s < S_; ++s)
       max_seqlen_ = std::max(max_seqlen_, step.cu_seqlens[s + 1] - step.cu_seqlens[s]);
-    fused_act_ready_ = false;
-    qkv_pending_ = 0;
     if (bucket > 0) {
       auto it = graphs_.find(bucket);
       if (it != graphs_.end()) {
@@ -222,37 +220,28 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void linear(LinearId which, int layer, Buf in, Buf out) override {
     if (skip()) return;
-    DevLayer& L = layers_.at(size_t(layer));
-    if (which == LinearId::Q && out == Buf::Q && qkv_gemv_ok(L)) {
-      // Fused q/k/v (decode batches): one launch writes Q, K and V with their biases; linear(K)
-      // and linear(V) from the same input into Buf::K / Buf::V then find their work done.
-      const lin::Nvfp4GemvOutput outs[3] = {{&L.q->q.view(), bias_of(*L.q), buf(Buf::Q)},
-                                            {&L.k->q.view(), bias_of(*L.k), buf(Buf::K)},
-                                            {&L.v->q.view(), bias_of(*L.v), buf(Buf::V)}};
-      ck(lin::linear_nvfp4_gemv(outs, 3, buf(in), T_, stream_));
-      qkv_pending_ = 2 | 4;
-      qkv_in_ = in;
-      return;
-    }
-    if ((which == LinearId::K || which == LinearId::V) && in == qkv_in_) {
-      const int bit = which == LinearId::K ? 2 : 4;
-      if ((qkv_pending_ & bit) && out == (which == LinearId::K ? Buf::K : Buf::V)) {
-        qkv_pending_ &= ~bit;
-        return;
-      }
-    }
-    if (L.gate_up && (which == LinearId::DenseGate || which == LinearId::DenseUp)) {
-      // Fused: DenseGate writes silu(gate)*up into `out`; DenseUp and silu_mul find it done.
-      if (which == LinearId::DenseGate) {
-        ck(lin::gate_up_silu_nvfp4(L.gate_up->q.view(), buf(in), T_, *rows_, buf(out), stream_));
-        fused_act_ready_ = true;
-        fused_act_buf_ = out;
-      }
-      return;
-    }
-    const DevLinear* l = get_linear(L, which);
+    const DevLinear* l = get_linear(layers_.at(size_t(layer)), which);
     TETRA_CHECK(l != nullptr, "layer ", layer, " has no ", linear_id_name(which));
     run_linear(*l, buf(in), T_, buf(out), DType::BF16);
+  }
+  // Decode batches with NVFP4 q/k/v: one GEMV launch writes all three with their biases.
+  void qkv(int layer, Buf in, Buf q, Buf k, Buf v) override {
+    if (skip()) return;
+    DevLayer& L = layers_.at(size_t(layer));
+    if (!qkv_gemv_ok(L)) return ModelOps::qkv(layer, in, q, k, v);
+    const lin::Nvfp4GemvOutput outs[3] = {{&L.q->q.view(), bias_of(*L.q), buf(q)},
+                                          {&L.k->q.view(), bias_of(*L.k), buf(k)},
+                                          {&L.v->q.view(), bias_of(*L.v), buf(v)}};
+    ck(lin::linear_nvfp4_gemv(outs, 3, buf(in), T_, stream_));
+  }
+  // A fused NVFP4 gate/up matrix: one launch writes silu(gate) * up into `gate`.
+  void dense_gate_up(int layer, Buf in, Buf gate, Buf up, int64_t width) override {
+    if (skip()) return;
+    DevLayer& L = layers_.at(size_t(layer));
+    if (!L.gate_up) return ModelOps::dense_gate_up(layer, in, gate, up, width);
+    TETRA_CHECK(width == buf_width(gate, c_), "dense_gate_up over a part of a row (width ",
+                width, ")");
+    ck(lin::gate_up_silu_nvfp4(L.gate_up->q.view(), buf(in), T_, *rows_, buf(gate), stream_));
   }
   void head_norm(NormId which, int layer, Buf x) override {
     if (skip()) return;
@@ -298,14 +287,6 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
     if (skip()) return;
-    if (fused_act_ready_) {
-      TETRA_CHECK(gate == fused_act_buf_, "fused gate/up result is in ", buf_name(fused_act_buf_));
-      fused_act_ready_ = false;
-      if (out != gate)
-        TETRA_CUDA_CHECK(cudaMemcpyAsync(buf(out), buf(gate), size_t(T_) * width * 2,
-                                         cudaMemcpyDeviceToDevice, stream_));
-      return;
-    }
     // Gate, Up and out rows are [T, width] with no padding, so the op runs over T * width.
     TETRA_CHECK(width == buf_width(gate, c_) && width == buf_width(up, c_) &&
                     width == buf_width(out, c_),
@@ -653,10 +634,6 @@ class CudaModelOps final : public CudaModelOpsApi {
 
   const StepBatch* step_ = nullptr;
   int T_ = 0, S_ = 0, R_ = 0, S_run_ = 0, R_run_ = 0, max_seqlen_ = 0;
-  bool fused_act_ready_ = false;
-  Buf fused_act_buf_ = Buf::Gate;
-  int qkv_pending_ = 0;        // bits 2 (K) and 4 (V): written by the fused q/k/v GEMV
-  Buf qkv_in_ = Buf::Normed;   // the input of that GEMV
   Mode mode_ = Mode::Eager;
   int capture_bucket_ = 0;
   cudaGraphExec_t replay_ = nullptr;

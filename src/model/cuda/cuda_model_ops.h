@@ -1,11 +1,9 @@
 // The CUDA backend of the model runtime (model/model_ops.h): weights packed/uploaded once,
 // activation buffers, KV cache (bf16, paged) and logits on the device, every op on one stream.
 //   - NVFP4 linears run the W4A16 kernels as one-expert GEMMs (ops/linear/linear_cuda.h); a dense
-//     NVFP4 MLP fuses gate/up/SiLU into one launch (linear(DenseGate) writes silu(gate)*up, then
-//     linear(DenseUp) and silu_mul have nothing left to do). BF16 linears use cuBLASLt.
-//   - Decode batches (<= 8 rows): NVFP4 linears run the decode GEMV (linear_nvfp4_gemv) with the
-//     bias in its epilogue; linear(Q) computes q, k and v in one launch into Buf::Q/K/V when all
-//     three are NVFP4 (linear(K)/linear(V) from the same input then have nothing left to do).
+//     NVFP4 MLP fuses gate/up/SiLU into one launch (dense_gate_up). BF16 linears use cuBLASLt.
+//   - Decode batches (<= 8 rows): qkv() runs q, k and v as one decode GEMV launch
+//     (linear_nvfp4_gemv) with the biases in its epilogue, when all three are NVFP4.
 //   - rope_write_kv runs RoPE and the KV-cache write as one kernel (ops/rope/rope_kv_cuda.h).
 //   - MoE blocks use the MoE layer runner (moe/moe_layer.h, cuda-w4a16), prefill in chunks.
 //   - Decode steps are captured once per bucketed batch size (1, 2, 4, ... up to max_seqs) as a

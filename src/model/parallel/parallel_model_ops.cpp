@@ -59,6 +59,13 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
   void linear(LinearId which, int layer, Buf in, Buf out) override {
     record([=](ModelOps& o) { o.linear(which, layer, in, out); });
   }
+  void qkv(int layer, Buf in, Buf q, Buf k, Buf v) override {
+    record([=](ModelOps& o) { o.qkv(layer, in, q, k, v); });
+  }
+  void dense_gate_up(int layer, Buf in, Buf gate, Buf up, int64_t width) override {
+    if (width == full_.intermediate_size) width = rank_.intermediate_size;  // as silu_mul
+    record([=](ModelOps& o) { o.dense_gate_up(layer, in, gate, up, width); });
+  }
   void head_norm(NormId which, int layer, Buf x) override {
     record([=](ModelOps& o) { o.head_norm(which, layer, x); });
   }
