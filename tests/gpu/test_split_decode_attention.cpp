@@ -2,12 +2,12 @@
 // (ops::paged_decode_attention_cpu) on fresh random caches: head_dim 64 and 128, GQA groups 1..16
 // (12 = GLM-4.5-Air), sequence lengths around the 64-token chunk edges and past the split cap
 // (several chunks per split), shuffled block tables, an empty sequence, a q row stride wider than
-// the heads; both kernel variants. NMSE <= 1e-5: both compute float softmax and sums over the
-// same bf16 inputs and round once; the float variant differs from the CPU only in summation
-// order, the tensor-core one also rounds P to bf16 (2^-9 relative per weight, averaging out
-// over the tokens: ~1e-6 in NMSE). Outputs are poisoned before the launch
-// and guarded by bytes that must survive. The merge happens in the last split block of each kv
-// head (arrival counters in the workspace); a second launch on the same workspace must agree.
+// the heads; the automatic split count and forced ones (1: no cluster merge; 3: uneven; 16: the
+// largest cluster, most splits empty for short sequences). NMSE <= 1e-5: the kernel computes the
+// softmax and sums in float over the same bf16 inputs and rounds once, like the CPU, but rounds
+// P to bf16 for the tensor cores (2^-9 relative per weight, averaging out over the tokens: ~1e-6
+// in NMSE). Outputs are poisoned before the launch and guarded by bytes that must survive. A
+// second launch must give the same bits (the merge order is fixed).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/error.h"
 #include "core/half.h"
 #include "model/cuda/split_decode_attention.h"
 #include "ops/attention/attention.h"
@@ -65,10 +66,11 @@ TEST(SplitDecodeAttention, MatchesCpu) {
   struct Case { int D, heads, kv_heads; std::vector<int> lens; int block_size; };
   const std::vector<Case> cases = {
       {128, 96, 8, {1, 63, 64, 65, 1025}, 16},
-      {128, 32, 4, {0, 200, 4999}, 16},  // 4999 > 64 splits x 64: several chunks per split
+      {128, 32, 4, {0, 200, 4999}, 16},  // 4999 at one split: 79 chunks through two stages
       {64, 4, 2, {3, 129, 777}, 4},
       {64, 16, 1, {64, 1000}, 16},
       {128, 8, 8, {500, 2}, 8},
+      {128, 15, 5, {31, 257}, 1},  // group 3: heads 3..15 of the MMA tile are padding
   };
   for (const Case& c : cases) {
     const int S = int(c.lens.size());
@@ -103,7 +105,7 @@ TEST(SplitDecodeAttention, MatchesCpu) {
     std::vector<uint16_t> want(size_t(S) * c.heads * c.D);
     ops::paged_decode_attention_cpu(q.data(), kv, S, sh, want.data());
 
-    for (bool tc : {true, false}) {
+    for (int splits : {0, 1, 3, 16}) {
     Dev<uint16_t> dq(q), dk(kc), dv(vc), dout(want.size());
     Dev<int32_t> dt(tables), dl(lens);
     TETRA_CUDA_CHECK(cudaMemset(dout.ptr(), 0xFF, want.size() * 2));
@@ -112,18 +114,14 @@ TEST(SplitDecodeAttention, MatchesCpu) {
     dkv.v_cache = dv.ptr();
     dkv.block_tables = dt.ptr();
     dkv.seq_lens = dl.ptr();
-    const size_t ws_bytes = split_decode_workspace_bytes(S, sh, dkv);
-    Dev<unsigned char> ws(ws_bytes);
-    TETRA_CUDA_CHECK(cudaMemset(ws.ptr(), 0, ws_bytes));  // the contract: zeroed once
-    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, ws.ptr(), ws_bytes, dout.ptr(), nullptr, tc));
+    EXPECT_EQ(split_decode_workspace_bytes(S, sh, dkv), 0u);  // the merge stays on chip
+    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, nullptr, 0, dout.ptr(), nullptr, splits));
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> got = dout.get();
-    // A second launch on the same workspace (as graph replays do) must merge again: the last
-    // block of each kv head put its arrival counter back to zero.
     TETRA_CUDA_CHECK(cudaMemset(dout.ptr(), 0xFF, want.size() * 2));
-    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, ws.ptr(), ws_bytes, dout.ptr(), nullptr, tc));
+    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, nullptr, 0, dout.ptr(), nullptr, splits));
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(dout.get(), got) << "second launch, D=" << c.D << (tc ? " tensor cores" : " float");
+    EXPECT_EQ(dout.get(), got) << "second launch, D=" << c.D << " splits " << splits;
     double err = 0, ref = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       const double g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);
@@ -132,9 +130,8 @@ TEST(SplitDecodeAttention, MatchesCpu) {
       ref += w * w;
     }
     EXPECT_LE(err / ref, 1e-5) << "D=" << c.D << " heads=" << c.heads << "/" << c.kv_heads
-                               << (tc ? " tensor cores" : " float");
+                               << " splits " << splits;
     EXPECT_TRUE(dout.guards_ok());
-    EXPECT_TRUE(ws.guards_ok());
     }
   }
 }
@@ -149,6 +146,11 @@ TEST(SplitDecodeAttention, RefusesUnsupportedShapes) {
   sh.n_heads = 34 * 8 / 2;  // group 17
   sh.n_kv_heads = 8;
   EXPECT_NE(split_decode_unsupported_reason(sh), "");
+  sh.n_heads = 96;  // supported, but more splits than the largest cluster
+  EXPECT_EQ(split_decode_unsupported_reason(sh), "");
+  ops::PagedKv kv;
+  EXPECT_THROW(split_decode_attention(nullptr, kv, 0, sh, nullptr, 0, nullptr, nullptr, kMaxSplits + 1),
+               Error);
 }
 
 }  // namespace

@@ -1,266 +1,87 @@
 // Split paged decode attention (see split_decode_attention.h).
-#include "core/kernel_launch.h"
 #include "model/cuda/split_decode_attention.h"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
 #include "core/error.h"
+#include "core/kernel_smem_attr.h"
 
 namespace tetra::model::cuda {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 128;
-constexpr int kChunk = kSplitChunkTokens;
-constexpr int kMaxGroup = 16;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = 64;                 // tokens staged at once: 16 per warp
+constexpr int kWarpTokens = kChunk / kWarps;
+constexpr int kStages = 2;                 // chunks in flight per block
+constexpr int kMaxGroup = 16;              // query heads per kv head: the MMA's M side
+constexpr int kSplitAlign = 16;            // split ranges start on a warp's 16 tokens
+constexpr float kLog2e = 1.4426950408889634f;
 
 struct SplitArgs {
-  const uint16_t* q;        // [S, q_step]
-  const uint16_t* k_cache;  // [blocks, block_size, n_kv, D]
-  const uint16_t* v_cache;
+  const uint16_t* q;        // [S, q_step] bf16, heads of kv head h at h*G*D
+  const uint16_t* k_cache;  // [blocks, block_size, n_kv, D] bf16
+  const uint16_t* v_cache;  // [blocks, block_size, n_kv, D] bf16
   const int32_t* tables;    // [S, max_blocks]
   const int32_t* lens;      // [S]
-  int max_blocks, block_size, n_kv, group, splits, split_tokens;
+  int max_blocks, block_size, n_kv, group;
   int64_t q_step;
-  float scale;
-  float* part_acc;  // [S, H, splits, D] un-normalised sums
-  float* part_ml;   // [S, H, splits, 2] (running max, sum of exp)
-  int* arrivals;    // [S, n_kv] splits finished so far; zero between launches
-  uint16_t* out;    // [S, H, D] bf16
+  float scale_log2;  // softmax scale * log2(e): the softmax runs on exp2
+  uint16_t* out;     // [S, H, D] bf16
 };
 
-// The last split block of a (sequence, kv head) to finish merges the group's partials:
-//   out[s, h, :] = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) l_p over the splits p,
-// so no second launch is needed. Partials are read through L2 (__ldcg): other blocks wrote them.
-// The block leaves its arrival counter at zero for the next launch (and graph replay).
-// weight: the caller's score scratch, free once its chunks are done (static shared memory is
-// capped at 48 KB and the kernels are near it).
-static_assert(kChunk >= kMaxSplits, "the score scratch holds one weight per split");
 template <int D>
-__device__ void merge_if_last(const SplitArgs& a, int s, int kh, float (*weight)[kChunk]) {
-  __shared__ int last;
-  __shared__ float den_s[kMaxGroup];  // per head: sum_p e^(m_p - M) l_p
-  __threadfence();  // this block's partials are visible device-wide before it counts itself
-  __syncthreads();
-  int* counter = a.arrivals + int64_t(s) * a.n_kv + kh;
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == a.splits - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int G = a.group, H = a.n_kv * G, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int i = warp; i < G; i += kThreads / 32) {
-    const float* ml = a.part_ml + (int64_t(s) * H + kh * G + i) * a.splits * 2;
-    float m[2], l[2], mx = -INFINITY;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int p = lane + 32 * r;
-      m[r] = p < a.splits ? __ldcg(ml + 2 * p) : -INFINITY;
-      l[r] = p < a.splits ? __ldcg(ml + 2 * p + 1) : 0.0f;
-      mx = fmaxf(mx, m[r]);
-    }
-    for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float den = 0.0f;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int p = lane + 32 * r;
-      const float e = l[r] > 0.0f ? expf(m[r] - mx) : 0.0f;
-      if (p < a.splits) weight[i][p] = e;
-      den += e * l[r];
-    }
-    for (int o = 16; o > 0; o /= 2) den += __shfl_xor_sync(0xffffffffu, den, o);
-    if (lane == 0) den_s[i] = den;
-  }
-  __syncthreads();
-  // Splits past the sequence's end are empty (weight 0, acc 0): only the first `active` are read.
-  // A thread owns up to kItems float4 outputs (4 dims of one head each) and keeps 4 splits' loads
-  // of all of them in flight at once: the merge sits on the layer's critical path, so it must
-  // not be a chain of dependent L2 round trips.
-  constexpr int kItems = kMaxGroup * D / 4 / kThreads;
-  const int active = min(a.splits, (a.lens[s] + a.split_tokens - 1) / a.split_tokens);
-  const int items = G * D / 4;
-  float4 num[kItems];
-#pragma unroll
-  for (int it = 0; it < kItems; ++it) num[it] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int p0 = 0; p0 < active; p0 += 4) {
-    float4 v[kItems][4];
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      const int idx = threadIdx.x + it * kThreads;
-      const int i = idx / (D / 4), d4 = idx % (D / 4);
-      const float4* acc = reinterpret_cast<const float4*>(
-                              a.part_acc + (int64_t(s) * H + kh * G + i) * a.splits * D) + d4;
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        v[it][u] = idx < items && p0 + u < active ? __ldcg(acc + int64_t(p0 + u) * (D / 4))
-                                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int it = 0; it < kItems; ++it) {
-      const int i = min((threadIdx.x + it * kThreads) / (D / 4), G - 1);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const float w = p0 + u < active ? weight[i][p0 + u] : 0.0f;
-        num[it].x += w * v[it][u].x, num[it].y += w * v[it][u].y;
-        num[it].z += w * v[it][u].z, num[it].w += w * v[it][u].w;
-      }
-    }
-  }
-#pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const int idx = threadIdx.x + it * kThreads;
-    if (idx >= items) continue;
-    const int i = idx / (D / 4), d4 = idx % (D / 4);
-    const int64_t o = (int64_t(s) * H + kh * G + i) * D + 4 * d4;
-    const float den = den_s[i];
-    const float r[4] = {num[it].x, num[it].y, num[it].z, num[it].w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      a.out[o + e] = __bfloat16_as_ushort(__float2bfloat16_rn(den > 0.0f ? r[e] / den : 0.0f));
-  }
-  if (threadIdx.x == 0) *counter = 0;
+constexpr int stage_bytes() { return 2 * kChunk * D * 2; }  // K rows then V rows, bf16
+template <int D>
+constexpr int smem_bytes() { return kStages * stage_bytes<D>(); }
+// The end-of-kernel merge reuses the stage memory: per-warp partials [kWarps][16][D + 4] and
+// the block's merged partial [16][D], floats.
+template <int D>
+constexpr int warp_row_floats() { return D + 4; }  // padded: float4 rows stay 16-byte aligned
+template <int D>
+constexpr int merge_bytes() { return (kWarps * kMaxGroup * warp_row_floats<D>() + kMaxGroup * D) * 4; }
+static_assert(merge_bytes<64>() <= smem_bytes<64>() && merge_bytes<128>() <= smem_bytes<128>());
+
+// Byte offset of 16-byte piece c of staged row j. Rows are D*2 bytes unpadded; the piece index
+// is XORed with j % 8 so the 8 rows an ldmatrix phase reads (same piece, consecutive tokens)
+// land in 8 distinct 16-byte bank groups.
+template <int D>
+__device__ __forceinline__ uint32_t swizzled(int j, int c) {
+  return uint32_t(j * (D / 8) + (c ^ (j & 7))) * 16u;
 }
 
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
-// Rows of a chunk in shared memory are padded to D + 2 bf16 (an odd number of 32-bit words), so
-// threads of a warp reading the same column of consecutive tokens hit distinct banks.
-template <int D>
-__global__ void __launch_bounds__(kThreads) split_kernel(SplitArgs a) {
-  constexpr int kRowWords = D / 2 + 1;
-  __shared__ uint32_t ks[kChunk * kRowWords];  // [64 tokens][D/2 + 1] bf16 pairs
-  __shared__ uint32_t vs[kChunk * kRowWords];
-  __shared__ float qs[kMaxGroup][D];            // the group's queries, pre-scaled
-  __shared__ float ps[kMaxGroup][kChunk];       // scores, then probabilities
-  __shared__ float m_run[kMaxGroup], l_run[kMaxGroup], rescale[kMaxGroup];
-
-  const int split = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
-  const int tid = threadIdx.x, G = a.group;
-  const int len = a.lens[s];
-  const int begin = split * a.split_tokens;
-  const int end = min(len, begin + a.split_tokens);
-  const int32_t* table = a.tables + int64_t(s) * a.max_blocks;
-  const int64_t row_elems = int64_t(a.n_kv) * D;
-
-  for (int i = tid; i < G * D; i += kThreads) {
-    const int h = kh * G + i / D;
-    qs[i / D][i % D] = __uint_as_float(uint32_t(a.q[int64_t(s) * a.q_step + int64_t(h) * D + i % D]) << 16) * a.scale;
-  }
-  if (tid < G) m_run[tid] = -INFINITY, l_run[tid] = 0.0f;
-  // Output pairs (head, dim pair) owned by this thread: idx = tid + kThreads * r.
-  constexpr int kPairsMax = kMaxGroup * D / 2 / kThreads;
-  float acc[kPairsMax][2];
-#pragma unroll
-  for (int r = 0; r < kPairsMax; ++r) acc[r][0] = acc[r][1] = 0.0f;
-  __syncthreads();
-
-  for (int c0 = begin; c0 < end; c0 += kChunk) {
-    const int n = min(kChunk, end - c0);
-    // Stage K and V rows of the chunk: 16-byte global loads, all issued before any use.
-    constexpr int kVecPerRow = D / 8;
-    for (int i = tid; i < n * kVecPerRow; i += kThreads) {
-      const int j = i / kVecPerRow, v = i % kVecPerRow;
-      const int t = c0 + j;
-      const int64_t slot = int64_t(table[t / a.block_size]) * a.block_size + t % a.block_size;
-      const int64_t off = slot * row_elems + int64_t(kh) * D + v * 8;
-      const uint4 kv4 = *reinterpret_cast<const uint4*>(a.k_cache + off);
-      const uint4 vv4 = *reinterpret_cast<const uint4*>(a.v_cache + off);
-      uint32_t* kd = ks + j * kRowWords + v * 4;
-      uint32_t* vd = vs + j * kRowWords + v * 4;
-      kd[0] = kv4.x, kd[1] = kv4.y, kd[2] = kv4.z, kd[3] = kv4.w;
-      vd[0] = vv4.x, vd[1] = vv4.y, vd[2] = vv4.z, vd[3] = vv4.w;
-    }
-    __syncthreads();
-    // Scores: thread -> token tid % 64, heads tid / 64, +2, +4, ...
-    {
-      const int j = tid % kChunk;
-      for (int i = tid / kChunk; i < G; i += kThreads / kChunk) {
-        float dot = -INFINITY;
-        if (j < n) {
-          dot = 0.0f;
-          const uint32_t* kr = ks + j * kRowWords;
-#pragma unroll 8
-          for (int w = 0; w < D / 2; ++w) {
-            const uint32_t kk = kr[w];
-            dot = fmaf(qs[i][2 * w], bf16_lo(kk), dot);
-            dot = fmaf(qs[i][2 * w + 1], bf16_hi(kk), dot);
-          }
-        }
-        ps[i][j] = dot;
-      }
-    }
-    __syncthreads();
-    // Running softmax per head: one warp per head.
-    {
-      const int warp = tid / 32, lane = tid % 32;
-      for (int i = warp; i < G; i += kThreads / 32) {
-        const float s0 = ps[i][lane], s1 = ps[i][lane + 32];
-        float mx = fmaxf(s0, s1);
-        for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m_new = fmaxf(m_run[i], mx);  // finite: the chunk has at least one token
-        const float p0 = expf(s0 - m_new), p1 = expf(s1 - m_new);
-        ps[i][lane] = p0;
-        ps[i][lane + 32] = p1;
-        float sum = p0 + p1;
-        for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (lane == 0) {
-          const float f = expf(m_run[i] - m_new);  // 0 on the first chunk (m_run = -inf)
-          rescale[i] = f;
-          l_run[i] = l_run[i] * f + sum;
-          m_run[i] = m_new;
-        }
-      }
-    }
-    __syncthreads();
-    // Weighted values: thread -> (head, dim pair) idx = tid + kThreads * r.
-#pragma unroll
-    for (int r = 0; r < kPairsMax; ++r) {
-      const int idx = tid + kThreads * r;
-      const int i = idx / (D / 2), w = idx % (D / 2);
-      if (i < G) {
-        const float f = rescale[i];
-        float x0 = acc[r][0] * f, x1 = acc[r][1] * f;
-        for (int j = 0; j < n; ++j) {
-          const float p = ps[i][j];
-          const uint32_t vv = vs[j * kRowWords + w];
-          x0 = fmaf(p, bf16_lo(vv), x0);
-          x1 = fmaf(p, bf16_hi(vv), x1);
-        }
-        acc[r][0] = x0;
-        acc[r][1] = x1;
-      }
-    }
-    __syncthreads();  // ks/vs/ps are reused by the next chunk
-  }
-
-  const int H = a.n_kv * G;
-#pragma unroll
-  for (int r = 0; r < kPairsMax; ++r) {
-    const int idx = tid + kThreads * r;
-    const int i = idx / (D / 2), w = idx % (D / 2);
-    if (i < G) {
-      const int64_t part = (int64_t(s) * H + kh * G + i) * a.splits + split;
-      a.part_acc[part * D + 2 * w] = acc[r][0];
-      a.part_acc[part * D + 2 * w + 1] = acc[r][1];
-    }
-  }
-  if (tid < G) {
-    const int64_t part = (int64_t(s) * H + kh * G + tid) * a.splits + split;
-    a.part_ml[part * 2] = m_run[tid];  // -inf with l = 0 for an empty split
-    a.part_ml[part * 2 + 1] = l_run[tid];
-  }
-  merge_if_last<D>(a, s, kh, ps);
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  // src-size 0 zero-fills: rows past the chunk's end become zeros (P = 0 must not meet NaNs).
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 
-// Tensor-core variant: the same chunks and running softmax, but Q.K^T and P.V as
-// mma.sync.m16n8k16 (bf16 in, f32 accumulate) with the group's <= 16 query heads as the M side.
-// P is rounded to bf16 for P.V (as the prefill kernel and FlashAttention do). Rows of the staged
-// chunk are padded to D/2 + 4 words: fragment loads of the 8 row groups x 4 lanes hit 32
-// distinct banks, and rows stay 16-byte aligned for the staging stores.
+// c += a * b: m16n8k16, bf16 in, f32 accumulate.
 __device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -269,18 +90,56 @@ __device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi, float& sum) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  sum += __low2float(p) + __high2float(p);  // the running sum takes the rounded values P.V uses
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// Issue the cp.async copies of tokens c0 .. c0+n-1 (n <= 64) of kv head kh into a stage. The
+// block-table reads come first, all independent, so every copy is in flight after one table
+// round trip.
 template <int D>
-__global__ void __launch_bounds__(kThreads) split_mma_kernel(SplitArgs a) {
-  constexpr int kRW = D / 2 + 4;            // words per staged K/V row
-  constexpr int kPW = kChunk / 2 + 4;       // words per P row
-  constexpr int kQW = D / 2 + 4;            // words per Q row
-  constexpr int kTilesPerWarp = D / 8 / 4;  // P.V: each warp owns D/4 output dims
-  __shared__ __align__(16) uint32_t ks[kChunk * kRW];
-  __shared__ __align__(16) uint32_t vs[kChunk * kRW];
-  __shared__ uint32_t qw[kMaxGroup * kQW];  // bf16 pairs, rows >= G zero
-  __shared__ uint32_t pw[kMaxGroup * kPW];  // P as bf16 pairs, rows >= G zero
-  __shared__ float ps[kMaxGroup][kChunk];
-  __shared__ float m_run[kMaxGroup], l_run[kMaxGroup], rescale[kMaxGroup];
+__device__ __forceinline__ void load_chunk(const SplitArgs& a, const int32_t* table, int kh,
+                                           int c0, int n, uint32_t k_dst, uint32_t v_dst) {
+  constexpr int kPieces = D / 8;  // 16-byte pieces per row
+  constexpr int kIters = kChunk * kPieces / kThreads;
+  const int64_t row_elems = int64_t(a.n_kv) * D;
+  int64_t off[kIters];  // element offset of each piece in the caches
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int idx = threadIdx.x + it * kThreads, j = idx / kPieces, c = idx % kPieces;
+    const int tok = c0 + j;
+    off[it] = 0;
+    if (j < n)
+      off[it] = (int64_t(table[tok / a.block_size]) * a.block_size + tok % a.block_size) * row_elems +
+                int64_t(kh) * D + c * 8;
+  }
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int idx = threadIdx.x + it * kThreads, j = idx / kPieces, c = idx % kPieces;
+    const uint32_t o = swizzled<D>(j, c);
+    cp_async_16(k_dst + o, a.k_cache + off[it], j < n);
+    cp_async_16(v_dst + o, a.v_cache + off[it], j < n);
+  }
+}
+
+// Grid (splits, n_kv, S), clusters of (splits, 1, 1): block r of a cluster owns split r of
+// (sequence blockIdx.z, kv head blockIdx.y). Warp w owns tokens 16w .. 16w+15 of every chunk
+// and keeps the softmax state (max m, sum l, unnormalised acc) of its tokens for the group's
+// heads; in the m16n8k16 fragments lane (g, t) = (lane / 4, lane % 4) holds heads g and g + 8.
+// At most 168 registers, so 3 blocks fit an SM (as their 64 KB of stages do): at batch 64 the
+// 512 (sequence, kv head) blocks then run in 1.3 waves instead of 2.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 3) split_decode_kernel(SplitArgs a) {
+  extern __shared__ __align__(128) unsigned char smem[];  // [kStages][K, V][64][D] bf16, swizzled
+  __shared__ float warp_m[kWarps][kMaxGroup], warp_l[kWarps][kMaxGroup];
+  __shared__ float block_m[kMaxGroup], block_l[kMaxGroup];
 
   // A programmatic dependent (the o_proj GEMV) may start streaming its weights now; it waits for
   // this grid before it reads the attention output.
@@ -288,150 +147,219 @@ __global__ void __launch_bounds__(kThreads) split_mma_kernel(SplitArgs a) {
   // Launched as a programmatic dependent itself (of the RoPE + KV write): wait for it before
   // reading q or the cache.
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  const int split = blockIdx.x, kh = blockIdx.y, s = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = int(gridDim.x), split = int(blockIdx.x), kh = int(blockIdx.y), s = int(blockIdx.z);
+  const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int G = a.group;
   const int len = a.lens[s];
-  const int begin = split * a.split_tokens;
-  const int end = min(len, begin + a.split_tokens);
+  const int per = (len + splits - 1) / splits;
+  const int span = (per + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+  const int begin = min(len, split * span), end = min(len, begin + span);
+  const int chunks = (end - begin + kChunk - 1) / kChunk;
   const int32_t* table = a.tables + int64_t(s) * a.max_blocks;
-  const int64_t row_elems = int64_t(a.n_kv) * D;
+  const uint32_t base = uint32_t(__cvta_generic_to_shared(smem));
 
-  for (int i = tid; i < kMaxGroup * kQW; i += kThreads) {
-    const int h = i / kQW, w = i % kQW;
-    uint32_t v = 0;
-    if (h < G && w < D / 2)
-      v = *reinterpret_cast<const uint32_t*>(a.q + int64_t(s) * a.q_step + int64_t(kh * G + h) * D + 2 * w);
-    qw[i] = v;
-  }
-  for (int i = tid; i < kMaxGroup * kPW; i += kThreads) pw[i] = 0;
-  if (tid < kMaxGroup) m_run[tid] = -INFINITY, l_run[tid] = 0.0f, rescale[tid] = 0.0f;
-  float acc[kTilesPerWarp][4];
 #pragma unroll
-  for (int j = 0; j < kTilesPerWarp; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-  __syncthreads();
-
-  for (int c0 = begin; c0 < end; c0 += kChunk) {
-    const int n = min(kChunk, end - c0);
-    constexpr int kVecPerRow = D / 8;
-    for (int i = tid; i < kChunk * kVecPerRow; i += kThreads) {
-      const int j = i / kVecPerRow, v = i % kVecPerRow;
-      uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);  // zero rows past n
-      if (j < n) {
-        const int tok = c0 + j;
-        const int64_t slot = int64_t(table[tok / a.block_size]) * a.block_size + tok % a.block_size;
-        const int64_t off = slot * row_elems + int64_t(kh) * D + v * 8;
-        kv4 = *reinterpret_cast<const uint4*>(a.k_cache + off);
-        vv4 = *reinterpret_cast<const uint4*>(a.v_cache + off);
-      }
-      *reinterpret_cast<uint4*>(ks + j * kRW + v * 4) = kv4;
-      *reinterpret_cast<uint4*>(vs + j * kRW + v * 4) = vv4;
+  for (int c = 0; c < kStages; ++c) {
+    if (c < chunks) {
+      const int c0 = begin + c * kChunk;
+      const uint32_t k_dst = base + c * stage_bytes<D>();
+      load_chunk<D>(a, table, kh, c0, min(kChunk, end - c0), k_dst, k_dst + stage_bytes<D>() / 2);
     }
-    __syncthreads();
-    // Scores: warp w -> tokens 16w .. 16w+15 (two n8 tiles), all D in k16 steps.
-    {
-      float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+    cp_async_commit();  // empty groups too: the wait count below stays kStages - 1
+  }
+
+  // Q as A fragments for all of D, straight from global (rows >= G are zero).
+  uint32_t qa[D / 16][4];
+  const uint16_t* qh = a.q + int64_t(s) * a.q_step + int64_t(kh) * G * D;
 #pragma unroll
-      for (int k0 = 0; k0 < D; k0 += 16) {
-        uint32_t A[4];
-        A[0] = qw[g * kQW + k0 / 2 + t];
-        A[1] = qw[(g + 8) * kQW + k0 / 2 + t];
-        A[2] = qw[g * kQW + k0 / 2 + 4 + t];
-        A[3] = qw[(g + 8) * kQW + k0 / 2 + 4 + t];
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int d0 = 16 * ks + 2 * t;
+    qa[ks][0] = g < G ? *reinterpret_cast<const uint32_t*>(qh + g * D + d0) : 0u;
+    qa[ks][1] = g + 8 < G ? *reinterpret_cast<const uint32_t*>(qh + (g + 8) * D + d0) : 0u;
+    qa[ks][2] = g < G ? *reinterpret_cast<const uint32_t*>(qh + g * D + d0 + 8) : 0u;
+    qa[ks][3] = g + 8 < G ? *reinterpret_cast<const uint32_t*>(qh + (g + 8) * D + d0 + 8) : 0u;
+  }
+  float acc[D / 8][4];  // [dim tile][c fragment]: dims 8j + 2t (+1) of heads g (0, 1), g + 8 (2, 3)
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const int tok = 16 * warp + 8 * nt + g;
-          mma_16816(sc[nt], A, ks[tok * kRW + k0 / 2 + t], ks[tok * kRW + k0 / 2 + 4 + t]);
-        }
+  for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY;  // log2-scaled running max of heads g, g + 8
+  float l_lo = 0.0f, l_hi = 0.0f;            // this thread's share of the running sums
+
+  const int tok0 = warp * kWarpTokens;
+  for (int c = 0; c < chunks; ++c) {
+    cp_async_wait<kStages - 1>();
+    __syncthreads();  // every thread's copies of chunk c have landed
+    const int c0 = begin + c * kChunk, n = min(kChunk, end - c0);
+    const uint32_t k_st = base + (c % kStages) * stage_bytes<D>();
+    const uint32_t v_st = k_st + stage_bytes<D>() / 2;
+    if (tok0 < n) {  // warp-uniform: a warp whose 16 tokens are all past the end has nothing
+      const int mi = lane / 8, r = lane % 8;  // ldmatrix: lane r of matrix mi gives a row address
+      float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};  // [token tile][c fragment]
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t b[4];
+        ldmatrix_x4(b, k_st + swizzled<D>(tok0 + r + 8 * (mi / 2), 2 * ks + mi % 2));
+        mma_16816(sc[0], qa[ks], b[0], b[1]);
+        mma_16816(sc[1], qa[ks], b[2], b[3]);
       }
+      float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int head = g + (r >= 2 ? 8 : 0);
-          const int tok = 16 * warp + 8 * nt + 2 * t + (r & 1);
-          ps[head][tok] = tok < n ? sc[nt][r] * a.scale : -INFINITY;
+        for (int e = 0; e < 4; ++e) {
+          const int tok = tok0 + 8 * nt + 2 * t + (e & 1);
+          sc[nt][e] = tok < n ? sc[nt][e] * a.scale_log2 : -INFINITY;
+          if (e < 2) mx_lo = fmaxf(mx_lo, sc[nt][e]);
+          else mx_hi = fmaxf(mx_hi, sc[nt][e]);
         }
-    }
-    __syncthreads();
-    for (int i = warp; i < G; i += kThreads / 32) {
-      const float s0 = ps[i][lane], s1 = ps[i][lane + 32];
-      float mx = fmaxf(s0, s1);
-      for (int o = 16; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m_new = fmaxf(m_run[i], mx);
-      const float p0 = expf(s0 - m_new), p1 = expf(s1 - m_new);
-      // P for the MMA in bf16; the running sum takes the same rounded values.
-      const __nv_bfloat16 b0 = __float2bfloat16_rn(p0), b1 = __float2bfloat16_rn(p1);
-      reinterpret_cast<__nv_bfloat16*>(pw + i * kPW)[lane] = b0;
-      reinterpret_cast<__nv_bfloat16*>(pw + i * kPW)[lane + 32] = b1;
-      float sum = __bfloat162float(b0) + __bfloat162float(b1);
-      for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (lane == 0) {
-        const float f = expf(m_run[i] - m_new);
-        rescale[i] = f;
-        l_run[i] = l_run[i] * f + sum;
-        m_run[i] = m_new;
-      }
-    }
-    __syncthreads();
-    // P.V: warp w -> dims [w*D/4, (w+1)*D/4) in n8 tiles, tokens in k16 steps.
-    {
-      const float f_lo = rescale[g], f_hi = rescale[g + 8];
+      // Finite: token tok0 is inside the chunk, so each head has one finite score.
+      const float mn_lo = fmaxf(m_lo, quad_max(mx_lo)), mn_hi = fmaxf(m_hi, quad_max(mx_hi));
+      const float f_lo = exp2f(m_lo - mn_lo), f_hi = exp2f(m_hi - mn_hi);  // 0 on a first chunk
+      m_lo = mn_lo, m_hi = mn_hi;
+      float sum_lo = 0.0f, sum_hi = 0.0f;
+      uint32_t pa[4];  // P as the A fragment of one k16 step (the warp's 16 tokens)
+      pa[0] = pack_bf16(exp2f(sc[0][0] - mn_lo), exp2f(sc[0][1] - mn_lo), sum_lo);
+      pa[1] = pack_bf16(exp2f(sc[0][2] - mn_hi), exp2f(sc[0][3] - mn_hi), sum_hi);
+      pa[2] = pack_bf16(exp2f(sc[1][0] - mn_lo), exp2f(sc[1][1] - mn_lo), sum_lo);
+      pa[3] = pack_bf16(exp2f(sc[1][2] - mn_hi), exp2f(sc[1][3] - mn_hi), sum_hi);
+      l_lo = l_lo * f_lo + sum_lo;
+      l_hi = l_hi * f_hi + sum_hi;
 #pragma unroll
-      for (int j = 0; j < kTilesPerWarp; ++j) {
-        acc[j][0] *= f_lo, acc[j][1] *= f_lo, acc[j][2] *= f_hi, acc[j][3] *= f_hi;
-      }
-      const uint16_t* vh = reinterpret_cast<const uint16_t*>(vs);
+      for (int dt = 0; dt < D / 16; ++dt) {
+        uint32_t v[4];
+        ldmatrix_x4_trans(v, v_st + swizzled<D>(tok0 + r + 8 * (mi % 2), 2 * dt + mi / 2));
 #pragma unroll
-      for (int k0 = 0; k0 < kChunk; k0 += 16) {
-        uint32_t A[4];
-        A[0] = pw[g * kPW + k0 / 2 + t];
-        A[1] = pw[(g + 8) * kPW + k0 / 2 + t];
-        A[2] = pw[g * kPW + k0 / 2 + 4 + t];
-        A[3] = pw[(g + 8) * kPW + k0 / 2 + 4 + t];
-#pragma unroll
-        for (int j = 0; j < kTilesPerWarp; ++j) {
-          const int dim = warp * (D / 4) + 8 * j + g;
-          const int r0 = k0 + 2 * t, r1 = k0 + 2 * t + 8;
-          const uint32_t b0 = uint32_t(vh[r0 * 2 * kRW + dim]) | (uint32_t(vh[(r0 + 1) * 2 * kRW + dim]) << 16);
-          const uint32_t b1 = uint32_t(vh[r1 * 2 * kRW + dim]) | (uint32_t(vh[(r1 + 1) * 2 * kRW + dim]) << 16);
-          mma_16816(acc[j], A, b0, b1);
+        for (int h = 0; h < 2; ++h) {
+          float* o = acc[2 * dt + h];
+          o[0] *= f_lo, o[1] *= f_lo, o[2] *= f_hi, o[3] *= f_hi;
+          mma_16816(o, pa, v[2 * h], v[2 * h + 1]);
         }
       }
     }
-    __syncthreads();
+    __syncthreads();  // the stage is free again
+    if (c + kStages < chunks) {
+      const int n0 = begin + (c + kStages) * kChunk;
+      load_chunk<D>(a, table, kh, n0, min(kChunk, end - n0), k_st, v_st);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Merge the 4 warps' partials of this block (stage memory reused).
+  constexpr int kRow = warp_row_floats<D>();
+  float* warp_acc = reinterpret_cast<float*>(smem);                // [kWarps][16][kRow]
+  float* block_acc = warp_acc + kWarps * kMaxGroup * kRow;         // [16][D]
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    float* row = warp_acc + (warp * kMaxGroup + g) * kRow + 8 * j + 2 * t;
+    *reinterpret_cast<float2*>(row) = make_float2(acc[j][0], acc[j][1]);
+    *reinterpret_cast<float2*>(row + 8 * kRow) = make_float2(acc[j][2], acc[j][3]);
+  }
+  if (t == 0) {
+    warp_m[warp][g] = m_lo, warp_m[warp][g + 8] = m_hi;
+    warp_l[warp][g] = l_lo, warp_l[warp][g + 8] = l_hi;
+  }
+  __syncthreads();
+  // Items: 4 dims of one head. acc = sum_w e^(m_w - M) acc_w, l likewise, M = max_w m_w; a warp
+  // (or block) that saw no token has m = -inf and weight 0.
+  const int items = G * D / 4;
+  for (int idx = tid; idx < items; idx += kThreads) {
+    const int i = idx / (D / 4), d4 = idx % (D / 4);
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, warp_m[w][i]);
+    float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float e = warp_m[w][i] == -INFINITY ? 0.0f : exp2f(warp_m[w][i] - mx);
+      const float4 v = *reinterpret_cast<const float4*>(warp_acc + (w * kMaxGroup + i) * kRow + 4 * d4);
+      sum.x += e * v.x, sum.y += e * v.y, sum.z += e * v.z, sum.w += e * v.w;
+      l += e * warp_l[w][i];
+    }
+    reinterpret_cast<float4*>(block_acc)[idx] = sum;
+    if (d4 == 0) block_m[i] = mx, block_l[i] = l;
   }
 
-  const int H = a.n_kv * G;
+  // Merge the cluster's blocks through distributed shared memory: block r writes items
+  // r*128 + tid, (r + splits)*128 + tid, ...
+  cluster.sync();
+  for (int idx = split * kThreads + tid; idx < items; idx += splits * kThreads) {
+    const int i = idx / (D / 4);
+    float mp[kMaxSplits];
+    float mx = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < kTilesPerWarp; ++j)
+    for (int p = 0; p < kMaxSplits; ++p) {
+      mp[p] = p < splits ? *cluster.map_shared_rank(block_m + i, p) : -INFINITY;
+      mx = fmaxf(mx, mp[p]);
+    }
+    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float den = 0.0f;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int head = g + (r >= 2 ? 8 : 0);
-      if (head < G) {
-        const int dim = warp * (D / 4) + 8 * j + 2 * t + (r & 1);
-        const int64_t part = (int64_t(s) * H + kh * G + head) * a.splits + split;
-        a.part_acc[part * D + dim] = acc[j][r];
+    for (int p = 0; p < kMaxSplits; ++p) {
+      if (p < splits && mp[p] != -INFINITY) {
+        const float e = exp2f(mp[p] - mx);
+        const float4 v = *cluster.map_shared_rank(reinterpret_cast<const float4*>(block_acc) + idx, p);
+        num.x += e * v.x, num.y += e * v.y, num.z += e * v.z, num.w += e * v.w;
+        den += e * *cluster.map_shared_rank(block_l + i, p);
       }
     }
-  if (tid < G) {
-    const int64_t part = (int64_t(s) * H + kh * G + tid) * a.splits + split;
-    a.part_ml[part * 2] = m_run[tid];
-    a.part_ml[part * 2 + 1] = l_run[tid];
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;  // an empty sequence gives zeros
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(num.x * inv, num.y * inv);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(num.z * inv, num.w * inv);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    const int d4 = idx % (D / 4);
+    *reinterpret_cast<uint2*>(a.out + (int64_t(s) * a.n_kv * G + int64_t(kh) * G + i) * D + 4 * d4) = packed;
   }
-  merge_if_last<D>(a, s, kh, ps);
+  cluster.sync();  // peers may still be reading this block's shared memory
 }
 
-struct SplitPlan {
-  int splits = 1, split_tokens = kChunk;
-};
-SplitPlan plan_for(const ops::PagedKv& kv) {
-  const int64_t max_tokens = std::max<int64_t>(1, int64_t(kv.max_blocks_per_seq) * kv.block_size);
-  SplitPlan p;
-  const int64_t chunks = (max_tokens + kChunk - 1) / kChunk;
-  p.splits = int(std::min<int64_t>(chunks, kMaxSplits));
-  p.split_tokens = int((chunks + p.splits - 1) / p.splits) * kChunk;
-  return p;
+// Clusters of more than 8 blocks are "non-portable": each kernel opts in, once per GPU (the
+// attribute belongs to the device current when it is set).
+template <auto Kernel>
+cudaError_t allow_large_clusters() {
+  static std::atomic<uint64_t> done_devices{0};  // bit d: set on device d
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (done_devices.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (err == cudaSuccess && bit != 0) done_devices.fetch_or(bit, std::memory_order_acq_rel);
+  return err;
+}
+
+template <int D>
+cudaError_t launch_split_decode(const SplitArgs& a, int splits, int num_seqs, cudaStream_t stream) {
+  constexpr auto kernel = split_decode_kernel<D>;
+  cudaError_t err = ensure_max_dynamic_smem<kernel>(smem_bytes<D>());
+  if (err == cudaSuccess && splits > 8) err = allow_large_clusters<kernel>();
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attr[2] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  // Programmatic dependent launch: scheduled while the previous kernel drains; the kernel
+  // waits for it before reading.
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(splits), unsigned(a.n_kv), unsigned(num_seqs));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = size_t(smem_bytes<D>());
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 2;
+  return cudaLaunchKernelEx(&cfg, kernel, a);
 }
 
 }  // namespace
@@ -447,22 +375,29 @@ std::string split_decode_unsupported_reason(const ops::AttentionShape& s) {
   return "";
 }
 
-size_t split_decode_workspace_bytes(int num_seqs, const ops::AttentionShape& s,
-                                    const ops::PagedKv& kv) {
-  const SplitPlan p = plan_for(kv);
-  return size_t(num_seqs) * s.n_heads * p.splits * (size_t(s.head_dim) + 2) * sizeof(float) +
-         size_t(num_seqs) * s.n_kv_heads * sizeof(int);
+size_t split_decode_workspace_bytes(int, const ops::AttentionShape&, const ops::PagedKv&) { return 0; }
+
+int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s) {
+  int device = 0, sms = 132;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    sms = 132;
+  // Double the splits while the blocks still fit one per multiprocessor: the KV read is then
+  // spread over every SM, while a batch that fills the GPU by itself keeps one split (no merge).
+  const int64_t pairs = int64_t(std::max(num_seqs, 1)) * std::max(s.n_kv_heads, 1);
+  int splits = 1;
+  while (splits < kMaxSplits && pairs * splits * 2 <= sms) splits *= 2;
+  return splits;
 }
 
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
-                                   const ops::AttentionShape& s, void* workspace,
-                                   size_t workspace_bytes, uint16_t* out, cudaStream_t stream,
-                                   bool tensor_cores) {
+                                   const ops::AttentionShape& s, void*, size_t, uint16_t* out,
+                                   cudaStream_t stream, int splits) {
   const std::string why = split_decode_unsupported_reason(s);
   if (!why.empty()) TETRA_FAIL("split decode attention: ", why);
+  TETRA_CHECK(splits >= 0 && splits <= kMaxSplits, "split decode attention: splits ", splits,
+              " outside 0..", kMaxSplits);
   if (num_seqs <= 0) return cudaSuccess;
-  TETRA_CHECK_LE(split_decode_workspace_bytes(num_seqs, s, kv), workspace_bytes);
-  const SplitPlan p = plan_for(kv);
   SplitArgs a;
   a.q = q;
   a.k_cache = kv.k_cache;
@@ -473,27 +408,12 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   a.block_size = kv.block_size;
   a.n_kv = s.n_kv_heads;
   a.group = s.n_heads / s.n_kv_heads;
-  a.splits = p.splits;
-  a.split_tokens = p.split_tokens;
   a.q_step = s.q_step();
-  a.scale = s.scale;
-  a.part_acc = static_cast<float*>(workspace);
-  a.part_ml = a.part_acc + size_t(num_seqs) * s.n_heads * p.splits * s.head_dim;
-  a.arrivals = reinterpret_cast<int*>(a.part_ml + size_t(num_seqs) * s.n_heads * p.splits * 2);
+  a.scale_log2 = s.scale * kLog2e;
   a.out = out;
-  const dim3 grid(unsigned(p.splits), unsigned(s.n_kv_heads), unsigned(num_seqs));
-  if (tensor_cores) {
-    // Programmatic dependent launch: scheduled while the previous kernel drains; the kernel
-    // waits for it before reading.
-    const KernelLaunch launch(grid, dim3(kThreads), stream);
-    if (s.head_dim == 64) return launch(split_mma_kernel<64>, a);
-    return launch(split_mma_kernel<128>, a);
-  } else if (s.head_dim == 64) {
-    split_kernel<64><<<grid, kThreads, 0, stream>>>(a);
-  } else {
-    split_kernel<128><<<grid, kThreads, 0, stream>>>(a);
-  }
-  return cudaGetLastError();
+  if (splits == 0) splits = split_decode_auto_splits(num_seqs, s);
+  if (s.head_dim == 64) return launch_split_decode<64>(a, splits, num_seqs, stream);
+  return launch_split_decode<128>(a, splits, num_seqs, stream);
 }
 
 }  // namespace tetra::model::cuda

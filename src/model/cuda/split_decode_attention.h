@@ -1,17 +1,20 @@
-// Paged GQA decode attention split finely along the sequence (flash-decoding), for the CUDA
-// model backend. Same contract as ops::cuda::paged_decode_attention (ops/attention/
-// attention_cuda.h) and checked against ops::paged_decode_attention_cpu.
+// Paged GQA decode attention split along the sequence (flash-decoding), for the CUDA model
+// backend. Same contract as ops::cuda::paged_decode_attention (ops/attention/attention_cuda.h)
+// and checked against ops::paged_decode_attention_cpu.
 //
-// Why a second kernel: at batch 1 the ops/attention kernel runs n_kv_heads x ceil(max/512)
-// blocks, each warp walking its tokens one dependent load after another; measured on the H200
-// for GLM-4.5-Air at context 1024 it took ~300 us per layer (65% of the decode step). Here a
-// block takes 64-token chunks: it stages the chunk's K and V rows in shared memory with every
-// load in flight at once, scores (head, token) pairs one per thread, and keeps a running
-// softmax over its chunks; splits = ceil(max_tokens / 64) capped at kMaxSplits, so a 1024-token
-// sequence spreads over 16+ blocks per kv head. The last block of a (sequence, kv head) to finish
-// merges its splits (an arrival counter in the workspace), so the op is one launch.
-// The launch shape depends only on the limits (max_blocks_per_seq * block_size), not on the
-// device-side seq_lens, so it can be captured in a CUDA graph.
+// Shape: one thread-block cluster of `splits` blocks per (sequence, kv head). Block r of the
+// cluster takes the r-th of `splits` equal, 16-token aligned ranges of the sequence and walks it
+// in 64-token chunks: every K and V row of a chunk is copied to shared memory by cp.async at once
+// (two chunks in flight), Q.K^T and P.V run on tensor cores (mma.sync, the group's <= 16 query
+// heads as the M side, P rounded to bf16 as FlashAttention does), and each warp keeps its own
+// running softmax over its 16 tokens of every chunk, so a chunk needs no exchange between warps.
+// At the end the warps' partials are merged in shared memory and the cluster's blocks merge
+// theirs through distributed shared memory: no workspace and no second launch.
+// Why: at batch 1 (GLM-4.5-Air, 1025 tokens) the 8 kv heads alone give 8 blocks; 16 splits give
+// 128 blocks with ~32 KB each in flight, so the KV read is one HBM round trip. At batch 64 the
+// 512 (sequence, kv head) pairs already fill the GPU and one split each avoids any merge.
+// The launch shape depends only on num_seqs and the head counts, never on the device-side
+// seq_lens, so it can be captured in a CUDA graph.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -23,23 +26,25 @@
 
 namespace tetra::model::cuda {
 
-inline constexpr int kSplitChunkTokens = 64;
-inline constexpr int kMaxSplits = 64;
+inline constexpr int kMaxSplits = 16;  // the largest (non-portable) cluster on Hopper
 
 // Why this shape cannot run here ("" when it can): head_dim 64 or 128, group <= 16, 16-byte rows.
 std::string split_decode_unsupported_reason(const ops::AttentionShape& s);
 
-// Scratch for num_seqs sequences under kv's limits. Zero it once before the first call (it holds
-// arrival counters; every call leaves them at zero again).
+// Scratch the op needs: none (the merge stays on chip). Kept so callers that size a workspace
+// for either decode kernel need no special case; 0 bytes.
 size_t split_decode_workspace_bytes(int num_seqs, const ops::AttentionShape& s,
                                     const ops::PagedKv& kv);
 
+// Splits per (sequence, kv head) that the op picks for num_seqs sequences on the current GPU.
+int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s);
+
 // q [num_seqs, n_heads, head_dim] (token stride s.q_step()) -> out [num_seqs, n_heads, head_dim].
-// tensor_cores: Q.K^T and P.V by mma.sync (P rounded to bf16, as FlashAttention does); false:
-// float FMAs from shared memory (exact float P; slower when many sequences decode at once).
+// workspace may be null (see split_decode_workspace_bytes). splits: 0 picks
+// split_decode_auto_splits, else 1..kMaxSplits blocks per (sequence, kv head).
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
                                    const ops::AttentionShape& s, void* workspace,
                                    size_t workspace_bytes, uint16_t* out, cudaStream_t stream,
-                                   bool tensor_cores = true);
+                                   int splits = 0);
 
 }  // namespace tetra::model::cuda
