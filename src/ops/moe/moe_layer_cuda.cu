@@ -9,6 +9,7 @@
 #include "moe/expert_weights.h"
 #include "moe/w4a4_scales.h"
 #include "ops/moe/moe_ops_cuda.h"
+#include "ops/moe/router_logits_tiled.h"
 #include "ops/moe/token_path.h"
 #include "ops/moe/w4a16_moe.h"
 
@@ -447,7 +448,12 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     a.counter = counter_;
     check_launch(cuda::small_token_path(a, T, stream), "small token path", name_);
   } else {
-    check_launch(cuda::router_logits(x, DType::BF16, gate_, T, H, E_global_, logits_, stream),
+    const bool tiled = T >= cuda::kRouterTiledMinTokens &&
+                       cuda::router_logits_tiled_unsupported_reason(x, gate_, H).empty();
+    check_launch(tiled ? cuda::router_logits_tiled(x, DType::BF16, gate_, T, H, E_global_,
+                                                   logits_, stream)
+                       : cuda::router_logits(x, DType::BF16, gate_, T, H, E_global_, logits_,
+                                             stream),
                  "router_logits", name_);
     check_launch(cuda::route(logits_, bias_, T, router_, ids_, weights_, stream), "route", name_);
     if (masked) {
