@@ -351,6 +351,11 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
     r.prefill_tokens = o.prefill_tokens;
     r.prefill_us = percentile(t, 0.5);
     r.prefill_tokens_per_s = o.prefill_tokens / (r.prefill_us * 1e-6);
+    if (o.per_op && !parallel) {  // prefill never runs as a graph: the same path, per op
+      TimedOps timed(*ops, static_cast<cudaStream_t>(ops->stream()));
+      r.prefill_eager_us = timed_forward(timed, st);
+      r.prefill_ops = timed.results();
+    }
   }
 
   const GpuSpec gpu = gpu_spec("h200");
@@ -418,6 +423,11 @@ std::string decode_bench_markdown(const DecodeBenchReport& r) {
     os << "| " << row.batch << " | " << row.context << " | " << row.median_us << " | " << row.p90_us
        << " | " << row.tokens_per_s << " | " << row.floor_us << " | " << 100 * row.efficiency
        << "% | " << row.unique_experts_per_layer << " |\n";
+  if (!r.prefill_ops.empty()) {
+    os << "\nPer op, the prefill of " << r.prefill_tokens << " tokens (CUDA events): total "
+       << r.prefill_eager_us << " us wall\n\n| op | us | calls |\n|---|---|---|\n";
+    for (const auto& t : r.prefill_ops) os << "| " << t.op << " | " << t.us << " | " << t.calls << " |\n";
+  }
   for (const auto& row : r.rows) {
     if (row.ops.empty()) continue;
     os << "\nPer op, one eager step (CUDA events; no graph), batch " << row.batch << " context "
@@ -440,7 +450,10 @@ nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
   j["tp"] = r.tp;
   j["ep"] = r.ep;
   j["prefill"] = {{"tokens", r.prefill_tokens}, {"us", r.prefill_us},
-                  {"tokens_per_s", r.prefill_tokens_per_s}};
+                  {"tokens_per_s", r.prefill_tokens_per_s}, {"eager_us", r.prefill_eager_us},
+                  {"ops", nlohmann::json::array()}};
+  for (const auto& t : r.prefill_ops)
+    j["prefill"]["ops"].push_back({{"op", t.op}, {"us", t.us}, {"calls", t.calls}});
   j["rows"] = nlohmann::json::array();
   for (const auto& row : r.rows) {
     nlohmann::json x = {{"batch", row.batch}, {"context", row.context}, {"median_us", row.median_us},

@@ -70,6 +70,8 @@ struct DecodeBenchReport {
   int tp = 1, ep = 1;
   int prefill_tokens = 0;
   double prefill_us = 0, prefill_tokens_per_s = 0;
+  std::vector<DecodeOpTime> prefill_ops;  // one eager prefill timed per op kind (per_op)
+  double prefill_eager_us = 0;
   std::vector<DecodeBenchRow> rows;
 };
 
