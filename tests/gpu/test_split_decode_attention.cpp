@@ -66,11 +66,12 @@ TEST(SplitDecodeAttention, MatchesCpu) {
   struct Case { int D, heads, kv_heads; std::vector<int> lens; int block_size; };
   const std::vector<Case> cases = {
       {128, 96, 8, {1, 63, 64, 65, 1025}, 16},
-      {128, 32, 4, {0, 200, 4999}, 16},  // 4999 at one split: 79 chunks through two stages
+      {128, 32, 4, {0, 200, 4999}, 16},  // 4999 at one split: 79 chunks through the stages
       {64, 4, 2, {3, 129, 777}, 4},
       {64, 16, 1, {64, 1000}, 16},
       {128, 8, 8, {500, 2}, 8},
       {128, 15, 5, {31, 257}, 1},  // group 3: heads 3..15 of the MMA tile are padding
+      {128, 24, 2, {100, 1500}, 12},  // a block size that is no power of two
   };
   for (const Case& c : cases) {
     const int S = int(c.lens.size());

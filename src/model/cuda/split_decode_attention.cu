@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "core/error.h"
@@ -21,7 +22,7 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 64;                 // tokens staged at once: 16 per warp
 constexpr int kWarpTokens = kChunk / kWarps;
-constexpr int kStages = 2;                 // chunks in flight per block
+constexpr int kStages = 3;                 // chunks in flight per block
 constexpr int kMaxGroup = 16;              // query heads per kv head: the MMA's M side
 constexpr int kSplitAlign = 16;            // split ranges start on a warp's 16 tokens
 constexpr float kLog2e = 1.4426950408889634f;
@@ -33,6 +34,7 @@ struct SplitArgs {
   const int32_t* tables;    // [S, max_blocks]
   const int32_t* lens;      // [S]
   int max_blocks, block_size, n_kv, group;
+  int block_shift;  // log2(block_size) when a power of two, else -1 (then a division)
   int64_t q_step;
   float scale_log2;  // softmax scale * log2(e): the softmax runs on exp2
   uint16_t* out;     // [S, H, D] bf16
@@ -101,31 +103,40 @@ __device__ __forceinline__ float quad_max(float x) {
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
-// Issue the cp.async copies of tokens c0 .. c0+n-1 (n <= 64) of kv head kh into a stage. The
-// block-table reads come first, all independent, so every copy is in flight after one table
-// round trip.
+// A chunk's copies take two steps, so the block-table reads of the next chunk can be in flight
+// while this one computes: chunk_rows reads the table (every read independent), issue_chunk
+// starts the cp.async copies. Thread piece `it` of a chunk: idx = tid + it * 128, token
+// j = idx / (D/8), 16-byte piece c = idx % (D/8).
 template <int D>
-__device__ __forceinline__ void load_chunk(const SplitArgs& a, const int32_t* table, int kh,
-                                           int c0, int n, uint32_t k_dst, uint32_t v_dst) {
-  constexpr int kPieces = D / 8;  // 16-byte pieces per row
-  constexpr int kIters = kChunk * kPieces / kThreads;
-  const int64_t row_elems = int64_t(a.n_kv) * D;
-  int64_t off[kIters];  // element offset of each piece in the caches
+constexpr int pieces_per_thread() { return kChunk * (D / 8) / kThreads; }
+
+// slot[it]: cache row (block * block_size + offset) of the thread's piece it of tokens
+// c0 .. c0+n-1, -1 past the end.
+template <int D>
+__device__ __forceinline__ void chunk_rows(const SplitArgs& a, const int32_t* table, int c0, int n,
+                                           int32_t (&slot)[pieces_per_thread<D>()]) {
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int idx = threadIdx.x + it * kThreads, j = idx / kPieces, c = idx % kPieces;
-    const int tok = c0 + j;
-    off[it] = 0;
-    if (j < n)
-      off[it] = (int64_t(table[tok / a.block_size]) * a.block_size + tok % a.block_size) * row_elems +
-                int64_t(kh) * D + c * 8;
+  for (int it = 0; it < pieces_per_thread<D>(); ++it) {
+    const int j = (int(threadIdx.x) + it * kThreads) / (D / 8), tok = c0 + j;
+    slot[it] = -1;
+    if (j < n) {
+      const int blk = a.block_shift >= 0 ? tok >> a.block_shift : tok / a.block_size;
+      slot[it] = table[blk] * a.block_size + (tok - blk * a.block_size);
+    }
   }
+}
+
+template <int D>
+__device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
+                                            const int32_t (&slot)[pieces_per_thread<D>()],
+                                            uint32_t k_dst, uint32_t v_dst) {
 #pragma unroll
-  for (int it = 0; it < kIters; ++it) {
-    const int idx = threadIdx.x + it * kThreads, j = idx / kPieces, c = idx % kPieces;
+  for (int it = 0; it < pieces_per_thread<D>(); ++it) {
+    const int idx = int(threadIdx.x) + it * kThreads, j = idx / (D / 8), c = idx % (D / 8);
+    const int64_t off = slot[it] >= 0 ? int64_t(slot[it]) * a.n_kv * D + kh * D + c * 8 : 0;
     const uint32_t o = swizzled<D>(j, c);
-    cp_async_16(k_dst + o, a.k_cache + off[it], j < n);
-    cp_async_16(v_dst + o, a.v_cache + off[it], j < n);
+    cp_async_16(k_dst + o, a.k_cache + off, slot[it] >= 0);
+    cp_async_16(v_dst + o, a.v_cache + off, slot[it] >= 0);
   }
 }
 
@@ -133,10 +144,11 @@ __device__ __forceinline__ void load_chunk(const SplitArgs& a, const int32_t* ta
 // (sequence blockIdx.z, kv head blockIdx.y). Warp w owns tokens 16w .. 16w+15 of every chunk
 // and keeps the softmax state (max m, sum l, unnormalised acc) of its tokens for the group's
 // heads; in the m16n8k16 fragments lane (g, t) = (lane / 4, lane % 4) holds heads g and g + 8.
-// At most 168 registers, so 3 blocks fit an SM (as their 64 KB of stages do): at batch 64 the
-// 512 (sequence, kv head) blocks then run in 1.3 waves instead of 2.
+// Three 32 KB stages (D = 128) let 2 blocks share an SM. Measured on the H200 against two stages
+// at 3 blocks per SM: batch 64 x 1025 tokens 77.7 vs 84.7 us (best split count of each),
+// batch 1 9.6 vs 10.7 us; batch 8 was within 10% either way.
 template <int D>
-__global__ void __launch_bounds__(kThreads, 3) split_decode_kernel(SplitArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];  // [kStages][K, V][64][D] bf16, swizzled
   __shared__ float warp_m[kWarps][kMaxGroup], warp_l[kWarps][kMaxGroup];
   __shared__ float block_m[kMaxGroup], block_l[kMaxGroup];
@@ -159,14 +171,27 @@ __global__ void __launch_bounds__(kThreads, 3) split_decode_kernel(SplitArgs a) 
   const int32_t* table = a.tables + int64_t(s) * a.max_blocks;
   const uint32_t base = uint32_t(__cvta_generic_to_shared(smem));
 
+  // Prologue: the table rows of the first kStages chunks (one round trip), their copies, then
+  // the rows of the next chunk, which arrive while chunk 0 computes.
+  constexpr int kPieces = pieces_per_thread<D>();
+  {
+    int32_t first[kStages][kPieces];
 #pragma unroll
-  for (int c = 0; c < kStages; ++c) {
-    if (c < chunks) {
+    for (int c = 0; c < kStages; ++c) {
       const int c0 = begin + c * kChunk;
-      const uint32_t k_dst = base + c * stage_bytes<D>();
-      load_chunk<D>(a, table, kh, c0, min(kChunk, end - c0), k_dst, k_dst + stage_bytes<D>() / 2);
+      chunk_rows<D>(a, table, c0, c < chunks ? min(kChunk, end - c0) : 0, first[c]);
     }
-    cp_async_commit();  // empty groups too: the wait count below stays kStages - 1
+#pragma unroll
+    for (int c = 0; c < kStages; ++c) {
+      const uint32_t k_dst = base + c * stage_bytes<D>();
+      if (c < chunks) issue_chunk<D>(a, kh, first[c], k_dst, k_dst + stage_bytes<D>() / 2);
+      cp_async_commit();  // empty groups too: the wait count below stays kStages - 1
+    }
+  }
+  int32_t next[kPieces];  // table rows of chunk c + kStages
+  {
+    const int c0 = begin + kStages * kChunk;
+    chunk_rows<D>(a, table, c0, kStages < chunks ? min(kChunk, end - c0) : 0, next);
   }
 
   // Q as A fragments for all of D, straight from global (rows >= G are zero).
@@ -195,14 +220,21 @@ __global__ void __launch_bounds__(kThreads, 3) split_decode_kernel(SplitArgs a) 
     const uint32_t v_st = k_st + stage_bytes<D>() / 2;
     if (tok0 < n) {  // warp-uniform: a warp whose 16 tokens are all past the end has nothing
       const int mi = lane / 8, r = lane % 8;  // ldmatrix: lane r of matrix mi gives a row address
-      float sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};  // [token tile][c fragment]
+      // [chain][token tile][c fragment]: even and odd k steps accumulate apart, so four MMA
+      // chains are in flight instead of two (one warp per scheduler at batch 1 hides nothing).
+      float scc[2][2][4] = {};
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         uint32_t b[4];
         ldmatrix_x4(b, k_st + swizzled<D>(tok0 + r + 8 * (mi / 2), 2 * ks + mi % 2));
-        mma_16816(sc[0], qa[ks], b[0], b[1]);
-        mma_16816(sc[1], qa[ks], b[2], b[3]);
+        mma_16816(scc[ks % 2][0], qa[ks], b[0], b[1]);
+        mma_16816(scc[ks % 2][1], qa[ks], b[2], b[3]);
       }
+      float sc[2][4];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[nt][e] = scc[0][nt][e] + scc[1][nt][e];
       float mx_lo = -INFINITY, mx_hi = -INFINITY;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -239,8 +271,9 @@ __global__ void __launch_bounds__(kThreads, 3) split_decode_kernel(SplitArgs a) 
     }
     __syncthreads();  // the stage is free again
     if (c + kStages < chunks) {
-      const int n0 = begin + (c + kStages) * kChunk;
-      load_chunk<D>(a, table, kh, n0, min(kChunk, end - n0), k_st, v_st);
+      issue_chunk<D>(a, kh, next, k_st, v_st);
+      const int c1 = c + kStages + 1, n0 = begin + c1 * kChunk;
+      chunk_rows<D>(a, table, n0, c1 < chunks ? min(kChunk, end - n0) : 0, next);
     }
     cp_async_commit();
   }
@@ -378,12 +411,14 @@ std::string split_decode_unsupported_reason(const ops::AttentionShape& s) {
 size_t split_decode_workspace_bytes(int, const ops::AttentionShape&, const ops::PagedKv&) { return 0; }
 
 int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s) {
-  int device = 0, sms = 132;
+  int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
     sms = 132;
-  // Double the splits while the blocks still fit one per multiprocessor: the KV read is then
-  // spread over every SM, while a batch that fills the GPU by itself keeps one split (no merge).
+  // Double the splits while the blocks stay within one per multiprocessor. Measured on the H200
+  // (GLM-4.5-Air, contexts 1024..8192): the best split count was 16 at batch 1 (8 at 1024
+  // tokens, 7% faster), 2 at batch 8 and 1 at batch 64, as this rule picks: past one block per
+  // SM, splitting adds merge work but no more bandwidth.
   const int64_t pairs = int64_t(std::max(num_seqs, 1)) * std::max(s.n_kv_heads, 1);
   int splits = 1;
   while (splits < kMaxSplits && pairs * splits * 2 <= sms) splits *= 2;
@@ -398,6 +433,9 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   TETRA_CHECK(splits >= 0 && splits <= kMaxSplits, "split decode attention: splits ", splits,
               " outside 0..", kMaxSplits);
   if (num_seqs <= 0) return cudaSuccess;
+  TETRA_CHECK(kv.block_size > 0 && int64_t(kv.num_blocks) * kv.block_size <= INT32_MAX,
+              "split decode attention: ", kv.num_blocks, " blocks of ", kv.block_size,
+              " tokens (cache rows are int32)");
   SplitArgs a;
   a.q = q;
   a.k_cache = kv.k_cache;
@@ -406,6 +444,9 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   a.lens = kv.seq_lens;
   a.max_blocks = kv.max_blocks_per_seq;
   a.block_size = kv.block_size;
+  a.block_shift = -1;
+  for (int b = 0; b < 31; ++b)
+    if (kv.block_size == 1 << b) a.block_shift = b;
   a.n_kv = s.n_kv_heads;
   a.group = s.n_heads / s.n_kv_heads;
   a.q_step = s.q_step();

@@ -5,14 +5,15 @@
 // Shape: one thread-block cluster of `splits` blocks per (sequence, kv head). Block r of the
 // cluster takes the r-th of `splits` equal, 16-token aligned ranges of the sequence and walks it
 // in 64-token chunks: every K and V row of a chunk is copied to shared memory by cp.async at once
-// (two chunks in flight), Q.K^T and P.V run on tensor cores (mma.sync, the group's <= 16 query
-// heads as the M side, P rounded to bf16 as FlashAttention does), and each warp keeps its own
+// (three chunks in flight, the block-table rows of a fourth read ahead), Q.K^T and P.V run on
+// tensor cores (mma.sync, the group's <= 16 query heads as the M side, P rounded to bf16 as
+// FlashAttention does), and each warp keeps its own
 // running softmax over its 16 tokens of every chunk, so a chunk needs no exchange between warps.
 // At the end the warps' partials are merged in shared memory and the cluster's blocks merge
 // theirs through distributed shared memory: no workspace and no second launch.
 // Why: at batch 1 (GLM-4.5-Air, 1025 tokens) the 8 kv heads alone give 8 blocks; 16 splits give
 // 128 blocks with ~32 KB each in flight, so the KV read is one HBM round trip. At batch 64 the
-// 512 (sequence, kv head) pairs already fill the GPU and one split each avoids any merge.
+// 512 (sequence, kv head) pairs already fill the GPU and one split each needs no merge.
 // The launch shape depends only on num_seqs and the head counts, never on the device-side
 // seq_lens, so it can be captured in a CUDA graph.
 #pragma once
