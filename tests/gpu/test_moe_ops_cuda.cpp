@@ -18,6 +18,7 @@
 #include "moe/token_movement.h"
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/token_path.h"
+#include "ops/moe/token_path_tiny.h"
 
 using namespace tetra;
 using namespace tetra::moe;
@@ -137,6 +138,10 @@ TEST(MoeOpsCuda, RouteMatchesCpu) {
       {Scoring::Softmax, 160, 8, 1, 1, false, false, 1.0f},
       {Scoring::Sigmoid, 256, 8, 8, 4, true, true, 2.5f},  // DeepSeek-V3 / GLM-5
       {Scoring::Softmax, 256, 8, 8, 4, true, true, 1.0f},
+      {Scoring::Sigmoid, 64, 4, 8, 2, true, true, 1.0f},     // groups narrower than a warp
+      {Scoring::Softmax, 384, 8, 1, 1, false, true, 1.0f},   // > 256 experts: 32 per lane
+      {Scoring::Sigmoid, 512, 8, 8, 4, true, true, 2.5f},
+      {Scoring::Sigmoid, 1024, 32, 32, 8, true, false, 1.0f},  // the limits: E, top_k, groups
   };
   std::mt19937 rng(2025);
   for (const RouteCase& c : cases) {
@@ -546,16 +551,29 @@ TEST(MoeOpsCuda, GraphCapturedTokenPathReplaysCorrectly) {
 // are not written by the one-launch path and not compared). Both layouts, an expert-parallel
 // block, a hidden size off the vector path, repeated launches (the block counter must return to
 // zero), the shared slot rows.
+// Cases: GLM-5 (groups, H 6144: two experts per logits block), GLM-4.5-Air (H 4096), Qwen3
+// (softmax), an expert-parallel block, > 256 experts, a hidden size off the vector path. Ties:
+// `dup` copies every third gate row (and bias) to the next expert, so their logits and keys tie
+// exactly; `hot` scales some gate rows so that their sigmoid saturates to 1.0f. T = 1..16 take
+// the tiny kernel (token_path_tiny.h), T = 100 with top-8 the general one.
 TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
   SKIP_WITHOUT_GPU();
   struct Case {
     RouteCase r;
     int H, begin, count;
+    bool dup = false, hot = false;
   };
   const std::vector<Case> cases = {
       {{Scoring::Sigmoid, 256, 8, 8, 4, true, true, 2.5f}, 512, 0, 256},
+      {{Scoring::Sigmoid, 256, 8, 8, 4, true, true, 2.5f}, 6144, 0, 256, true},  // GLM-5
+      {{Scoring::Sigmoid, 128, 8, 1, 1, true, true, 1.0f}, 4096, 0, 128, true},  // GLM-4.5-Air
+      {{Scoring::Sigmoid, 128, 8, 1, 1, false, true, 1.0f}, 1024, 0, 128, false, true},
+      {{Scoring::Softmax, 128, 8, 1, 1, false, true, 1.0f}, 2048, 0, 128, true},  // Qwen3
       {{Scoring::Softmax, 128, 8, 1, 1, false, false, 1.0f}, 100, 0, 128},
       {{Scoring::Sigmoid, 64, 4, 1, 1, true, true, 1.0f}, 256, 16, 24},
+      {{Scoring::Sigmoid, 256, 8, 8, 4, true, true, 2.5f}, 512, 64, 64, true},  // EP rank 1 of 4
+      {{Scoring::Sigmoid, 512, 8, 8, 4, true, true, 1.0f}, 256, 0, 512, true},
+      {{Scoring::Softmax, 384, 8, 1, 1, false, true, 1.0f}, 128, 128, 256, false, true},
   };
   std::mt19937 rng(77);
   for (const Case& c : cases) {
@@ -574,14 +592,28 @@ TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
     for (auto& g : gate) g = float_to_bf16(nd(rng) / std::sqrt(float(H)));
     std::vector<float> bias(static_cast<size_t>(E));  // [E]
     for (auto& b : bias) b = 0.05f * nd(rng);
+    for (int e = 0; e + 1 < E; e += 3) {
+      if (c.dup) {
+        std::copy_n(gate.begin() + size_t(e) * H, H, gate.begin() + size_t(e + 1) * H);
+        bias[size_t(e) + 1] = bias[size_t(e)];
+      }
+      if (c.hot && e % 2 == 0)
+        for (int k = 0; k < H; ++k)
+          gate[size_t(e) * H + k] = float_to_bf16(60.0f * bf16_to_float(gate[size_t(e) * H + k]));
+    }
     DevBuf<uint16_t> d_gate(gate.size());
     DevBuf<float> d_bias(bias.size());
     d_gate.upload(gate);
     d_bias.upload(bias);
-    for (const bool masked : {false, true}) {
-      for (const int T : {1, 5, 64}) {
+    // Layouts: contiguous, masked, masked with max_m = 2 (pairs over it are dropped and counted).
+    for (const int layout : {0, 1, 2}) {
+      const bool masked = layout > 0;
+      for (const int T : {1, 3, 5, 16, 64, 100}) {
+        if (layout == 2 && (T < 3 || c.r.n_group > 1 || c.count < c.r.E)) continue;
+        if (T == 64 && H > 2048) continue;  // the CPU twin of the logits would dominate
         SCOPED_TRACE(describe(c.r, T) + str(" H=", H, " block ", c.begin, "+", El,
-                                            masked ? " masked" : " contiguous"));
+                                            masked ? " masked" : " contiguous", layout == 2 ? " max_m=2" : "", c.dup ? " dup" : "",
+                                            c.hot ? " hot" : ""));
         std::vector<uint16_t> x(size_t(T) * H);  // [T, H]
         for (auto& v : x) v = float_to_bf16(nd(rng));
         std::vector<float> logits(size_t(T) * E);
@@ -590,8 +622,8 @@ TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
         std::vector<float> w(ids.size());
         route_cpu(logits.data(), c.r.bias ? bias.data() : nullptr, T, p, ids.data(), w.data());
 
-        const int max_m = T;
-        const size_t rows = masked ? size_t(El + 1) * max_m : size_t(T) * K + T;
+        const int max_m = layout == 2 ? 2 : T;
+        const size_t rows = masked ? size_t(El) * max_m + T : size_t(T) * K + T;
         // Two sets of outputs: [0] one launch, [1] separate ops.
         struct Out {
           DevBuf<float> logits, weights;
@@ -637,6 +669,10 @@ TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
         a.dropped = o1.dropped.get();
         a.rows = prep_of(o1);
         a.counter = counter.get();
+        // Which kernel runs: the tiny one whenever the pairs fit one thread each and H the
+        // vector loads (so both kernels are exercised by these cases).
+        EXPECT_EQ(cuda::detail::tiny_token_path_fits(a, T),
+                  T * K <= cuda::detail::kTinyThreads && H % 8 == 0);
         for (int rep = 0; rep < 3; ++rep)
           ASSERT_EQ(cuda::small_token_path(a, T, nullptr), cudaSuccess);
         // The separate ops.
@@ -676,8 +712,9 @@ TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
         EXPECT_EQ(o1.ids.download(), ids);
         EXPECT_TRUE(bytes_equal(o1.weights.download(), w)) << "weights vs cpu";
         EXPECT_EQ(counter.download()[0], 0u);
-        EXPECT_EQ(o1.dropped.download()[0], 0);
-        EXPECT_EQ(o2.dropped.download()[0], 0);
+        const int32_t dropped = o2.dropped.download()[0];
+        EXPECT_EQ(o1.dropped.download()[0], dropped);
+        if (layout != 2) EXPECT_EQ(dropped, 0);
         EXPECT_EQ(o1.slot_of.download(), o2.slot_of.download());
         EXPECT_EQ(o1.slots.download(), o2.slots.download());
         const std::vector<int32_t> tok1 = o1.row_token.download(), tok2 = o2.row_token.download();
@@ -699,7 +736,7 @@ TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
         for (int32_t id : ids) local_pairs += id >= c.begin && id < c.begin + El;
         int placed = 0;
         for (int e = 0; e < El; ++e) placed += count[size_t(e)];
-        EXPECT_EQ(placed, local_pairs);
+        EXPECT_EQ(placed + dropped, local_pairs);
         for (int e = 0; e <= El; ++e)
           for (int r = start[size_t(e)]; r < start[size_t(e)] + count[size_t(e)]; ++r)
             ASSERT_EQ(tok1[size_t(r)], tok2[size_t(r)]) << "row " << r << " of expert " << e;
@@ -707,4 +744,94 @@ TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
       }
     }
   }
+}
+
+// The one-launch token path captured once in a CUDA graph and replayed with new tokens (the
+// kernel leaves its block counter at zero, so every replay must route anew): logits, ids,
+// weights and the contiguous layout equal the CPU twins on each replay's data.
+TEST(MoeOpsCuda, SmallTokenPathReplaysInAGraph) {
+  SKIP_WITHOUT_GPU();
+  const int E = 256, K = 8, H = 1024;
+  RouterParams p;
+  p.num_experts = E;
+  p.top_k = K;
+  p.n_group = 8;
+  p.topk_group = 4;
+  p.routed_scaling_factor = 2.5f;
+  cuda::small_token_path_setup(E, E);
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd;
+  std::vector<uint16_t> gate(size_t(E) * H);  // [E, H]
+  for (auto& g : gate) g = float_to_bf16(nd(rng) / 32.0f);
+  std::vector<float> bias(size_t(E), 0.0f);  // [E]
+  for (auto& b : bias) b = 0.05f * nd(rng);
+  DevBuf<uint16_t> d_gate(gate.size());
+  DevBuf<float> d_bias(bias.size());
+  d_gate.upload(gate);
+  d_bias.upload(bias);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (const int T : {1, 3, 16}) {
+    SCOPED_TRACE(str("T=", T));
+    DevBuf<uint16_t> d_x(size_t(T) * H);
+    DevBuf<float> d_logits(size_t(T) * E), d_w(size_t(T) * K);
+    DevBuf<int32_t> d_ids(size_t(T) * K), d_offsets(size_t(E) + 1), d_row_count(size_t(E) + 1),
+        d_slots(size_t(E) + 1), d_row_token(size_t(T) * K), d_slot_of(size_t(T) * K), d_dropped(1);
+    DevBuf<uint32_t> counter(1);
+    TETRA_CUDA_CHECK(cudaMemset(counter.get(), 0, 4));
+    cuda::SmallTokenPath a;
+    a.x = d_x.get();
+    a.gate = d_gate.get();
+    a.bias = d_bias.get();
+    a.H = H;
+    a.router = p;
+    a.logits = d_logits.get();
+    a.ids = d_ids.get();
+    a.weights = d_w.get();
+    a.offsets = d_offsets.get();
+    a.row_token = d_row_token.get();
+    a.slot_of = d_slot_of.get();
+    a.dropped = d_dropped.get();
+    a.rows.E = E;
+    a.rows.num_slots = std::min(E, T * K);
+    a.rows.offsets = d_offsets.get();
+    a.rows.row_count = d_row_count.get();
+    a.rows.slots = d_slots.get();
+    a.rows.row_token = d_row_token.get();
+    a.counter = counter.get();
+    a.pdl = T == 3;  // a programmatic dependent launch in the graph
+    ASSERT_TRUE(cuda::detail::tiny_token_path_fits(a, T));
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    ASSERT_EQ(cuda::small_token_path(a, T, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int replay = 0; replay < 3; ++replay) {
+      std::vector<uint16_t> x(size_t(T) * H);  // [T, H]
+      for (auto& v : x) v = float_to_bf16(nd(rng));
+      d_x.upload(x);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      std::vector<float> logits(size_t(T) * E), w(size_t(T) * K);
+      std::vector<int32_t> ids(size_t(T) * K);
+      router_logits_cpu(x.data(), gate.data(), T, H, E, logits.data());
+      route_cpu(logits.data(), bias.data(), T, p, ids.data(), w.data());
+      const ContiguousLayout want = build_contiguous_cpu(ids.data(), T, K, E);
+      EXPECT_TRUE(bytes_equal(d_logits.download(), logits)) << "replay " << replay;
+      EXPECT_EQ(d_ids.download(), ids) << "replay " << replay;
+      EXPECT_TRUE(bytes_equal(d_w.download(), w)) << "replay " << replay;
+      EXPECT_EQ(d_offsets.download(), want.expert_offsets) << "replay " << replay;
+      EXPECT_EQ(d_slot_of.download(), want.slot_of) << "replay " << replay;
+      EXPECT_EQ(d_row_token.download(), want.slot_token) << "replay " << replay;
+      EXPECT_EQ(d_dropped.download()[0], 0);
+      EXPECT_EQ(counter.download()[0], 0u);
+    }
+    EXPECT_TRUE(d_offsets.guards_intact());
+    EXPECT_TRUE(d_slots.guards_intact());
+    EXPECT_TRUE(d_row_token.guards_intact());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
 }

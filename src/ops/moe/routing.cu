@@ -1,5 +1,5 @@
-// Routing kernel: one warp per token, scores in shared memory, top-k by repeated warp argmax
-// (routing_device.cuh, shared with the small-T token path).
+// Routing kernel: one warp per token, scores in registers, top-k by repeated warp argmax
+// (routing_device.cuh, shared with the small-T token paths).
 #include "core/error.h"
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/routing_device.cuh"
@@ -10,19 +10,19 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 
-template <bool kSoftmax>
+// kPerLane: experts per lane (E <= 32 * kPerLane).
+template <bool kSoftmax, int kPerLane>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int T,
                  RouterParams p, int32_t* __restrict__ ids, float* __restrict__ weights) {
   extern __shared__ float smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int E = p.num_experts, K = p.top_k;
-  float* s = smem + size_t(warp) * 2 * E;  // [E] unbiased scores
-  float* sel = s + E;                      // [E] selection keys (biased, NaN -> -Inf)
+  float* sel = smem + size_t(warp) * E;  // [E] selection keys (biased, NaN -> -Inf)
   const int t = blockIdx.x * kWarpsPerBlock + warp;
   if (t >= T) return;  // whole warps leave; no block-wide barrier follows
-  detail::route_token<kSoftmax>(logits + size_t(t) * E, bias, p, s, sel, ids + size_t(t) * K,
-                                weights + size_t(t) * K, lane);
+  detail::route_token_regs<kSoftmax, kPerLane>(logits + size_t(t) * E, bias, p, sel,
+                                               ids + size_t(t) * K, weights + size_t(t) * K, lane);
 }
 
 }  // namespace
@@ -35,13 +35,17 @@ cudaError_t route(const float* logits, const float* bias, int T, const RouterPar
   if (T < 0) TETRA_FAIL("cuda route: token count ", T);
   if (T == 0) return cudaSuccess;
   const int blocks = (T + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const size_t smem = size_t(kWarpsPerBlock) * 2 * p.num_experts * sizeof(float);
-  if (p.scoring == Scoring::Softmax) {
-    route_kernel<true><<<blocks, kWarpsPerBlock * 32, smem, stream>>>(logits, bias, T, p, ids,
-                                                                      weights);
+  const size_t smem = size_t(kWarpsPerBlock) * p.num_experts * sizeof(float);
+  const bool softmax = p.scoring == Scoring::Softmax, narrow = p.num_experts <= 32 * 8;
+  const dim3 grid(blocks), block(kWarpsPerBlock * 32);
+  if (softmax && narrow) {
+    route_kernel<true, 8><<<grid, block, smem, stream>>>(logits, bias, T, p, ids, weights);
+  } else if (softmax) {
+    route_kernel<true, 32><<<grid, block, smem, stream>>>(logits, bias, T, p, ids, weights);
+  } else if (narrow) {
+    route_kernel<false, 8><<<grid, block, smem, stream>>>(logits, bias, T, p, ids, weights);
   } else {
-    route_kernel<false><<<blocks, kWarpsPerBlock * 32, smem, stream>>>(logits, bias, T, p, ids,
-                                                                       weights);
+    route_kernel<false, 32><<<grid, block, smem, stream>>>(logits, bias, T, p, ids, weights);
   }
   return cudaGetLastError();
 }

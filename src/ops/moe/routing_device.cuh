@@ -4,6 +4,7 @@
 // summed sequentially.
 #pragma once
 #include <climits>
+#include <cstdint>
 
 #include "moe/router.h"
 #include "moe/routing_math.h"
@@ -12,100 +13,143 @@ namespace tetra::moe::cuda::detail {
 
 inline constexpr unsigned kRouteFullMask = 0xffffffffu;
 
-// Warp-wide best (key, idx) under ranks_before; every lane ends with the winner.
-__device__ __forceinline__ void warp_best(float& key, int& idx) {
-  for (int off = 16; off >= 1; off /= 2) {
-    const float other_key = __shfl_xor_sync(kRouteFullMask, key, off);
-    const int other_idx = __shfl_xor_sync(kRouteFullMask, idx, off);
-    if (math::ranks_before(other_key, other_idx, key, idx)) {
-      key = other_key;
-      idx = other_idx;
-    }
-  }
+
+// A key's position in ranks_before's order as an unsigned int (bigger = ranks first), so that a
+// warp's winner takes two redux instructions (max key, then min index among equal keys) instead
+// of a 5-step shuffle butterfly. Keys are never NaN (selection_key); -0 is taken as +0, since the
+// float compare finds them equal. 0 is below every key (-Inf maps to 0x007fffff): "no candidate".
+__device__ __forceinline__ uint32_t order_key(float key) {
+  uint32_t u = math::f32_bits(key);
+  if (u == 0x80000000u) u = 0;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Bitmask of the topk_group best groups (group score = sum of the two best keys in the group).
-__device__ __forceinline__ uint32_t kept_groups(const float* sel, const RouterParams& p, int lane) {
+// The warp's best (key, index) by ranks_before among lanes offering enc != 0; every lane gets the
+// index (0xffffffff when no lane offers one).
+__device__ __forceinline__ uint32_t warp_winner(uint32_t enc, uint32_t idx) {
+  const uint32_t best = __reduce_max_sync(kRouteFullMask, enc);
+  return __reduce_min_sync(kRouteFullMask, enc == best && enc != 0 ? idx : 0xffffffffu);
+}
+
+// kept_groups with the redux winner: the same groups (group score = selection_key of the sum of
+// the two best keys, ties to the lower group).
+__device__ __forceinline__ uint32_t kept_groups_redux(const float* sel, const RouterParams& p,
+                                                      int lane) {
   if (p.n_group == 1) return 1u;
   const int group_size = p.num_experts / p.n_group;
-  float gkey = -INFINITY;
-  int gidx = INT_MAX;  // lanes without a group hold the sentinel, which never wins
+  uint32_t genc = 0;
   if (lane < p.n_group) {
+    // The two largest values come out the same in any visiting order, so 16-byte loads may
+    // take them four at a time.
     float t1 = -INFINITY, t2 = -INFINITY;
-    for (int e = lane * group_size; e < (lane + 1) * group_size; ++e) {
-      const float v = sel[e];
+    auto visit = [&](float v) {
       if (v > t1) {
         t2 = t1;
         t1 = v;
       } else if (v > t2) {
         t2 = v;
       }
+    };
+    const float* g = sel + lane * group_size;
+    if (group_size % 4 == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0) {
+      for (int i = 0; i < group_size; i += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(g + i);
+        visit(v.x), visit(v.y), visit(v.z), visit(v.w);
+      }
+    } else {
+      for (int i = 0; i < group_size; ++i) visit(g[i]);
     }
-    gkey = math::selection_key(t1 + t2);
-    gidx = lane;
+    genc = order_key(math::selection_key(t1 + t2));
   }
   uint32_t kept = 0;
   for (int j = 0; j < p.topk_group; ++j) {
-    float k = gkey;
-    int i = gidx;
-    warp_best(k, i);
-    kept |= 1u << i;
-    if (gidx == i) {  // this lane's group is taken: step out of later rounds
-      gkey = -INFINITY;
-      gidx = INT_MAX;
-    }
+    const uint32_t g = warp_winner(genc, uint32_t(lane));
+    kept |= 1u << g;
+    if (g == uint32_t(lane)) genc = 0;  // taken: out of later rounds
   }
   return kept;
 }
 
-// Routes one token with the whole warp (all 32 lanes call it).
-//   lg [E] f32 logits (read through L2: another block may have written them), bias [E] or null,
-//   s / sel [E] f32 scratch of this warp (shared memory), ids / weights [top_k] of this token.
-// The caller must __syncwarp() before reusing s / sel for another token.
-template <bool kSoftmax>
-__device__ __forceinline__ void route_token(const float* lg, const float* __restrict__ bias,
-                                            const RouterParams& p, float* s, float* sel,
-                                            int32_t* ids, float* weights, int lane) {
+// route_token with each lane's scores in registers (experts lane + 32*i, i < kPerLane; needs
+// E <= 32 * kPerLane) and redux winners: the same ids and weights bit for bit (the scores, sums
+// and weights are the same float operations in the same order; only where they are kept and how
+// the argmax is found change). sel [E] f32 scratch of this warp (shared memory; read by the group
+// selection). ids / weights [top_k] of this token.
+template <bool kSoftmax, int kPerLane>
+__device__ __forceinline__ void route_token_regs(const float* lg, const float* __restrict__ bias,
+                                                 const RouterParams& p, float* sel, int32_t* ids,
+                                                 float* weights, int lane) {
   const int E = p.num_experts, K = p.top_k;
+  float s[kPerLane];       // unbiased scores of experts lane + 32*i
+  uint32_t enc[kPerLane];  // their order keys; 0 once taken, or outside E / the kept groups
+  float l[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    l[i] = e < E ? __ldcg(lg + e) : 0.0f;
+  }
   if (kSoftmax) {
     float m = -INFINITY;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, __ldcg(lg + e));
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (lane + 32 * i < E) m = fmaxf(m, l[i]);
     for (int off = 16; off >= 1; off /= 2) m = fmaxf(m, __shfl_xor_sync(kRouteFullMask, m, off));
     float part = 0.0f;
-    for (int e = lane; e < E; e += 32) {
-      const float v = math::exp_f32(__ldcg(lg + e) - m);
-      s[e] = v;
-      part = part + v;
-    }
-    for (int off = 16; off >= 1; off /= 2) part = part + __shfl_xor_sync(kRouteFullMask, part, off);
-    for (int e = lane; e < E; e += 32) s[e] = math::div_rn(s[e], part);
-  } else {
-    for (int e = lane; e < E; e += 32) s[e] = math::sigmoid_f32(__ldcg(lg + e));
-  }
-  for (int e = lane; e < E; e += 32) sel[e] = math::selection_key(bias ? s[e] + bias[e] : s[e]);
-  __syncwarp();
-
-  const uint32_t kept = kept_groups(sel, p, lane);
-  const int group_size = E / p.n_group;
-  uint32_t taken = 0;  // bit i: expert lane + 32*i already chosen
-  int my_id = -1;      // lane j keeps the j-th choice
-  float my_w = 0.0f;
-  for (int j = 0; j < K; ++j) {
-    float bk = -INFINITY;
-    int bi = INT_MAX;
-    for (int i = 0, e = lane; e < E; ++i, e += 32) {
-      if ((taken >> i) & 1u) continue;
-      if (!((kept >> (e / group_size)) & 1u)) continue;
-      if (math::ranks_before(sel[e], e, bk, bi)) {
-        bk = sel[e];
-        bi = e;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      s[i] = 0.0f;
+      if (lane + 32 * i < E) {
+        s[i] = math::exp_f32(l[i] - m);
+        part = part + s[i];
       }
     }
-    warp_best(bk, bi);
-    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+    for (int off = 16; off >= 1; off /= 2) part = part + __shfl_xor_sync(kRouteFullMask, part, off);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) s[i] = math::div_rn(s[i], part);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) s[i] = math::sigmoid_f32(l[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    enc[i] = 0;
+    if (e < E) {
+      const float k = math::selection_key(bias ? s[i] + bias[e] : s[i]);
+      sel[e] = k;
+      enc[i] = order_key(k);
+    }
+  }
+  __syncwarp();
+  const uint32_t kept = kept_groups_redux(sel, p, lane);
+  if (p.n_group != 1) {
+    const int group_size = E / p.n_group;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (!((kept >> ((lane + 32 * i) / group_size)) & 1u)) enc[i] = 0;
+  }
+  int my_id = -1;  // lane j keeps the j-th choice
+  float my_w = 0.0f;
+  for (int j = 0; j < K; ++j) {
+    uint32_t be = 0;  // this lane's best: strict > in ascending e keeps the lowest index on ties
+    float bs = 0.0f;
+    uint32_t bi = 0xffffffffu;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (enc[i] > be) {
+        be = enc[i];
+        bs = s[i];
+        bi = uint32_t(lane + 32 * i);
+      }
+    }
+    const uint32_t win = warp_winner(be, bi);
+    const float w = __shfl_sync(kRouteFullMask, bs, int(win & 31u));
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i)
+      if (uint32_t(lane + 32 * i) == win) enc[i] = 0;
     if (lane == j) {
-      my_id = bi;
-      my_w = s[bi];
+      my_id = int(win);
+      my_w = w;
     }
   }
   float sum = 0.0f;  // sequential over j, as the CPU

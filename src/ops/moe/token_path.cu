@@ -11,6 +11,7 @@
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/router_dot.cuh"
 #include "ops/moe/routing_device.cuh"
+#include "ops/moe/token_path_tiny.h"
 
 namespace tetra::moe::cuda {
 
@@ -19,7 +20,7 @@ namespace {
 constexpr int kThreads = 1024;  // = detail::kChunk (layout) = kMaxExperts (one thread per expert)
 static_assert(kThreads == detail::kChunk && kThreads == kMaxExperts);
 constexpr int kBlocksWanted = 264;  // two 1024-thread blocks per SM of an H200 for the logits
-constexpr size_t kRouteSmemBudget = 96 * 1024;  // routing warps' scores (2 * E floats each)
+constexpr size_t kRouteSmemBudget = 96 * 1024;  // routing warps' selection keys (E floats each)
 
 // One block of kThreads threads. Reads what the layout wrote (same block after a barrier, or an
 // earlier launch).
@@ -97,12 +98,12 @@ __global__ void __launch_bounds__(kThreads) small_token_path_kernel(const SmallA
 
   // 2. Routing: warp w < route_warps routes tokens w, w + route_warps, ...
   if (warp < g.route_warps) {
-    float* s = reinterpret_cast<float*>(smem) + size_t(warp) * 2 * Eg;  // [E] scores
-    float* sel = s + Eg;                                                 // [E] selection keys
+    float* sel = reinterpret_cast<float*>(smem) + size_t(warp) * Eg;  // [E] selection keys
     for (int t = warp; t < T; t += g.route_warps) {
-      detail::route_token<kSoftmax>(a.logits + size_t(t) * Eg, a.bias, a.router, s, sel,
-                                    a.ids + size_t(t) * K, a.weights + size_t(t) * K, lane);
-      __syncwarp();  // s / sel are reused by the next token
+      detail::route_token_regs<kSoftmax, kMaxExperts / 32>(a.logits + size_t(t) * Eg, a.bias,
+                                                           a.router, sel, a.ids + size_t(t) * K,
+                                                           a.weights + size_t(t) * K, lane);
+      __syncwarp();  // sel is reused by the next token
     }
   }
   if (threadIdx.x == 0) {
@@ -118,11 +119,11 @@ __global__ void __launch_bounds__(kThreads) small_token_path_kernel(const SmallA
 }
 
 int route_warps_for(int E_global) {
-  return int(std::clamp<size_t>(kRouteSmemBudget / (size_t(E_global) * 2 * sizeof(float)), 1, 32));
+  return int(std::clamp<size_t>(kRouteSmemBudget / (size_t(E_global) * sizeof(float)), 1, 32));
 }
 
 size_t smem_for(int E_global, int E_local) {
-  return std::max(size_t(route_warps_for(E_global)) * 2 * E_global * sizeof(float),
+  return std::max(size_t(route_warps_for(E_global)) * E_global * sizeof(float),
                   detail::layout_smem_bytes(E_local));
 }
 
@@ -155,6 +156,7 @@ void small_token_path_setup(int E_global, int E_local) {
   set_smem<false, true>(bytes);
   set_smem<true, false>(bytes);
   set_smem<true, true>(bytes);
+  detail::tiny_token_path_setup();
 }
 
 cudaError_t small_token_path(const SmallTokenPath& a, int T, cudaStream_t stream) {
@@ -163,6 +165,10 @@ cudaError_t small_token_path(const SmallTokenPath& a, int T, cudaStream_t stream
     TETRA_FAIL("cuda small_token_path: ", T, " tokens x top-", K, " is too many pairs");
   if (!a.counter || !a.logits || !a.ids || !a.weights || !a.slot_of || !a.row_token)
     TETRA_FAIL("cuda small_token_path: output pointers are missing");
+  if (a.rows.E < 1 || a.rows.E > kMaxExperts || a.rows.num_slots < 0 ||
+      a.rows.num_slots > a.rows.E)
+    TETRA_FAIL("cuda small_token_path: bad sizes E=", a.rows.E, " slots=", a.rows.num_slots);
+  if (detail::tiny_token_path_fits(a, T)) return detail::tiny_token_path(a, T, stream);
   SmallArgs g;
   g.a = a;
   g.T = T;

@@ -5,7 +5,10 @@
 //  - small_token_path: for few tokens, router logits + routing + layout + prepare_rows in ONE
 //    launch (they are four dependent launches otherwise, each mostly launch latency at decode
 //    sizes). Many blocks compute the router logits (one warp per dot product); the last block to
-//    finish (atomic counter) routes every token, builds the layout and the bookkeeping.
+//    finish (atomic counter) routes every token, builds the layout and the bookkeeping. Up to
+//    kTinyThreads pairs (and H % 8 == 0) this is the tiny kernel of token_path_tiny.h (gate rows
+//    staged in shared memory, a small-T layout without global round trips); past that, a general
+//    one-launch kernel with the layout builders' 1024-thread block code.
 // Both are bit-identical to the separate ops (router_logits, route, build_contiguous /
 // build_masked): the same device code. Neither allocates or synchronises (graph-capturable).
 #pragma once
@@ -53,6 +56,9 @@ struct SmallTokenPath {
   int32_t* dropped = nullptr;      // [1] zeroed here, then pairs not placed (bad id / over max_m)
   RowsPrep rows;                   // offsets / masked_m / row_token as above
   uint32_t* counter = nullptr;     // [1] zero before the first launch; each launch leaves it zero
+  // Programmatic dependent launch (the tiny kernel only): its gate-row loads overlap the previous
+  // kernel's tail; it reads x and writes its outputs only after that kernel is complete.
+  bool pdl = false;
 };
 
 // Largest T the one-launch path takes (T*top_k pairs must fit the one-block layout builder).
