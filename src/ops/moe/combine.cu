@@ -3,6 +3,7 @@
 // combine_bf16_cpu (no atomics, unlike a combine fused into the down GEMM's epilogue).
 #include "core/kernel_launch.h"
 #include "core/error.h"
+#include "moe/router.h"
 #include "moe/routing_math.h"
 #include "ops/moe/moe_ops_cuda.h"
 
@@ -10,7 +11,9 @@ namespace tetra::moe::cuda {
 
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 128;      // most threads per block
+constexpr int kFewThreads = 64;    // per block at few tokens: more blocks over H
+constexpr int kFewTokens = 64;
 
 __device__ __forceinline__ float bf16_to_f32(uint16_t b) {
   return math::f32_from_bits(uint32_t(b) << 16);
@@ -23,10 +26,15 @@ __device__ __forceinline__ uint16_t f32_to_bf16(float f) {
   return uint16_t(u >> 16);
 }
 
-// kVec consecutive elements as float: bf16 (16-byte load for 8) or f32 (two 16-byte loads).
+// kVec consecutive elements as float: bf16 (a 16-byte load for 8, 8-byte for 4) or f32 (a
+// 16-byte load for 4).
 template <int kVec>
 __device__ __forceinline__ void load(const uint16_t* p, float* v) {
-  if constexpr (kVec == 8) {
+  if constexpr (kVec == 4) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    v[0] = bf16_to_f32(uint16_t(q.x & 0xffffu)), v[1] = bf16_to_f32(uint16_t(q.x >> 16));
+    v[2] = bf16_to_f32(uint16_t(q.y & 0xffffu)), v[3] = bf16_to_f32(uint16_t(q.y >> 16));
+  } else if constexpr (kVec == 8) {
     const uint4 q = *reinterpret_cast<const uint4*>(p);
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
     for (int i = 0; i < 4; ++i) {
@@ -39,16 +47,38 @@ __device__ __forceinline__ void load(const uint16_t* p, float* v) {
 }
 template <int kVec>
 __device__ __forceinline__ void load(const float* p, float* v) {
-  if constexpr (kVec == 8) {
+  if constexpr (kVec == 4) {
     const float4 a = *reinterpret_cast<const float4*>(p);
-    const float4 b = *reinterpret_cast<const float4*>(p + 4);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
   } else {
     for (int i = 0; i < kVec; ++i) v[i] = p[i];
   }
 }
 
-// grid (T, ceil(H / (kVec * kThreads))).
+// kVec results rounded to bf16: one 16-byte (8) or 8-byte (4) store.
+template <int kVec>
+__device__ __forceinline__ void store(const float* acc, uint16_t* out) {
+  if constexpr (kVec == 8 || kVec == 4) {
+    uint32_t packed[kVec / 2];
+    for (int i = 0; i < kVec / 2; ++i)
+      packed[i] = uint32_t(f32_to_bf16(acc[2 * i])) | (uint32_t(f32_to_bf16(acc[2 * i + 1])) << 16);
+    if constexpr (kVec == 8) {
+      *reinterpret_cast<uint4*>(out) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    } else {
+      *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
+    }
+  } else {
+    for (int i = 0; i < kVec; ++i) out[i] = f32_to_bf16(acc[i]);
+  }
+}
+
+// Up to kMaxTopK pairs per token (the router's limit): their rows and weights are read once per
+// block into shared memory, then every row load of a thread is issued before its FMAs.
+constexpr int kMaxPairs = kMaxTopK;
+constexpr int kBatch = 8;  // row loads in flight per thread
+
+// grid (T, ceil(H / (kVec * blockDim.x))), blockDim.x = kThreads or kFewThreads (> kMaxPairs).
+// kVec elements per thread: one 16-byte load per row (8 bf16 or 4 f32), or 1 (unaligned H).
 // shared_first (F32 rows only): the shared expert's output is rows[*shared_first + t], rounded to
 // bf16 before it is added (the numerics of a bf16 shared output).
 template <int kVec, typename R>
@@ -57,45 +87,55 @@ __global__ void __launch_bounds__(kThreads)
                    const int32_t* __restrict__ slot_of, const float* __restrict__ weights,
                    const uint16_t* __restrict__ shared, const int32_t* __restrict__ shared_first,
                    const uint16_t* __restrict__ residual, uint16_t* __restrict__ out) {
+  __shared__ int32_t row_s[kMaxPairs];  // [top_k] row of pair j of this token, -1 if dropped
+  __shared__ float w_s[kMaxPairs];      // [top_k] its weight
+  __shared__ int32_t shared_row;
   // As a programmatic dependent launch: nothing is read before the previous kernel is done (a
   // no-op for a plain launch).
   asm volatile("griddepcontrol.wait;" ::: "memory");
   const int t = blockIdx.x;
-  const int h = (blockIdx.y * kThreads + threadIdx.x) * kVec;
+  if (threadIdx.x < top_k) {
+    const size_t p = size_t(t) * top_k + threadIdx.x;
+    row_s[threadIdx.x] = slot_of[p];
+    w_s[threadIdx.x] = weights ? weights[p] : 1.0f;
+  } else if (threadIdx.x == kMaxPairs && shared_first) {
+    shared_row = *shared_first + t;
+  }
+  const int h = (blockIdx.y * blockDim.x + threadIdx.x) * kVec;
+  const size_t o = size_t(t) * H + h;
+  // The token's own rows (independent of the pairs) are loaded while the pairs arrive.
+  float extra[kVec], res[kVec];
+  if (h < H) {
+    if (shared) load<kVec>(shared + o, extra);
+    if (residual) load<kVec>(residual + o, res);
+  }
+  __syncthreads();
   if (h >= H) return;
+  if (shared_first) load<kVec>(rows + size_t(shared_row) * H + h, extra);
   float acc[kVec];
   for (int i = 0; i < kVec; ++i) acc[i] = 0.0f;
-  for (int j = 0; j < top_k; ++j) {
-    const int32_t row = slot_of[size_t(t) * top_k + j];
-    if (row < 0) continue;
-    const float w = weights ? weights[size_t(t) * top_k + j] : 1.0f;
-    float y[kVec];
-    load<kVec>(rows + size_t(row) * H + h, y);
-    for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w, y[i], acc[i]);
+  for (int j0 = 0; j0 < top_k; j0 += kBatch) {
+    float y[kBatch][kVec];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = j0 + b;
+      if (j < top_k && row_s[j] >= 0) load<kVec>(rows + size_t(row_s[j]) * H + h, y[b]);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int j = j0 + b;
+      if (j < top_k && row_s[j] >= 0)  // fixed j order, as the CPU
+        for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w_s[j], y[b][i], acc[i]);
+    }
   }
-  const size_t o = size_t(t) * H + h;
   if (shared_first) {
-    float v[kVec];
-    load<kVec>(rows + size_t(*shared_first + t) * H + h, v);
-    for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + bf16_to_f32(f32_to_bf16(v[i]));
+    for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + bf16_to_f32(f32_to_bf16(extra[i]));
   } else if (shared) {
-    float v[kVec];
-    load<kVec>(shared + o, v);
-    for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + v[i];
+    for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + extra[i];
   }
-  if (residual) {
-    float v[kVec];
-    load<kVec>(residual + o, v);
-    for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + v[i];
-  }
-  if constexpr (kVec == 8) {
-    uint32_t packed[4];
-    for (int i = 0; i < 4; ++i)
-      packed[i] = uint32_t(f32_to_bf16(acc[2 * i])) | (uint32_t(f32_to_bf16(acc[2 * i + 1])) << 16);
-    *reinterpret_cast<uint4*>(out + o) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  } else {
-    for (int i = 0; i < kVec; ++i) out[o + i] = f32_to_bf16(acc[i]);
-  }
+  if (residual)
+    for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + res[i];
+  store<kVec>(acc, out + o);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -104,13 +144,16 @@ template <typename R>
 cudaError_t launch(const R* rows, int T, int H, int top_k, const int32_t* slot_of,
                    const float* weights, const uint16_t* shared, const uint16_t* residual,
                    uint16_t* out, cudaStream_t stream, const CombineOptions& opt) {
-  const bool vec = H % 8 == 0 && aligned16(rows) && aligned16(out) &&
+  constexpr int kWide = int(16 / sizeof(R));  // elements of one 16-byte row load
+  // 16-byte row loads; shared / residual / out move kWide bf16 (8 or 16 bytes) at a time.
+  const bool vec = H % kWide == 0 && aligned16(rows) && aligned16(out) &&
                    (!shared || aligned16(shared)) && (!residual || aligned16(residual));
-  const int per_block = (vec ? 8 : 1) * kThreads;
-  const KernelLaunch launch(dim3(T, (H + per_block - 1) / per_block), dim3(kThreads), stream,
+  const int threads = T <= kFewTokens ? kFewThreads : kThreads;
+  const int per_block = (vec ? kWide : 1) * threads;
+  const KernelLaunch launch(dim3(T, (H + per_block - 1) / per_block), dim3(threads), stream,
                             opt.pdl);
   if (vec)
-    return launch(combine_kernel<8, R>, rows, H, top_k, slot_of, weights, shared,
+    return launch(combine_kernel<kWide, R>, rows, H, top_k, slot_of, weights, shared,
                   opt.shared_first_row, residual, out);
   return launch(combine_kernel<1, R>, rows, H, top_k, slot_of, weights, shared,
                 opt.shared_first_row, residual, out);
@@ -134,6 +177,8 @@ cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int t
   if (opt.shared_first_row && (shared || rows_dtype != DType::F32))
     TETRA_FAIL("cuda combine_bf16: the shared expert's output in the rows needs F32 rows and no "
                "separate shared tensor");
+  if (top_k > kMaxPairs)
+    TETRA_FAIL("cuda combine_bf16: top_k ", top_k, " is over the router's limit ", kMaxPairs);
   if (T == 0) return cudaSuccess;
   if (rows_dtype == DType::BF16)
     return launch(static_cast<const uint16_t*>(rows), T, H, top_k, slot_of, weights, shared,
