@@ -446,6 +446,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     a.dropped = dropped_;
     a.rows = prep;
     a.counter = counter_;
+    a.pdl = path_.token_path_pdl;
     check_launch(cuda::small_token_path(a, T, stream), "small token path", name_);
   } else {
     const bool tiled = T >= cuda::kRouterTiledMinTokens &&
