@@ -1,7 +1,7 @@
 // Timing of the non-MoE parts of a GLM-4.5-Air decode step at batch 1 (and 8): the q/k/v and o
 // NVFP4 linears (the decode GEMV in both kernel variants next to the one-expert W4A16 kernel +
 // add_bias it replaced), RMSNorm of 4096, fused RoPE + KV write, split decode attention over 1025
-// cached tokens. Each is timed as a CUDA graph of 32 back-to-back launches (launch gaps as in the
+// cached tokens; the GEMV also as the streaming kernel in several shapes. Each is timed as a CUDA graph of 32 back-to-back launches (launch gaps as in the
 // model's step graph), rotating over enough weight / KV copies that every launch reads HBM, not
 // L2 (60 MB). Prints us per launch and GB/s of the bytes a launch must read. The checks: the two
 // GEMV variants agree bit for bit, the GEMV agrees with the W4A16 path, and every time is finite.
@@ -109,19 +109,36 @@ TEST(BenchDecodeParts, Glm45AirBatch1) {
   std::printf("\n| part (GLM-4.5-Air, one layer) | us | GB/s |\n|---|---|---|\n");
   for (int M : {1, 8}) {
     const std::string m = " M=" + std::to_string(M);
-    for (auto kern : {oc::Nvfp4GemvKernel::Batched, oc::Nvfp4GemvKernel::Pipelined}) {
-      const char* name = kern == oc::Nvfp4GemvKernel::Batched ? "batched" : "pipelined";
+    struct Variant {
+      const char* name;
+      oc::Nvfp4GemvKernel kernel;
+      oc::Nvfp4GemvStreamConfig cfg;
+    };
+    // Stream shapes: {consumer warps, ring stages, blocks per SM, chunks per warp, mode}; modes
+    // 1 (copy only) and 2 (no activation loads) are diagnostics, their outputs meaningless.
+    const Variant variants[] = {{"auto", oc::Nvfp4GemvKernel::Auto, {}},
+                                {"batched", oc::Nvfp4GemvKernel::Batched, {}},
+                                {"stream c16 j1 st5 b2", oc::Nvfp4GemvKernel::Stream, {16, 5, 2, 1, 0}},
+                                {"stream c16 j1 st4 b2", oc::Nvfp4GemvKernel::Stream, {16, 4, 2, 1, 0}},
+                                {"stream c16 j1 st6 b2", oc::Nvfp4GemvKernel::Stream, {16, 6, 2, 1, 0}},
+                                {"stream c8 j2 st8 b1", oc::Nvfp4GemvKernel::Stream, {8, 8, 1, 2, 0}},
+                                {"diag copy-only c8 j2 st6 b2", oc::Nvfp4GemvKernel::Stream, {8, 6, 2, 2, 1}},
+                                {"diag no-x c8 j2 st8 b1", oc::Nvfp4GemvKernel::Stream, {8, 8, 1, 2, 2}}};
+    for (const Variant& var : variants) {
+      const auto kern = var.kernel;
+      const oc::Nvfp4GemvStreamConfig* cfg = &var.cfg;
+      const char* name = var.name;
       report(std::string("qkv GEMV ") + name + m, time_graph([&](int i, cudaStream_t s) {
                const int c = i % kCopies;
                const oc::Nvfp4GemvOutput outs[3] = {{&q[c].view(), bias.as<uint16_t>(), yq.as<uint16_t>()},
                                                     {&k[c].view(), bias.as<uint16_t>(), yk.as<uint16_t>()},
                                                     {&v[c].view(), bias.as<uint16_t>(), yv.as<uint16_t>()}};
-               TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(outs, 3, x.as<uint16_t>(), M, s, kern));
+               TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(outs, 3, x.as<uint16_t>(), M, s, kern, cfg));
              }),
              qkv_bytes);
       report(std::string("o GEMV ") + name + m, time_graph([&](int i, cudaStream_t s) {
                const oc::Nvfp4GemvOutput out{&o[i % kCopies].view(), nullptr, yo.as<uint16_t>()};
-               TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, x.as<uint16_t>(), M, s, kern));
+               TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, x.as<uint16_t>(), M, s, kern, cfg));
              }),
              o_bytes);
     }
@@ -162,6 +179,18 @@ TEST(BenchDecodeParts, Glm45AirBatch1) {
     nrm += b * b;
   }
   EXPECT_LE(err / nrm, 1e-5);
+  // The streaming kernel: close to the W4A16 path, and bit-identical run to run.
+  TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, x.as<uint16_t>(), 3, nullptr, oc::Nvfp4GemvKernel::Stream));
+  const auto streamed = download(yo, size_t(3) * H);
+  TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, x.as<uint16_t>(), 3, nullptr, oc::Nvfp4GemvKernel::Stream));
+  EXPECT_EQ(download(yo, size_t(3) * H), streamed) << "stream kernel not deterministic";
+  err = nrm = 0;
+  for (size_t i = 0; i < streamed.size(); ++i) {
+    const double a = bf16_to_float(streamed[i]), b = bf16_to_float(w4a16[i]);
+    err += (a - b) * (a - b);
+    nrm += b * b;
+  }
+  EXPECT_LE(err / nrm, 1e-5) << "stream vs W4A16";
 
   // RMSNorm of one 4096 row (fused add), fused RoPE + KV write of one token.
   DevBuf res(size_t(H) * 2), nw(size_t(H) * 2), normed(size_t(H) * 2);

@@ -126,7 +126,8 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
                         {192, {{96, true}, {32, false}, {64, true}}},
                         {4096, {{12288, true}, {1024, true}, {1024, true}}},  // GLM-4.5-Air q/k/v
                         {12288, {{4096, false}}},                             // its o_proj
-                        {1408, {{224, false}, {4096, true}}}};
+                        {1408, {{224, false}, {4096, true}}},
+                        {128, {{256, true}, {64, false}, {128, true}}}};
   for (const Case& c : cases)
     for (int M : {1, 2, 5, 8}) {
       if (c.k >= 4096 && (M == 2 || M == 5)) continue;  // keep the CPU side quick
@@ -153,17 +154,38 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
         outs.push_back({&dw.back()->view(), o.bias ? dbias.back()->ptr() : nullptr, dy.back()->ptr()});
       }
       ASSERT_EQ(cuda::nvfp4_gemv_unsupported_reason(outs.data(), int(outs.size()), M), "") << what;
-      sync_ok(cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), dx.ptr(), M, nullptr));
       for (size_t i = 0; i < c.outs.size(); ++i) {
-        const std::string wi = what + " output " + std::to_string(i);
-        const auto got = dy[i]->download();
-        EXPECT_LE(nmse(got, want[i], from_bf16, from_bf16, wi), 1e-5) << wi;
-        EXPECT_TRUE(dy[i]->guards_intact()) << wi;
         sync_ok(cuda::linear_nvfp4(dw[i]->view(), dx.ptr(), M, rows, dref[i]->ptr(), DType::BF16,
                                    nullptr));
         if (c.outs[i].bias)
           sync_ok(cuda::add_bias(dref[i]->ptr(), false, M, c.outs[i].n, dbias[i]->ptr(), nullptr));
-        EXPECT_LE(nmse(got, dref[i]->download(), from_bf16, from_bf16, wi), 1e-5) << wi << " vs W4A16";
+      }
+      // Every kernel: Auto (streaming for few tiles, else batched), the register-batched one, and
+      // streaming shapes whose 2-3 stage rings wrap many times and whose grids give blocks
+      // several tiles.
+      struct Kern { cuda::Nvfp4GemvKernel kernel; cuda::Nvfp4GemvStreamConfig cfg; const char* name; };
+      const Kern kernels[] = {{cuda::Nvfp4GemvKernel::Auto, {}, "auto"},
+                              {cuda::Nvfp4GemvKernel::Batched, {}, "batched"},
+                              {cuda::Nvfp4GemvKernel::Stream, {}, "stream default"},
+                              {cuda::Nvfp4GemvKernel::Stream, {4, 2, 1, 2}, "stream c4 st2 b1 j2"},
+                              {cuda::Nvfp4GemvKernel::Stream, {8, 3, 2, 2}, "stream c8 st3 b2 j2"},
+                              {cuda::Nvfp4GemvKernel::Stream, {16, 2, 1, 1}, "stream c16 st2 b1 j1"}};
+      for (const Kern& kn : kernels) {
+        for (auto& y : dy) y->poison();
+        sync_ok(cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), dx.ptr(), M, nullptr,
+                                        kn.kernel, &kn.cfg));
+        for (size_t i = 0; i < c.outs.size(); ++i) {
+          const std::string wi = what + " output " + std::to_string(i) + " " + kn.name;
+          const auto got = dy[i]->download();
+          EXPECT_LE(nmse(got, want[i], from_bf16, from_bf16, wi), 1e-5) << wi;
+          EXPECT_TRUE(dy[i]->guards_intact()) << wi;
+          EXPECT_LE(nmse(got, dref[i]->download(), from_bf16, from_bf16, wi), 1e-5) << wi << " vs W4A16";
+          if (kn.kernel == cuda::Nvfp4GemvKernel::Batched) continue;
+          // Fixed summation order: a second run is bit-identical.
+          sync_ok(cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), dx.ptr(), M, nullptr,
+                                          kn.kernel, &kn.cfg));
+          EXPECT_EQ(dy[i]->download(), got) << wi << " second run differs";
+        }
       }
     }
 }

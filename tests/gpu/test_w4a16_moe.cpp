@@ -285,6 +285,12 @@ void run_case(const Case& c, uint32_t seed) {
       {MoeKernel::kDecode, true, {1, 4, 2, false, true, 4, 6}},
       {MoeKernel::kDecode, true, {1, 4, 2, false, true, 2, 8}, true},
       {MoeKernel::kDecode, true, {1, 2, 2, false, true, 8, 8}},
+      // Weight streaming: {.., stream, stream_stages, stream_blocks_per_sm}; more than 8 rows per
+      // expert run as repeated passes.
+      {MoeKernel::kDecode, true, {1, 8, 2, false, false, 2, 0, true, 8, 1}},
+      {MoeKernel::kDecode, true, {1, 8, 2, false, false, 2, 0, true, 3, 2}, true},
+      {MoeKernel::kDecode, true, {1, 4, 2, false, false, 2, 0, true, 2, 3}},
+      {MoeKernel::kDecode, true, {1, 16, 2, false, false, 2, 0, true, 2, 2, 1}, true},
       {MoeKernel::kTiled, true, {1, 4, 1, false}},          // tiled, one block per SM
       {MoeKernel::kTiled, false, {}},                       // tiled, two blocks per SM
   };
@@ -305,6 +311,13 @@ void run_case(const Case& c, uint32_t seed) {
     EXPECT_EQ(s1.bad, 0u);
     EXPECT_EQ(s1.poison_lost, 0u);
     EXPECT_LE(s1.nmse, 1e-5) << "gemm1 " << p;
+    if (cfg != nullptr && cfg->stream) {  // fixed summation order: a second run is bit-identical
+      const auto first = d_act.download_all();
+      ASSERT_EQ(moe_detail::gemm1_with(p, W.view(), rows, d_x.ptr(), d_act.ptr(), nullptr, k, cfg),
+                cudaSuccess);
+      TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(d_act.download_all(), first) << "gemm1 second run differs";
+    }
 
     if (c.y_f32) {
       d_y32.poison();

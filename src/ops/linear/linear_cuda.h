@@ -100,11 +100,24 @@ struct Nvfp4GemvOutput {
 };
 // Why these outputs cannot run ("" when they can).
 std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M);
-// Kernel variants for benchmarks; Auto is Batched, measured faster on the H200 for q/k/v
-// (k = 4096) and o_proj (k = 12288) at M = 1 and 8.
-enum class Nvfp4GemvKernel { Auto, Batched, Pipelined };
+// Kernels: Stream, a persistent grid streaming the weights through a shared-memory ring
+// (ops/moe/w4a16_stream.cuh); Batched, one block per tile, weights loaded straight into
+// registers; Pipelined, Batched with double-buffered registers (slower, benchmark only). Auto:
+// Stream when the tiles fit one per block of its grid (long k: o_proj), else Batched.
+enum class Nvfp4GemvKernel { Auto, Batched, Pipelined, Stream };
+// Stream kernel shape (benchmarks sweep it; null = these defaults, measured best for o_proj).
+struct Nvfp4GemvStreamConfig {
+  int consumer_warps = 16;  // 4 or 8 (chunks_per_warp 2), 16 (chunks_per_warp 1)
+  int stages = 5;           // ring depth
+  int blocks_per_sm = 2;    // grid = min(tiles, SMs * this)
+  int chunks_per_warp = 1;  // chunks (independent MMA chains) per warp per stage: 1 (16 warps),
+                            // 2 or 4 (4 or 8 warps); a stage holds warps * this chunks
+  int mode = 0;             // benchmark diagnostics (8 warps x 2 chunks, or 4 x 2 for mode 1):
+                            // 1 = copy only, 2 = no activation loads; outputs then meaningless
+};
 cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
-                              cudaStream_t stream, Nvfp4GemvKernel kernel = Nvfp4GemvKernel::Auto);
+                              cudaStream_t stream, Nvfp4GemvKernel kernel = Nvfp4GemvKernel::Auto,
+                              const Nvfp4GemvStreamConfig* stream_cfg = nullptr);
 
 // BF16 linear through cuBLASLt: y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T, W [N, K] bf16.
 // Owns the cuBLASLt handle and a fixed workspace (so capture never allocates); not thread safe.

@@ -5,6 +5,8 @@
 // applies alpha and the bias. Tiles of all outputs form one grid, so q/k/v cost one launch and the
 // small k/v matrices ride in the same wave as q. Weights in the fragment order of
 // moe/expert_weights.h, dequantized by the W4A16 helpers (ops/moe/w4a16_fragment.cuh).
+// Second kernel, picked by Auto for few long tiles (o_proj): the persistent weight-streaming
+// kernel of ops/moe/w4a16_stream.cuh (bulk copies into a shared-memory ring, one tile per block).
 #include <cuda_runtime.h>
 
 #include <string>
@@ -13,6 +15,7 @@
 #include "core/error.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/w4a16_fragment.cuh"
+#include "ops/moe/w4a16_stream.cuh"
 
 namespace tetra::ops::cuda {
 
@@ -140,6 +143,44 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
   }
 }
 
+// The streaming kernel's view of the same outputs: a unit is one 16-row tile of one output.
+struct DenseStreamWork {
+  static constexpr int kTilesPerUnit = 1;
+  GemvArgs a;
+  int total_units, chunks;
+  const uint16_t* x;  // [M, k] bf16 (= a.x)
+
+  struct Unit {
+    const uint8_t* w;
+    const uint8_t* s;
+    int rows;  // M
+    int o, tile;
+  };
+  __device__ Unit unit(int u) const {
+    int o = 0;
+    while (o + 1 < a.outputs && u >= a.tile_end[o]) ++o;
+    const int tile = u - (o > 0 ? a.tile_end[o - 1] : 0);
+    return {a.w[o] + size_t(tile) * chunks * kTileChunkBytes,
+            a.s[o] + size_t(tile) * chunks * kTileChunkScales, a.m, o, tile};
+  }
+  __device__ const uint16_t* x_row(const Unit&, int row) const { return x + size_t(row) * a.k; }
+  __device__ void store(const Unit& un, int row, int col, const float (&v)[1]) const {
+    const int n = un.tile * 16 + col;
+    // Rounded to bf16 before the bias, as the unfused linear + add_bias pair does.
+    float y = __bfloat162float(__float2bfloat16_rn(v[0] * a.alpha[un.o][0]));
+    if (a.bias[un.o] != nullptr) y += __bfloat162float(__ushort_as_bfloat16(a.bias[un.o][n]));
+    a.y[un.o][size_t(row) * a.n[un.o] + n] = moe_detail::f32_to_bf16_bits(y);
+  }
+};
+
+// C consumer warps, J chunks per warp per stage, MODE a benchmark diagnostic (w4a16_stream.cuh).
+template <int C, int J, int MODE = moe_detail::kStreamFull>
+cudaError_t launch_dense_stream(const DenseStreamWork& w, const Nvfp4GemvStreamConfig& c,
+                                cudaStream_t stream) {
+  return moe_detail::launch_stream_work<DenseStreamWork, C, J, MODE>(w, c.stages, c.blocks_per_sm,
+                                                                     true, stream);
+}
+
 }  // namespace
 
 std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M) {
@@ -157,7 +198,8 @@ std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_out
 }
 
 cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
-                              cudaStream_t stream, Nvfp4GemvKernel kernel) {
+                              cudaStream_t stream, Nvfp4GemvKernel kernel,
+                              const Nvfp4GemvStreamConfig* stream_cfg) {
   const std::string why = nvfp4_gemv_unsupported_reason(outs, n_outs, M);
   if (!why.empty()) TETRA_FAIL("NVFP4 GEMV: ", why);
   GemvArgs a{};
@@ -178,6 +220,33 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   a.x = x;
   a.m = M;
   a.k = outs[0].w->k;
+  // Auto: the streaming kernel (two blocks of 16 consumer warps per SM) when every block of its
+  // grid gets at most one tile, i.e. few long tiles (Air o_proj: 256 tiles of k = 12288, 11.5 vs
+  // 14.1 us at M = 1, 12.2 vs 16.0 at M = 8, H200 graph-timed); with several tiles per block it
+  // lost (Air q/k/v, 896 tiles: 16.5 vs 13.5 us). bench/results/2026-11-30-stream-gemv-h200.md.
+  if (kernel == Nvfp4GemvKernel::Auto) {
+    const int sms = moe_detail::current_device_sm_count();
+    const Nvfp4GemvStreamConfig c{};
+    kernel = sms > 0 && tiles <= c.blocks_per_sm * sms ? Nvfp4GemvKernel::Stream
+                                                        : Nvfp4GemvKernel::Batched;
+  }
+  if (kernel == Nvfp4GemvKernel::Stream) {
+    for (int i = 0; i < n_outs; ++i)
+      TETRA_CHECK(reinterpret_cast<uintptr_t>(a.w[i]) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(a.s[i]) % 16 == 0,
+                  "NVFP4 GEMV output ", i, ": weights or scales not 16-byte aligned");
+    const Nvfp4GemvStreamConfig c = stream_cfg ? *stream_cfg : Nvfp4GemvStreamConfig{};
+    const DenseStreamWork work{a, tiles, a.k / kChunkK, x};
+    switch (c.consumer_warps * 100 + c.chunks_per_warp * 10 + c.mode) {
+      case 420: return launch_dense_stream<4, 2>(work, c, stream);
+      case 820: return launch_dense_stream<8, 2>(work, c, stream);
+      case 1610: return launch_dense_stream<16, 1>(work, c, stream);
+      case 821: return launch_dense_stream<8, 2, moe_detail::kStreamCopyOnly>(work, c, stream);
+      case 822: return launch_dense_stream<8, 2, moe_detail::kStreamNoX>(work, c, stream);
+      default: break;
+    }
+    return cudaErrorInvalidValue;
+  }
   // Programmatic dependent launch: this grid may begin before the previous kernel in the stream
   // ends (the kernel waits for it before reading x), overlapping the weight stream with its tail.
   const KernelLaunch launch(dim3(unsigned(tiles)), dim3(kWarps * 32), stream);

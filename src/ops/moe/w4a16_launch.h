@@ -39,14 +39,27 @@ struct DecodeConfig {
   bool late_x = false;
   int chunks_per_batch = 4;     // late_x: 64-k chunks per warp load batch
   int min_blocks_per_sm = 0;    // late_x: register cap for this many blocks per SM (0: 16 / k_warps)
+  // Decode, weight streaming (w4a16_stream.cuh): a persistent grid, a producer thread filling a
+  // shared-memory ring by bulk copies, k_warps consumer warps (4 or 8 with 2 chunks per warp, 16
+  // with 1). Overrides late_x. Measured slower than late_x on the H200 (GLM-5 1 token: 82-91 vs
+  // 65 us), so decode_config leaves it off.
+  bool stream = false;
+  int stream_stages = 12;        // ring depth; a stage holds k_warps * chunks_per_warp chunks (576 B)
+  int stream_blocks_per_sm = 1;  // grid = min(units, SMs * this)
+  int stream_chunks_per_warp = 2;  // 2 (k_warps 4 or 8) or 1 (k_warps 16)
 };
 inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
   os << "decode(n" << 8 * c.token_tiles << ",kw" << c.k_warps;
-  if (c.late_x) os << ",late,u" << c.chunks_per_batch << ",b" << c.min_blocks_per_sm;
+  if (c.stream)
+    os << ",stream,j" << c.stream_chunks_per_warp << ",st" << c.stream_stages << ",b"
+       << c.stream_blocks_per_sm;
+  else if (c.late_x)
+    os << ",late,u" << c.chunks_per_batch << ",b" << c.min_blocks_per_sm;
   return os << (c.l2_prefetch ? ",pf" : "") << ")";
 }
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
+cudaError_t launch_stream(const GroupedGemmArgs& a, const DecodeConfig& cfg, cudaStream_t stream);
 cudaError_t launch_tiled(const GroupedGemmArgs& a, int blocks_per_sm, cudaStream_t stream);
 
 // The public launchers with an explicit decode configuration (benchmarks sweep these).

@@ -1,0 +1,284 @@
+// Weight-streaming W4A16 GEMV for decode (at most 8 activation rows per pass), shared by the
+// dense decode linears (ops/linear/nvfp4_gemv.cu) and the MoE decode GEMMs (w4a16_stream.cu).
+//
+// Why: a block that loads its weights, waits, multiplies and exits leaves HBM idle between its
+// bursts and at the wave tails. Here a persistent grid (about one block per SM) takes a
+// contiguous range of work units (one 16-row tile, or one gate/up tile pair, of one matrix). In
+// the fragment layout of moe/expert_weights.h a tile's K range is contiguous, so one producer
+// thread streams it as 1-D bulk copies of up to kSeg chunks (kSeg * 512 B of weights + kSeg * 64 B
+// of scales) into a ring of shared-memory stages that complete on mbarriers; the copy engine
+// keeps many KB in flight per SM without registers, across unit boundaries. The consumer warps
+// split each stage's chunks, dequantize from shared memory (w4a16_fragment.cuh helpers) and run
+// mma.sync m16n8k16 with the weights on the M side and up to 8 activation rows on the N side,
+// accumulating in registers until the unit's tiles end; then their partial sums meet in shared
+// memory and the Work's epilogue stores them. Every sum is taken in a fixed order (no atomics):
+// two runs give bit-identical results.
+//
+// A Work (trivially copyable, passed by value) describes the units:
+//   static constexpr int kTilesPerUnit;  // 1 plain, 2 gate/up pair (tiles 2p, 2p+1 adjacent)
+//   int total_units, chunks;             // units in the grid, K / 64
+//   const uint16_t* x;                   // activations (read only after griddepcontrol.wait)
+//   struct Unit { const uint8_t* w; const uint8_t* s; int rows; ... };  // rows <= 0: skip
+//   __device__ Unit unit(int u) const;   // w, s at the unit's first tile, chunk 0
+//   __device__ const uint16_t* x_row(const Unit&, int row) const;        // 0 <= row < rows
+//   __device__ void store(const Unit&, int row, int col, const float (&v)[kTilesPerUnit]) const;
+// where col is the weight row inside the tile (0..15) and v the finished sums (gate, up).
+// Units with more than 8 rows are run in passes of 8, each pass streaming the unit again.
+//
+// Measured (H200, bench/results/2026-11-30-stream-gemv-h200.md): the ring alone (copy-only mode)
+// streams at 3.9 TB/s; with the dequant + MMA the consumers bind (about 100 instructions per
+// 576-byte chunk), so the kernel needs ~32 consumer warps per SM (two blocks of 16) and wins only
+// where each block owns one long tile (o_proj). Where blocks own several short units (q/k/v, the
+// MoE GEMMs) the register-streaming kernels with more warps stay faster.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/kernel_launch.h"
+#include "ops/moe/w4a16_fragment.cuh"
+
+namespace tetra::moe_detail {
+
+// Chunks per stage for C consumer warps taking J chunks each (J independent MMA chains).
+template <int C, int J>
+constexpr int stream_seg_chunks() { return C * J; }
+// Dynamic shared memory of a ring: weights, scales, then full/empty mbarriers.
+template <int C, int J>
+constexpr int stream_smem_bytes(int stages) {
+  return stages * stream_seg_chunks<C, J>() * (kTileChunkBytes + kTileChunkScales) + stages * 16;
+}
+// Diagnostic modes for the benchmark: 0 = the GEMV; 1 = stream only (no activation loads, no
+// math: the ring's own rate); 2 = no activation loads (math on constant activations).
+enum StreamMode { kStreamFull = 0, kStreamCopyOnly = 1, kStreamNoX = 2 };
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// One arrival that also announces `bytes` of bulk copies completing on this barrier.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// Waits until the phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t b = smem_u32(bar);
+  while (!mbar_try_wait(b, parity)) {
+  }
+}
+// 1-D bulk copy global -> shared (16-B aligned addresses, size a multiple of 16).
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
+                                              uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t stream_word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// C consumer warps + 1 producer warp, J chunks per consumer warp per stage. stages: ring depth
+// (dynamic shared memory sized by stream_smem_bytes<C, J>(stages)). 16 consumer warps are meant
+// to run two blocks per SM (32 warps): registers capped for that.
+template <class Work, int C, int J, int MODE>
+__global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_kernel(const Work work, int stages) {
+  constexpr int TPU = Work::kTilesPerUnit;
+  constexpr int S = stream_seg_chunks<C, J>();
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint8_t* ring_w = smem;                                        // [stages][S][512]
+  uint8_t* ring_s = smem + size_t(stages) * S * kTileChunkBytes;  // [stages][S][64]
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring_s + size_t(stages) * S * kTileChunkScales);
+  uint64_t* empty = full + stages;                               // [stages] each
+  __shared__ float red[2][C][TPU][4][32];  // [buffer][warp][tile][acc reg][lane] partial sums
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < stages; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], C);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  // The next kernel may be scheduled now; it waits for this grid before reading its output.
+  asm volatile("griddepcontrol.launch_dependents;");
+
+  const int chunks = work.chunks;
+  const int u_begin = int(int64_t(blockIdx.x) * work.total_units / gridDim.x);
+  const int u_end = int(int64_t(blockIdx.x + 1) * work.total_units / gridDim.x);
+
+  if (warp == C) {
+    // Producer: weights need no wait for a previous kernel, so they stream at once (with
+    // programmatic dependent launch, while the kernel that writes x still runs).
+    if (lane != 0) return;
+    int st = 0;         // ring slot of the next stage
+    uint32_t ph = 0;    // how many times the ring wrapped, mod 2
+    for (int u = u_begin; u < u_end; ++u) {
+      const typename Work::Unit un = work.unit(u);
+      if (un.rows <= 0) continue;
+      const int passes = (un.rows + 7) / 8;
+      for (int p = 0; p < passes; ++p)
+        for (int t = 0; t < TPU; ++t)
+          for (int c0 = 0; c0 < chunks; c0 += S) {
+            const int n = min(S, chunks - c0);
+            mbar_wait(&empty[st], ph ^ 1);
+            mbar_arrive_expect_tx(&full[st], uint32_t(n) * (kTileChunkBytes + kTileChunkScales));
+            const size_t c = size_t(t) * chunks + c0;
+            bulk_copy_g2s(ring_w + size_t(st) * S * kTileChunkBytes, un.w + c * kTileChunkBytes,
+                          uint32_t(n) * kTileChunkBytes, &full[st]);
+            bulk_copy_g2s(ring_s + size_t(st) * S * kTileChunkScales, un.s + c * kTileChunkScales,
+                          uint32_t(n) * kTileChunkScales, &full[st]);
+            if (++st == stages) {
+              st = 0;
+              ph ^= 1;
+            }
+          }
+    }
+    return;
+  }
+
+  // Consumers. x (and the outputs) may belong to the previous kernel until it completes.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  int st = 0, buf = 0;  // ring slot, partial-sum buffer
+  uint32_t ph = 0;      // ring wraps mod 2 (the full barrier's phase parity)
+  for (int u = u_begin; u < u_end; ++u) {
+    const typename Work::Unit un = work.unit(u);
+    if (un.rows <= 0) continue;
+    for (int p = 0; p * 8 < un.rows; ++p) {
+      // This lane's activation row (MMA column lane / 4) at k = 16 * (lane % 4); rows past the
+      // count read the last row and their sums are dropped.
+      const uint16_t* xp = work.x_row(un, min(p * 8 + lane / 4, un.rows - 1)) + 16 * (lane % 4);
+      float acc[TPU][J][4];
+#pragma unroll
+      for (int t = 0; t < TPU; ++t)
+#pragma unroll
+        for (int j = 0; j < J; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[t][j][r] = 0.0f;
+#pragma unroll
+      for (int t = 0; t < TPU; ++t) {
+        for (int c0 = 0; c0 < chunks; c0 += S) {
+          const int n = min(S, chunks - c0);
+          mbar_wait(&full[st], ph);
+          const uint8_t* sw = ring_w + size_t(st) * S * kTileChunkBytes + lane * kLaneBytes;
+          const uint8_t* ss = ring_s + size_t(st) * S * kTileChunkScales + lane * 2;
+          uint4 wv[J], x0[J], x1[J];
+          uint32_t sv[J];
+#pragma unroll
+          for (int j = 0; j < J; ++j) {
+            const int ci = warp + j * C;
+            if (ci < n) {
+              wv[j] = *reinterpret_cast<const uint4*>(sw + ci * kTileChunkBytes);
+              sv[j] = *reinterpret_cast<const uint16_t*>(ss + ci * kTileChunkScales);
+              if constexpr (MODE == kStreamFull) {
+                x0[j] = ld_cached_u4(xp + size_t(c0 + ci) * kChunkK);
+                x1[j] = ld_cached_u4(xp + size_t(c0 + ci) * kChunkK + 8);
+              } else {
+                x0[j] = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
+                x1[j] = x0[j];
+              }
+            }
+          }
+          // The stage's bytes are in registers: hand it back to the producer before the math.
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty[st]);
+          if (++st == stages) {
+            st = 0;
+            ph ^= 1;
+          }
+#pragma unroll
+          for (int j = 0; j < J; ++j) {
+            if (MODE == kStreamCopyOnly) {  // keep the loads alive, skip the math
+              acc[t][j][0] += __uint_as_float(wv[j].x ^ wv[j].y ^ wv[j].z ^ wv[j].w ^ sv[j]) * 0.0f;
+            } else if (warp + j * C < n) {
+              uint32_t sg, sg8;
+              scale_pair_to_bf16x2(sv[j], sg, sg8);
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                uint32_t A[4];
+                dequant_word(stream_word(wv[j], q), sg, sg8, A);
+                const uint4& xh = (q >> 1) ? x1[j] : x0[j];
+                mma_bf16_16816(acc[t][j], A, (q & 1) ? xh.z : xh.x, (q & 1) ? xh.w : xh.y);
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < TPU; ++t)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          float v = acc[t][0][r];
+#pragma unroll
+          for (int j = 1; j < J; ++j) v += acc[t][j][r];
+          red[buf][warp][t][r][lane] = v;
+        }
+      // Consumers only (the producer warp runs ahead). Two buffers: a warp writes buffer b again
+      // only after the next barrier, which every reader of b passed after reading it.
+      asm volatile("bar.sync 1, %0;" ::"n"(C * 32) : "memory");
+      if (threadIdx.x < 128) {
+        // Element (r, l): weight row l/4 (+8 for r >= 2), activation row 2(l%4) + (r&1).
+        const int r = threadIdx.x / 32, l = threadIdx.x % 32;
+        const int row = p * 8 + 2 * (l % 4) + (r & 1);
+        if (row < un.rows) {
+          float v[TPU];
+#pragma unroll
+          for (int t = 0; t < TPU; ++t) {
+            v[t] = 0.0f;
+#pragma unroll
+            for (int w = 0; w < C; ++w) v[t] += red[buf][w][t][r][l];
+          }
+          work.store(un, row, l / 4 + (r >= 2 ? 8 : 0), v);
+        }
+      }
+      buf ^= 1;
+    }
+  }
+}
+
+// Multiprocessors of the current device (cached per device; 0 when it cannot be read).
+int current_device_sm_count();
+
+// Host side: one persistent grid of min(units, SMs * blocks_per_sm) blocks. pdl: launch as a
+// programmatic dependent (the consumers wait before reading x or writing outputs).
+template <class Work, int C, int J = 2, int MODE = kStreamFull>
+cudaError_t launch_stream_work(const Work& work, int stages, int blocks_per_sm, bool pdl,
+                               cudaStream_t stream) {
+  if (work.total_units <= 0) return cudaSuccess;
+  if (stages < 2 || stages > 64 || blocks_per_sm < 1 || blocks_per_sm > 4)
+    return cudaErrorInvalidValue;
+  const int sms = current_device_sm_count();
+  if (sms <= 0) return cudaErrorInvalidDevice;
+  const int smem = stream_smem_bytes<C, J>(stages);
+  void (*kernel)(Work, int) = stream_gemv_kernel<Work, C, J, MODE>;
+  // Above 48 KB a block needs the opt-in; set on every launch (per device, host-side only).
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const int grid = std::min(work.total_units, sms * blocks_per_sm);
+  const KernelLaunch launch(dim3(unsigned(grid)), dim3((C + 1) * 32), stream, pdl, size_t(smem));
+  return launch(kernel, work, stages);
+}
+
+}  // namespace tetra::moe_detail
