@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "graph_timing.h"
 #include "core/half.h"
 #include "model/cuda/split_decode_attention.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -29,48 +30,10 @@ constexpr double kPeakGBs = 4460.0;
 // Split counts to time next to the automatic one (0).
 const std::vector<int> kSplitChoices = {0, 1, 2, 4, 8, 16};
 
-struct DevBuf {
-  explicit DevBuf(size_t bytes) { TETRA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256))); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p); }
-  void* p = nullptr;
-};
+using DevBuf = test::DeviceScratch;
 
-// us per launch of `launch(i)` (i = 0..kLaunches-1) captured into one graph, median of 5 replays.
 double time_graph(const std::function<void(int, cudaStream_t)>& launch) {
-  cudaStream_t s;
-  TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < kLaunches; ++i) launch(i, s);  // warm-up, eager
-  TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t g;
-  TETRA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) launch(i, s);
-  TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t e;
-  TETRA_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  cudaEvent_t a, b;
-  TETRA_CUDA_CHECK(cudaEventCreate(&a));
-  TETRA_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int r = 0; r < 6; ++r) {
-    TETRA_CUDA_CHECK(cudaEventRecord(a, s));
-    TETRA_CUDA_CHECK(cudaGraphLaunch(e, s));
-    TETRA_CUDA_CHECK(cudaEventRecord(b, s));
-    TETRA_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    TETRA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    if (r > 0) ms.push_back(t);  // the first replay uploads the graph
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(e);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
-  return double(ms[ms.size() / 2]) * 1000.0 / kLaunches;
+  return test::graph_us_per_launch(kLaunches, launch);
 }
 
 std::vector<uint16_t> download(const DevBuf& b, size_t n) {
@@ -130,9 +93,6 @@ TEST(BenchAttentionDecode, Glm45AirShape) {
       kv.num_blocks = batch * mb;
       kv.block_size = kBlock;
       kv.max_blocks_per_seq = mb;
-      const size_t ws_bytes = model::cuda::split_decode_workspace_bytes(batch, shape, kv);
-      DevBuf ws(ws_bytes);
-      TETRA_CUDA_CHECK(cudaMemset(ws.p, 0, std::max<size_t>(ws_bytes, 256)));
       const size_t out_elems = size_t(batch) * kHeads * kDim;
       std::vector<uint16_t> auto_out;  // [batch, 96, 128] bf16
       for (int splits : kSplitChoices) {
@@ -140,7 +100,7 @@ TEST(BenchAttentionDecode, Glm45AirShape) {
           ops::PagedKv c = kv;
           c.k_cache = kc[size_t(i % copies)]->as<uint16_t>();
           c.v_cache = vc[size_t(i % copies)]->as<uint16_t>();
-          TETRA_CUDA_CHECK(model::cuda::split_decode_attention(q.as<uint16_t>(), c, batch, shape, ws.p, ws_bytes, out.as<uint16_t>(), s, splits));
+          TETRA_CUDA_CHECK(model::cuda::split_decode_attention(q.as<uint16_t>(), c, batch, shape, out.as<uint16_t>(), s, splits));
         };
         const double us = time_graph(launch);
         EXPECT_TRUE(std::isfinite(us) && us > 0.0);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "graph_timing.h"
 #include "core/half.h"
 #include "model/cuda/split_decode_attention.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -31,15 +32,7 @@ namespace {
 namespace oc = ops::cuda;
 constexpr int kLaunches = 32;
 
-struct DevBuf {
-  explicit DevBuf(size_t bytes) { TETRA_CUDA_CHECK(cudaMalloc(&p, bytes)); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p); }
-  void* p = nullptr;
-};
+using DevBuf = test::DeviceScratch;
 
 oc::Nvfp4LinearBuffer random_linear(int n, int k, uint64_t seed) {
   auto b = oc::Nvfp4LinearBuffer::allocate(n, k, false);
@@ -50,38 +43,8 @@ oc::Nvfp4LinearBuffer random_linear(int n, int k, uint64_t seed) {
   return b;
 }
 
-// us per launch of `launch(i)` (i = 0..kLaunches-1) captured into one graph, median of 5 replays.
 double time_graph(const std::function<void(int, cudaStream_t)>& launch) {
-  cudaStream_t s;
-  TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < kLaunches; ++i) launch(i, s);  // warm-up, eager
-  TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t g;
-  TETRA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) launch(i, s);
-  TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  cudaGraphExec_t e;
-  TETRA_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  cudaEvent_t a, b;
-  TETRA_CUDA_CHECK(cudaEventCreate(&a));
-  TETRA_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int r = 0; r < 6; ++r) {
-    TETRA_CUDA_CHECK(cudaEventRecord(a, s));
-    TETRA_CUDA_CHECK(cudaGraphLaunch(e, s));
-    TETRA_CUDA_CHECK(cudaEventRecord(b, s));
-    TETRA_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    TETRA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    if (r > 0) ms.push_back(t);  // the first replay uploads the graph
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(e);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(s);
-  return double(ms[ms.size() / 2]) * 1000.0 / kLaunches;
+  return test::graph_us_per_launch(kLaunches, launch);
 }
 
 void report(const std::string& what, double us, double bytes) {
@@ -244,15 +207,12 @@ TEST(BenchDecodeParts, Glm45AirBatch1) {
   kv.num_blocks = kMaxBlocks;
   kv.block_size = kBlock;
   kv.max_blocks_per_seq = kMaxBlocks;
-  const size_t ws_bytes = model::cuda::split_decode_workspace_bytes(1, as, kv);
-  DevBuf ws(ws_bytes);
-  TETRA_CUDA_CHECK(cudaMemset(ws.p, 0, ws_bytes));
   report("split decode attention, 1025 tokens", time_graph([&](int i, cudaStream_t s) {
            ops::PagedKv c = kv;
            c.k_cache = kcache[size_t(i % kCaches)]->as<uint16_t>();
            c.v_cache = vcache[size_t(i % kCaches)]->as<uint16_t>();
-           TETRA_CUDA_CHECK(model::cuda::split_decode_attention(yq.as<uint16_t>(), c, 1, as, ws.p,
-                                                                ws_bytes, attn_out.as<uint16_t>(), s));
+           TETRA_CUDA_CHECK(model::cuda::split_decode_attention(yq.as<uint16_t>(), c, 1, as,
+                                                                attn_out.as<uint16_t>(), s));
          }),
          2.0 * kLen * NKV * 2);
   TETRA_CUDA_CHECK(cudaDeviceSynchronize());

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "graph_timing.h"
 #include "core/half.h"
 #include "moe/router.h"
 #include "ops/moe/moe_ops_cuda.h"
@@ -28,45 +29,13 @@ constexpr int kLaunches = 24;
 constexpr int kCopies = 24;
 constexpr int kReplays = 20;
 
-struct Dev {
-  explicit Dev(size_t bytes) { TETRA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  template <typename T>
-  T* as() const { return static_cast<T*>(p); }
-  void* p = nullptr;
-};
+using Dev = test::DeviceScratch;
 
-// Median us per launch of `launch(i)` for i < kLaunches, captured once as a graph.
+// Median us per launch of launch(i, stream) -> cudaError_t, i < kLaunches, as one graph.
 template <typename F>
-double graph_us(cudaStream_t s, F launch) {
-  cudaGraph_t graph;
-  TETRA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kLaunches; ++i) TETRA_CUDA_CHECK(launch(i));
-  TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  TETRA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t e0, e1;
-  TETRA_CUDA_CHECK(cudaEventCreate(&e0));
-  TETRA_CUDA_CHECK(cudaEventCreate(&e1));
-  TETRA_CUDA_CHECK(cudaGraphLaunch(exec, s));  // warm-up
-  std::vector<double> us;
-  for (int r = 0; r < kReplays; ++r) {
-    TETRA_CUDA_CHECK(cudaEventRecord(e0, s));
-    TETRA_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    TETRA_CUDA_CHECK(cudaEventRecord(e1, s));
-    TETRA_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    TETRA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    us.push_back(1e3 * ms / kLaunches);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+double graph_us(F launch) {
+  return test::graph_us_per_launch(
+      kLaunches, [&](int i, cudaStream_t st) { TETRA_CUDA_CHECK(launch(i, st)); }, kReplays);
 }
 
 struct Shape {
@@ -146,18 +115,18 @@ TEST(BenchTokenPath, GraphTimedWithPhaseStamps) {
       a.rows.shared_slot = T <= 8;
       a.counter = counter.as<uint32_t>();
       ASSERT_TRUE(cuda::detail::tiny_token_path_fits(a, T));
-      const double tp_us = graph_us(s, [&](int i) {
+      const double tp_us = graph_us([&](int i, cudaStream_t st) {
         cuda::SmallTokenPath b = a;
         b.gate = gate.as<uint16_t>() + size_t(i % kCopies) * E * H;
         b.x = x.as<uint16_t>() + size_t(i % kCopies) * maxT * H;
-        return cuda::small_token_path(b, T, s);
+        return cuda::small_token_path(b, T, st);
       });
       const int32_t* shared_first = T <= 8 ? offsets.as<int32_t>() + E : nullptr;
-      const double comb_us = graph_us(s, [&](int) {
+      const double comb_us = graph_us([&](int, cudaStream_t st) {
         cuda::CombineOptions co;
         co.shared_first_row = shared_first;
         return cuda::combine_bf16(y.p, DType::F32, T, H, K, slot_of.as<int32_t>(), w.as<float>(),
-                                  nullptr, resid.as<uint16_t>(), out.as<uint16_t>(), s, co);
+                                  nullptr, resid.as<uint16_t>(), out.as<uint16_t>(), st, co);
       });
       // One profiled launch on the first copy, against a plain one.
       ASSERT_EQ(cuda::small_token_path(a, T, s), cudaSuccess);

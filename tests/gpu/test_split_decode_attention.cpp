@@ -115,12 +115,11 @@ TEST(SplitDecodeAttention, MatchesCpu) {
     dkv.v_cache = dv.ptr();
     dkv.block_tables = dt.ptr();
     dkv.seq_lens = dl.ptr();
-    EXPECT_EQ(split_decode_workspace_bytes(S, sh, dkv), 0u);  // the merge stays on chip
-    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, nullptr, 0, dout.ptr(), nullptr, splits));
+    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, dout.ptr(), nullptr, splits));
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> got = dout.get();
     TETRA_CUDA_CHECK(cudaMemset(dout.ptr(), 0xFF, want.size() * 2));
-    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, nullptr, 0, dout.ptr(), nullptr, splits));
+    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, dout.ptr(), nullptr, splits));
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_EQ(dout.get(), got) << "second launch, D=" << c.D << " splits " << splits;
     double err = 0, ref = 0;
@@ -150,7 +149,7 @@ TEST(SplitDecodeAttention, RefusesUnsupportedShapes) {
   sh.n_heads = 96;  // supported, but more splits than the largest cluster
   EXPECT_EQ(split_decode_unsupported_reason(sh), "");
   ops::PagedKv kv;
-  EXPECT_THROW(split_decode_attention(nullptr, kv, 0, sh, nullptr, 0, nullptr, nullptr, kMaxSplits + 1),
+  EXPECT_THROW(split_decode_attention(nullptr, kv, 0, sh, nullptr, nullptr, kMaxSplits + 1),
                Error);
 }
 

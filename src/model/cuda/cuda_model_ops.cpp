@@ -279,8 +279,7 @@ class CudaModelOps final : public CudaModelOpsApi {
     if (skip()) return;
     const ops::PagedKv kv = paged_kv(layer);
     if (split_decode_)
-      ck(split_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(), attn_ws_.bytes(),
-                                buf(out), stream_));
+      ck(split_decode_attention(buf(q), kv, S_run_, attn_, buf(out), stream_));
     else
       ck(ops::cuda::paged_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(),
                                            attn_ws_.bytes(), buf(out), stream_));
@@ -455,11 +454,9 @@ class CudaModelOps final : public CudaModelOpsApi {
     kv.block_size = lim.kv_block_size;
     kv.max_blocks_per_seq = lim.max_blocks_per_seq;
     split_decode_ = opt_.split_decode && split_decode_unsupported_reason(attn_).empty();
+    // The split kernel needs no scratch; the fallback kernel's partials live here.
     attn_ws_ = DeviceMem(std::max<size_t>(
-        256, split_decode_ ? split_decode_workspace_bytes(lim.max_seqs, attn_, kv)
-                           : ops::cuda::paged_decode_workspace_bytes(lim.max_seqs, attn_, kv)));
-    // The split kernel's arrival counters start at zero (each launch leaves them so).
-    TETRA_CUDA_CHECK(cudaMemsetAsync(attn_ws_.as(), 0, attn_ws_.bytes(), stream_));
+        256, split_decode_ ? 0 : ops::cuda::paged_decode_workspace_bytes(lim.max_seqs, attn_, kv)));
     pairs_ = DeviceMem(size_t(lim.kv_num_blocks) * 8);
     arrays_ = {};
     arrays_.layout(lim.max_tokens, lim.max_seqs, lim.max_blocks_per_seq);
@@ -618,7 +615,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   std::array<DeviceMem, size_t(Buf::Count)> bufs_;  // each [max_tokens, width] bf16
   DeviceMem logits_;      // [max_tokens, vocab] f32, first R rows valid
   DeviceMem logit_in_;    // [max_tokens, H] bf16: the logit rows gathered for lm_head
-  DeviceMem attn_ws_;     // paged decode split scratch
+  DeviceMem attn_ws_;     // the fallback paged decode kernel's split partials
   DeviceMem pairs_;       // [kv_num_blocks, 2] int32 copy-on-write pairs
   std::unique_ptr<lin::RowCountTable> rows_;
   lin::Bf16Linear bf16_;

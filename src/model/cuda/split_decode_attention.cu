@@ -408,7 +408,6 @@ std::string split_decode_unsupported_reason(const ops::AttentionShape& s) {
   return "";
 }
 
-size_t split_decode_workspace_bytes(int, const ops::AttentionShape&, const ops::PagedKv&) { return 0; }
 
 int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s) {
   int device = 0, sms = 0;
@@ -426,7 +425,7 @@ int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s) {
 }
 
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
-                                   const ops::AttentionShape& s, void*, size_t, uint16_t* out,
+                                   const ops::AttentionShape& s, uint16_t* out,
                                    cudaStream_t stream, int splits) {
   const std::string why = split_decode_unsupported_reason(s);
   if (!why.empty()) TETRA_FAIL("split decode attention: ", why);

@@ -32,20 +32,14 @@ inline constexpr int kMaxSplits = 16;  // the largest (non-portable) cluster on 
 // Why this shape cannot run here ("" when it can): head_dim 64 or 128, group <= 16, 16-byte rows.
 std::string split_decode_unsupported_reason(const ops::AttentionShape& s);
 
-// Scratch the op needs: none (the merge stays on chip). Kept so callers that size a workspace
-// for either decode kernel need no special case; 0 bytes.
-size_t split_decode_workspace_bytes(int num_seqs, const ops::AttentionShape& s,
-                                    const ops::PagedKv& kv);
-
 // Splits per (sequence, kv head) that the op picks for num_seqs sequences on the current GPU.
 int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s);
 
 // q [num_seqs, n_heads, head_dim] (token stride s.q_step()) -> out [num_seqs, n_heads, head_dim].
-// workspace may be null (see split_decode_workspace_bytes). splits: 0 picks
-// split_decode_auto_splits, else 1..kMaxSplits blocks per (sequence, kv head).
+// No scratch: the splits merge on chip. splits: 0 picks split_decode_auto_splits, else
+// 1..kMaxSplits blocks per (sequence, kv head).
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
-                                   const ops::AttentionShape& s, void* workspace,
-                                   size_t workspace_bytes, uint16_t* out, cudaStream_t stream,
-                                   int splits = 0);
+                                   const ops::AttentionShape& s, uint16_t* out,
+                                   cudaStream_t stream, int splits = 0);
 
 }  // namespace tetra::model::cuda

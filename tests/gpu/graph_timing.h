@@ -1,0 +1,67 @@
+// Shared pieces of the gpu timing harnesses (bench_*.cpp): raw device scratch, and the time of
+// one launch when many run back to back inside a CUDA graph (launch gaps as in the model's step
+// graph, no host launch overhead).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <functional>
+#include <vector>
+
+#include "core/cuda_check.h"
+
+namespace tetra::test {
+
+// Uninitialised device bytes (at least 256, so empty shapes still get a valid pointer).
+struct DeviceScratch {
+  explicit DeviceScratch(size_t bytes) {
+    TETRA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 256)));
+  }
+  ~DeviceScratch() { cudaFree(p); }
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(p); }
+  void* p = nullptr;
+};
+
+// Median us per launch of launch(i, stream), i = 0 .. launches-1, all captured in one graph:
+// one eager warm-up pass, then `replays` timed graph launches after an untimed first one (it
+// uploads the graph).
+inline double graph_us_per_launch(int launches, const std::function<void(int, cudaStream_t)>& launch,
+                                  int replays = 5) {
+  cudaStream_t s;
+  TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < launches; ++i) launch(i, s);
+  TETRA_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  TETRA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) launch(i, s);
+  TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t e;
+  TETRA_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  cudaEvent_t a, b;
+  TETRA_CUDA_CHECK(cudaEventCreate(&a));
+  TETRA_CUDA_CHECK(cudaEventCreate(&b));
+  TETRA_CUDA_CHECK(cudaGraphLaunch(e, s));
+  std::vector<float> ms;
+  for (int r = 0; r < replays; ++r) {
+    TETRA_CUDA_CHECK(cudaEventRecord(a, s));
+    TETRA_CUDA_CHECK(cudaGraphLaunch(e, s));
+    TETRA_CUDA_CHECK(cudaEventRecord(b, s));
+    TETRA_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    TETRA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(e);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+  return double(ms[ms.size() / 2]) * 1000.0 / launches;
+}
+
+}  // namespace tetra::test
