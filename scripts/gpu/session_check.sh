@@ -18,11 +18,11 @@ s moe_glm5 90 "$t" bench moe --preset glm5 --tokens 1,16,64 --json "$L/moe-glm5.
   --markdown "$L/moe-glm5.md"
 s moe_air 60 "$t" bench moe --preset glm4.5-air --tokens 1,16,64 --json "$L/moe-air.json" \
   --markdown "$L/moe-air.md"
-for b in ${BENCHES:-bench_decode_parts bench_attention_decode}; do
+for b in ${BENCHES:-bench_decode_parts bench_attention_decode bench_token_path}; do
   [ -x "$bin/tests/$b" ] && s "$b" 90 "$bin/tests/$b"; done
 for x in ${TESTS:-test_linear_cuda test_split_decode_attention test_moe_ops_cuda test_w4a16_moe \
-    test_moe_layer test_model_cuda test_runtime_ops_cuda}; do
-  [ -x "$bin/tests/$x" ] && s "$x" 150 "$bin/tests/$x"; done
+    test_router_logits_tiled test_model_cuda test_runtime_ops_cuda test_moe_layer}; do
+  [ -x "$bin/tests/$x" ] && s "$x" 200 "$bin/tests/$x"; done
 s demo 60 "$t" demo --cache-dir "$out/cache"
 NCU_COUNT=200 s profile 120 bash "$here/profile_kernels.sh" "$bin" "$L/prof"
 cat "$L/summary.txt"
