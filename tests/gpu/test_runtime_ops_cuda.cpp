@@ -270,6 +270,27 @@ TEST_F(RuntimeOpsCuda, PrefillAttentionVarlenBatchAndFusedQkv) {
     }
 }
 
+// Lengths around the kernel's 64-key and 128-query tiles (one short of, one past), a length
+// crossing several query tiles, and GQA groups 1, 8 and 12 at both head dims.
+TEST_F(RuntimeOpsCuda, PrefillAttentionTileEdgesAndGroups) {
+  std::mt19937 rng(106);
+  const GqaCase groups[] = {{2, 2}, {8, 1}, {12, 1}};
+  for (int D : {64, 128})
+    for (GqaCase g : groups)
+      for (int L : {1, 63, 64, 65, 127, 128, 129, 1000}) run_prefill_case({L}, D, g, false, rng);
+}
+
+// Varlen batches with empty and one-token sequences between long ones, packed and fused qkv:
+// blocks of the short sequences leave early while neighbours run every tile.
+TEST_F(RuntimeOpsCuda, PrefillAttentionVarlenWithEmptySequences) {
+  std::mt19937 rng(107);
+  for (int D : {64, 128})
+    for (GqaCase g : {GqaCase{8, 1}, GqaCase{12, 1}}) {
+      run_prefill_case({0, 129, 1, 0, 257, 2, 64}, D, g, false, rng);
+      run_prefill_case({1, 0, 300, 0, 65}, D, g, true, rng);
+    }
+}
+
 // ---------------------------------------------------------------- paged cache + decode
 void run_decode_case(const std::vector<int>& ctx, int D, GqaCase g, int block_size, std::mt19937& rng) {
   const int S = int(ctx.size());
