@@ -47,10 +47,10 @@ struct CudaTokenPath {
   // The combine as a programmatic dependent launch of the routed GEMM2 (when it follows it).
   // Measured: no difference at 1 token (95.4 vs 95.6 us), so off.
   bool combine_pdl = false;
-  // The one-launch token path as a programmatic dependent launch: its router-weight loads
-  // overlap the tail of the kernel before it (the norm); it waits for that kernel before
-  // reading x.
-  bool token_path_pdl = true;
+  // The one-launch token path as a programmatic dependent launch (its router-weight loads
+  // overlap the tail of the kernel before it; it waits for that kernel before reading x).
+  // Measured: no difference at 1 token on GLM-5 (81.3-81.7 us either way), so off.
+  bool token_path_pdl = false;
 };
 
 // For the benchmark: a layer of the given shape with random NVFP4 weights generated on the GPU
