@@ -5,7 +5,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -355,19 +354,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   cluster.sync();  // peers may still be reading this block's shared memory
 }
 
-// Clusters of more than 8 blocks are "non-portable": each kernel opts in, once per GPU (the
-// attribute belongs to the device current when it is set).
+// Clusters of more than 8 blocks are "non-portable": each kernel opts in, once per GPU.
 template <auto Kernel>
 cudaError_t allow_large_clusters() {
-  static std::atomic<uint64_t> done_devices{0};  // bit d: set on device d
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
-  if (bit != 0 && (done_devices.load(std::memory_order_acquire) & bit)) return cudaSuccess;
-  err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (err == cudaSuccess && bit != 0) done_devices.fetch_or(bit, std::memory_order_acq_rel);
-  return err;
+  return ensure_func_attribute<Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed>(1);
 }
 
 template <int D>

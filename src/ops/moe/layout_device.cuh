@@ -52,24 +52,23 @@ __device__ __forceinline__ bool bad_id(int32_t id, const LayoutOut& o) {
   return id < 0 || id >= o.E_global;
 }
 
+// Inclusive prefix sum of one int per lane over the warp.
+inline __device__ int warp_inclusive_scan(int v) {
+  const int lane = threadIdx.x % 32;
+  for (int off = 1; off < 32; off *= 2) {
+    const int n = __shfl_up_sync(kFullMask, v, off);
+    if (lane >= off) v += n;
+  }
+  return v;
+}
+
 // Exclusive prefix sum over the block (kChunk threads, one value each); total to `total`.
 inline __device__ int block_exclusive_scan(int v, int32_t* scan, int& total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int incl = v;
-  for (int off = 1; off < 32; off *= 2) {
-    const int n = __shfl_up_sync(kFullMask, incl, off);
-    if (lane >= off) incl += n;
-  }
+  const int incl = warp_inclusive_scan(v);
   if (lane == 31) scan[warp] = incl;
   __syncthreads();
-  if (warp == 0) {
-    int ws = scan[lane];
-    for (int off = 1; off < 32; off *= 2) {
-      const int n = __shfl_up_sync(kFullMask, ws, off);
-      if (lane >= off) ws += n;
-    }
-    scan[lane] = ws;
-  }
+  if (warp == 0) scan[lane] = warp_inclusive_scan(scan[lane]);
   __syncthreads();
   total = scan[kWarps - 1];
   const int before = warp == 0 ? 0 : scan[warp - 1];

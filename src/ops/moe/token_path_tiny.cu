@@ -69,11 +69,7 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // Exclusive prefix sum of one int per thread over the block; total to `total`.
 __device__ __forceinline__ int block_scan(int v, int32_t* scan, int& total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int incl = v;
-  for (int off = 1; off < 32; off *= 2) {
-    const int n = __shfl_up_sync(kFullMask, incl, off);
-    if (lane >= off) incl += n;
-  }
+  const int incl = warp_inclusive_scan(v);
   if (lane == 31) scan[warp] = incl;
   __syncthreads();
   int before = 0;
