@@ -16,4 +16,7 @@
 namespace tetra {
 // True when a CUDA device is present and usable; never throws (CPU-only machines answer false).
 bool cuda_available();
+// Multiprocessors of the current device, read once per device (launch shapes ask on every
+// launch); throws tetra::Error when CUDA cannot say.
+int current_device_sm_count();
 }  // namespace tetra

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/kernel_smem_attr.h"
 
@@ -400,10 +401,7 @@ std::string split_decode_unsupported_reason(const ops::AttentionShape& s) {
 
 
 int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s) {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
-    sms = 132;
+  const int sms = current_device_sm_count();
   // Double the splits while the blocks stay within one per multiprocessor. Measured on the H200
   // (GLM-4.5-Air, contexts 1024..8192): the best split count was 16 at batch 1 (8 at 1024
   // tokens, 7% faster), 2 at batch 8 and 1 at batch 64, as this rule picks: past one block per

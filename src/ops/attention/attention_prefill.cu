@@ -18,6 +18,7 @@
 #include <cuda_bf16.h>
 
 #include "core/error.h"
+#include "core/kernel_smem_attr.h"
 #include "ops/attention/attention_cuda.h"
 
 namespace tetra::ops::cuda {
@@ -265,9 +266,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <int D>
 cudaError_t launch_prefill(const PrefillArgs& a, int num_seqs, int max_seqlen, cudaStream_t stream) {
   constexpr size_t kSmem = smem_bytes<D>();
-  // Per call, not once: the attribute belongs to the current device's context.
-  const cudaError_t attr =
-      cudaFuncSetAttribute(prefill_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+  const cudaError_t attr = ensure_max_dynamic_smem<prefill_kernel<D>>(int(kSmem));
   if (attr != cudaSuccess) return attr;
   const dim3 grid(a.n_heads, num_seqs, (max_seqlen + kTileQ - 1) / kTileQ);
   prefill_kernel<D><<<grid, kThreads, kSmem, stream>>>(a);

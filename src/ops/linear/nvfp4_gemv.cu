@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/kernel_launch.h"
+#include "core/cuda_check.h"
 #include "core/error.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/w4a16_fragment.cuh"
@@ -225,10 +226,9 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   // 14.1 us at M = 1, 12.2 vs 16.0 at M = 8, H200 graph-timed); with several tiles per block it
   // lost (Air q/k/v, 896 tiles: 16.5 vs 13.5 us). bench/results/2026-11-30-stream-gemv-h200.md.
   if (kernel == Nvfp4GemvKernel::Auto) {
-    const int sms = moe_detail::current_device_sm_count();
     const Nvfp4GemvStreamConfig c{};
-    kernel = sms > 0 && tiles <= c.blocks_per_sm * sms ? Nvfp4GemvKernel::Stream
-                                                        : Nvfp4GemvKernel::Batched;
+    kernel = tiles <= c.blocks_per_sm * current_device_sm_count() ? Nvfp4GemvKernel::Stream
+                                                                  : Nvfp4GemvKernel::Batched;
   }
   if (kernel == Nvfp4GemvKernel::Stream) {
     for (int i = 0; i < n_outs; ++i)

@@ -135,6 +135,23 @@ void set_smem(size_t bytes) {
 
 }  // namespace
 
+namespace detail {
+LayoutOut layout_out_of(const SmallTokenPath& a) {
+  LayoutOut lo;
+  lo.E = a.rows.E;
+  lo.top_k = a.router.top_k;
+  lo.begin = a.expert_begin;
+  lo.E_global = a.router.num_experts;
+  lo.max_m = a.rows.max_m;
+  lo.offsets = a.offsets;
+  lo.masked_m = a.masked_m;
+  lo.row_token = a.row_token;
+  lo.slot_of = a.slot_of;
+  lo.dropped = a.dropped;
+  return lo;
+}
+}  // namespace detail
+
 cudaError_t prepare_rows(const RowsPrep& r, int T, cudaStream_t stream) {
   if (r.E < 1 || r.E > kMaxExperts || T < 0 || r.num_slots < 0 || r.num_slots > r.E)
     TETRA_FAIL("cuda prepare_rows: bad sizes E=", r.E, " T=", T, " slots=", r.num_slots);
@@ -172,16 +189,7 @@ cudaError_t small_token_path(const SmallTokenPath& a, int T, cudaStream_t stream
   SmallArgs g;
   g.a = a;
   g.T = T;
-  g.lo.E = a.rows.E;
-  g.lo.top_k = K;
-  g.lo.begin = a.expert_begin;
-  g.lo.E_global = Eg;
-  g.lo.max_m = a.rows.max_m;
-  g.lo.offsets = a.offsets;
-  g.lo.masked_m = a.masked_m;
-  g.lo.row_token = a.row_token;
-  g.lo.slot_of = a.slot_of;
-  g.lo.dropped = a.dropped;
+  g.lo = detail::layout_out_of(a);
   const int dots = T * Eg;
   g.dot_warps = std::clamp((dots + kBlocksWanted - 1) / kBlocksWanted, 4, kThreads / 32);
   g.route_warps = route_warps_for(Eg);

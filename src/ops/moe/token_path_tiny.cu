@@ -311,23 +311,11 @@ cudaError_t launch_tiny(const SmallTokenPath& a, int T, cudaStream_t stream,
   if (!tiny_token_path_fits(a, T)) TETRA_FAIL("cuda tiny token path: arguments do not fit");
   const int limit = g_smem_limit.load();
   const int Eg = a.router.num_experts, El = a.rows.E;
-  int dev = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err != cudaSuccess) return err;
+  const int sms = current_device_sm_count();
   TinyArgs g;
   g.a = a;
   g.T = T;
-  g.lo.E = El;
-  g.lo.top_k = a.router.top_k;
-  g.lo.begin = a.expert_begin;
-  g.lo.E_global = Eg;
-  g.lo.max_m = a.rows.max_m;
-  g.lo.offsets = a.offsets;
-  g.lo.masked_m = a.masked_m;
-  g.lo.row_token = a.row_token;
-  g.lo.slot_of = a.slot_of;
-  g.lo.dropped = a.dropped;
+  g.lo = layout_out_of(a);
   // Logits: about one block per SM (G experts each), the gate rows plus as many token rows as
   // fit in shared memory.
   const size_t row_bytes = size_t(a.H) * 2;

@@ -22,6 +22,10 @@ void tiny_token_path_setup();
 // Whether the tiny path takes these arguments (setup done, sizes and alignment as above, and the
 // layout and RowsPrep pointers the same buffers).
 bool tiny_token_path_fits(const SmallTokenPath& a, int T);
+// The layout builder's outputs (layout_device.cuh) of a token path: its layout buffers, local
+// experts a.rows.E of a.router.num_experts from a.expert_begin, masked when a.rows.max_m > 0.
+struct LayoutOut;
+LayoutOut layout_out_of(const SmallTokenPath& a);
 cudaError_t tiny_token_path(const SmallTokenPath& a, int T, cudaStream_t stream);
 // The same launch, writing phase stamps for profiling to stamps [16] (device): [i] globaltimer ns
 // and [8 + i] clock64 at i = 0 block 0 starts, 1 its gate/token rows are in shared memory, 2 its

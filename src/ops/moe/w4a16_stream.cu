@@ -5,26 +5,10 @@
 // measured shape (bench/results/2026-11-30-stream-gemv-h200.md), so the heuristic keeps that one.
 #include <cuda_runtime.h>
 
-#include <atomic>
-
 #include "ops/moe/w4a16_launch.h"
 #include "ops/moe/w4a16_stream.cuh"
 
 namespace tetra::moe_detail {
-
-int current_device_sm_count() {
-  static std::atomic<int> cache[64] = {};  // per device ordinal; 0 = not read yet
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
-  if (dev < 64) {
-    const int c = cache[dev].load(std::memory_order_relaxed);
-    if (c > 0) return c;
-  }
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 0;
-  if (dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
-  return sms;
-}
 
 namespace {
 

@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/cuda_check.h"
 #include "core/kernel_launch.h"
 #include "ops/moe/w4a16_fragment.cuh"
 
@@ -257,9 +258,6 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
   }
 }
 
-// Multiprocessors of the current device (cached per device; 0 when it cannot be read).
-int current_device_sm_count();
-
 // Host side: one persistent grid of min(units, SMs * blocks_per_sm) blocks. pdl: launch as a
 // programmatic dependent (the consumers wait before reading x or writing outputs).
 template <class Work, int C, int J = 2, int MODE = kStreamFull>
@@ -269,7 +267,6 @@ cudaError_t launch_stream_work(const Work& work, int stages, int blocks_per_sm, 
   if (stages < 2 || stages > 64 || blocks_per_sm < 1 || blocks_per_sm > 4)
     return cudaErrorInvalidValue;
   const int sms = current_device_sm_count();
-  if (sms <= 0) return cudaErrorInvalidDevice;
   const int smem = stream_smem_bytes<C, J>(stages);
   void (*kernel)(Work, int) = stream_gemv_kernel<Work, C, J, MODE>;
   // Above 48 KB a block needs the opt-in; set on every launch (per device, host-side only).
