@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "moe/fragment_code.h"
 
 namespace tetra {
 namespace {
@@ -86,7 +87,7 @@ PackedNvfp4Matrix pack_nvfp4_matrix(const Nvfp4MatrixView& m) {
           p.scale[li * 2 + h] = code_scale[h];
         }
         for (int j = 0; j < 4; ++j) {
-          uint32_t word = 0;
+          uint32_t regs[4] = {};  // bf16 bit patterns: magnitude on bits 6..8, sign on 15
           for (int reg = 0; reg < 4; ++reg) {
             const int h = reg & 1;  // odd registers hold row g+8
             const int row = kTileN * r + g + 8 * h;
@@ -95,10 +96,10 @@ PackedNvfp4Matrix pack_nvfp4_matrix(const Nvfp4MatrixView& m) {
               const uint8_t byte = m.weight[size_t(row) * row_bytes + size_t(k / 2)];
               uint32_t code = (k & 1) ? (byte >> 4) : (byte & 15);
               if (code_scale[h] == 0) code = 0;  // zero-scale block: value 0 regardless of code
-              word |= (code & 7u) << (3 * reg + 16 * q);
-              word |= (code >> 3) << (12 + reg + 16 * q);
+              regs[reg] |= ((code & 7u) << (6 + 16 * q)) | ((code >> 3) << (15 + 16 * q));
             }
           }
+          const uint32_t word = fragment_word_encode(regs);
           std::memcpy(&p.weight[li * 16 + 4 * size_t(j)], &word, 4);
         }
       }
@@ -126,12 +127,14 @@ void unpack_nvfp4_matrix(const PackedNvfp4Matrix& p, std::vector<uint8_t>& weigh
         for (int j = 0; j < 4; ++j) {
           uint32_t word;
           std::memcpy(&word, &p.weight[li * 16 + 4 * size_t(j)], 4);
+          uint32_t regs[4];
+          fragment_word_decode(word, regs);
           for (int reg = 0; reg < 4; ++reg) {
             const int row = kTileN * r + g + 8 * (reg & 1);
             for (int q = 0; q < 2; ++q) {
               const int k = kChunkK * c + 16 * t + 4 * j + 2 * (reg >> 1) + q;
-              const uint32_t mag = (word >> (3 * reg + 16 * q)) & 7u;
-              const uint32_t sign = (word >> (12 + reg + 16 * q)) & 1u;
+              const uint32_t mag = (regs[reg] >> (6 + 16 * q)) & 7u;
+              const uint32_t sign = (regs[reg] >> (15 + 16 * q)) & 1u;
               const uint8_t code = uint8_t(mag | (sign << 3));
               uint8_t& byte = weight[size_t(row) * row_bytes + size_t(k / 2)];
               byte = uint8_t(byte | ((k & 1) ? (code << 4) : code));

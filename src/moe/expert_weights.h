@@ -10,9 +10,9 @@
 //   p=0: row g,   k = 16t+4j+{0,1}   p=1: row g+8, k = 16t+4j+{0,1}
 //   p=2: row g,   k = 16t+4j+{2,3}   p=3: row g+8, k = 16t+4j+{2,3}
 // (the kernel feeds the MMA's k-slots {2t,2t+1} / {2t+8,2t+9} with these k, and the activation
-// fragments with the same k, so the product is unchanged). Inside word j, register p's two E2M1
-// values sit as: magnitudes (3 bits) at bits 3p and 16+3p, signs at bits 12+p and 28+p; the
-// kernel turns them into bf16 with two shifts and masks (magnitude to bf16 bits 6..8, sign to 15).
+// fragments with the same k, so the product is unchanged). Word j is stored in the linear code of
+// moe/fragment_code.h: its decode gives register p's two E2M1 values as bf16 bit patterns
+// (magnitude on bits 6..8 and 22..24, sign on 15 and 31) with four shifts and four logic ops.
 //
 // Scale byte: "ue5m3" = (e + 10) << 3 | m for a block scale 2^e * (1 + m/8), e in [-9, 8]; every
 // non-zero E4M3 value (subnormals included) has exactly one such code, so the map is lossless. A

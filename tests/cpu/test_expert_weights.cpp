@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "moe/expert_weights.h"
+#include "moe/fragment_code.h"
 
 namespace tetra {
 namespace {
@@ -130,6 +131,35 @@ TEST(ExpertWeights, ZeroScaleBlocksKeepTheirDequantizedValues) {
   EXPECT_GT(zero_blocks, 0);
 }
 
+// The word code is a bijection on the live bits: encode then decode gives the registers back for
+// random and for single-bit patterns, and bits outside the live set are ignored by encode.
+TEST(ExpertWeights, FragmentWordCodeRoundTrips) {
+  std::mt19937 rng(5);
+  auto check = [](const uint32_t (&r)[4]) {
+    uint32_t back[4];
+    fragment_word_decode(fragment_word_encode(r), back);
+    for (int p = 0; p < 4; ++p) ASSERT_EQ(back[p], r[p] & kFragmentRegBits) << "register " << p;
+  };
+  for (int p = 0; p < 4; ++p)
+    for (int bit = 0; bit < 32; ++bit) {
+      uint32_t r[4] = {};
+      r[p] = (1u << bit) & kFragmentRegBits;
+      check(r);
+    }
+  for (int it = 0; it < 100000; ++it) {
+    const uint32_t r[4] = {uint32_t(rng()), uint32_t(rng()), uint32_t(rng()), uint32_t(rng())};
+    check(r);
+  }
+  // Distinct words decode to distinct register sets (decode is injective on a random sample).
+  uint32_t a[4], b[4];
+  for (int it = 0; it < 100000; ++it) {
+    const uint32_t w = uint32_t(rng()), v = w ^ (1u << (it % 32));
+    fragment_word_decode(w, a);
+    fragment_word_decode(v, b);
+    ASSERT_FALSE(a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3]) << w;
+  }
+}
+
 // Simulate the kernel: lane (g,t), word j, register p -> two bf16 built by the documented bit
 // trick, times the bf16 scale register; must equal E2M1 * scale * 2^-10 of the element the layout
 // note names (row 16r+g+8*(p&1), k = 64c+16t+4j+2*(p>>1)+q).
@@ -150,11 +180,8 @@ TEST(ExpertWeights, FragmentDequantMatchesModelOptValues) {
         for (int j = 0; j < 4; ++j) {
           uint32_t w;
           std::memcpy(&w, &p.weight[li * 16 + 4 * j], 4);
-          const uint32_t mag = 0x01C001C0u, sign = 0x80008000u;
-          const uint32_t regs[4] = {((w << 6) & mag) | ((w << 3) & sign),
-                                    ((w << 3) & mag) | ((w << 2) & sign),
-                                    (w & mag) | ((w << 1) & sign),
-                                    ((w >> 3) & mag) | (w & sign)};
+          uint32_t regs[4];
+          fragment_word_decode(w, regs);  // the kernels' decode (dequant_word)
           for (int reg = 0; reg < 4; ++reg) {
             const int row = 16 * r + g + 8 * (reg & 1);
             const float scale_reg = bf16_to_float(uint16_t((sc[reg & 1] << 4) + (233 << 7)));

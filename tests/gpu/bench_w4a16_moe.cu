@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <set>
@@ -258,6 +259,17 @@ TEST(BenchW4a16Moe, Table) {
     for (int tokens : {1, 16, 64, 512, 4096}) {
       if (!wanted(tokens)) continue;
       for (const Variant& v : variants) {
+        // Optional TETRA_BENCH_VARIANTS: comma-separated label prefixes to run (default: all).
+        if (const char* pick = std::getenv("TETRA_BENCH_VARIANTS")) {
+          bool hit = false;
+          for (const char* q = pick; *q;) {
+            const char* end = std::strchr(q, ',');
+            const size_t len = end ? size_t(end - q) : std::strlen(q);
+            if (len > 0 && std::strncmp(v.label, q, len) == 0) hit = true;
+            q = end ? end + 1 : q + len;
+          }
+          if (!hit) continue;
+        }
         const bool decode = v.kernel == MoeKernel::kDecode;
         if (decode && tokens >= 512) continue;  // streams weights once per 8*NT rows: far too slow
         if (v.kernel == MoeKernel::kTiled && tokens < 512 && std::getenv("TETRA_BENCH_NO_TILED_SMALL"))

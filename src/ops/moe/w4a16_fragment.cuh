@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cstdint>
 
+#include "moe/fragment_code.h"
+
 namespace tetra::moe_detail {
 
 constexpr int kChunkK = 64;         // k per chunk: 4 mma k-steps of 16
@@ -24,16 +26,17 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-// One packed word (one k-step) -> the four A registers of mma.m16n8k16, scaled. E2M1 magnitude
-// bits land on bf16 bits 6..8 (so code c reads as value(c) * 2^-126, the e=0 subnormal path
-// included), sign on bit 15; times scale * 2^116 gives value * scale * 2^-10 exactly.
+// One packed word (one k-step) -> the four A registers of mma.m16n8k16, scaled. The word's code
+// (moe/fragment_code.h) puts each E2M1 magnitude on bf16 bits 6..8 (so code c reads as
+// value(c) * 2^-126, the e=0 subnormal path included) and its sign on bit 15; times
+// scale * 2^116 that gives value * scale * 2^-10 exactly.
 __device__ __forceinline__ void dequant_word(uint32_t w, uint32_t sg, uint32_t sg8, uint32_t a[4]) {
-  constexpr uint32_t kMag = 0x01C001C0u;
-  constexpr uint32_t kSign = 0x80008000u;
-  a[0] = mul_bf16x2(((w << 6) & kMag) | ((w << 3) & kSign), sg);
-  a[1] = mul_bf16x2(((w << 3) & kMag) | ((w << 2) & kSign), sg8);
-  a[2] = mul_bf16x2((w & kMag) | ((w << 1) & kSign), sg);
-  a[3] = mul_bf16x2(((w >> 3) & kMag) | (w & kSign), sg8);
+  uint32_t r[4];
+  fragment_word_decode(w, r);
+  a[0] = mul_bf16x2(r[0], sg);
+  a[1] = mul_bf16x2(r[1], sg8);
+  a[2] = mul_bf16x2(r[2], sg);
+  a[3] = mul_bf16x2(r[3], sg8);
 }
 
 // d += A(16x16 bf16, row) * B(16x8 bf16, col), fp32 accumulate.

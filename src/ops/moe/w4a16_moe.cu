@@ -54,7 +54,8 @@ moe_detail::DecodeConfig decode_config(const MoeGemmProblem& p) {
   // activations read late, 2 chunks per batch and a 64-register cap for 8 blocks (32 warps) per
   // SM beat the classic kernel (4 chunks, activations with the weights, 4 blocks/SM) by 10-17% at
   // 1..64 tokens: more warps with fewer bytes each win; 4- and 8-chunk batches, double-buffered
-  // batches, 8 k-warps, L2 bulk prefetch and wider passes were all slower.
+  // batches, 8 k-warps, L2 bulk prefetch and wider passes were all slower; so were tighter
+  // register caps for 9, 10 or 12 blocks per SM (bench/results/2026-11-30-dequant-code-h200.md).
   c.token_tiles = m <= 8 ? 1 : m <= 16 ? 2 : 4;
   c.k_warps = 4;
   c.tiled_blocks_per_sm = 2;
