@@ -22,6 +22,7 @@
 #include "model/cuda/split_decode_attention.h"
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/moe/w4a16_launch.h"
 #include "ops/norm/rms_norm_cuda.h"
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_kv_cuda.h"
@@ -216,6 +217,97 @@ TEST(BenchDecodeParts, Glm45AirBatch1) {
          }),
          2.0 * kLen * NKV * 2);
   TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+
+// Dense q/k/v and o linears at batch 16..64 (decode with many sequences): the one-expert decode
+// kernel linear_nvfp4 runs today next to the tiled kernel, the late decode kernel (8-row passes,
+// later passes read the weights from L2) and the M <= 8 GEMV run once per 8 rows.
+TEST(BenchDecodeParts, Glm45AirDenseLinearsBatch16To64) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  constexpr int H = 4096, NQ = 12288, NKV = 1024, kCopies = 4, kMaxM = 64;
+  std::vector<oc::Nvfp4LinearBuffer> q, k, v, o;
+  for (int c = 0; c < kCopies; ++c) {
+    q.push_back(random_linear(NQ, H, 300 + 10 * c));
+    k.push_back(random_linear(NKV, H, 302 + 10 * c));
+    v.push_back(random_linear(NKV, H, 304 + 10 * c));
+    o.push_back(random_linear(H, NQ, 306 + 10 * c));
+  }
+  DevBuf x(size_t(kMaxM) * NQ * 2), yq(size_t(kMaxM) * NQ * 2), yk(size_t(kMaxM) * NKV * 2),
+      yv(size_t(kMaxM) * NKV * 2), yo(size_t(kMaxM) * H * 2);
+  TETRA_CUDA_CHECK(oc::fill_random_bf16(x.as<uint16_t>(), int64_t(kMaxM) * NQ, 1.0f, 17, nullptr));
+  oc::RowCountTable rows(kMaxM);
+  const double qkv_bytes = double(q[0].bytes() + k[0].bytes() + v[0].bytes());
+  const double o_bytes = double(o[0].bytes());
+  // GroupedGemmArgs of one matrix with M rows (as linear_nvfp4 builds them).
+  auto args = [&](const oc::Nvfp4LinearDevice& w, int M, void* out) {
+    moe_detail::GroupedGemmArgs a;
+    a.w = w.w;
+    a.s = w.s;
+    a.alpha0 = w.alpha;
+    a.x = x.as<uint16_t>();
+    a.out = out;
+    a.rows.row_start = rows.zero();
+    a.rows.row_count = rows.count(M);
+    a.n = w.n;
+    a.k = w.k;
+    a.num_slots = 1;
+    a.total_rows = M;
+    return a;
+  };
+  using Launch = std::function<cudaError_t(const moe_detail::GroupedGemmArgs&, int, cudaStream_t)>;
+  auto decode_cfg = [](int tiles, int kw, bool late) {
+    moe_detail::DecodeConfig c;
+    c.token_tiles = tiles;
+    c.k_warps = kw;
+    c.late_x = late;
+    c.chunks_per_batch = 2;
+    c.min_blocks_per_sm = 8;
+    return c;
+  };
+  const std::pair<const char*, Launch> kernels[] = {
+      {"decode n32 kw4", [&](const auto& a, int, cudaStream_t s) { return moe_detail::launch_decode(a, decode_cfg(4, 4, false), s); }},
+      {"decode n32 kw8", [&](const auto& a, int, cudaStream_t s) { return moe_detail::launch_decode(a, decode_cfg(4, 8, false), s); }},
+      {"late n8 passes", [&](const auto& a, int, cudaStream_t s) { return moe_detail::launch_decode(a, decode_cfg(1, 4, true), s); }},
+      {"tiled 1/SM", [&](const auto& a, int, cudaStream_t s) { return moe_detail::launch_tiled(a, 1, s); }},
+      {"tiled 2/SM", [&](const auto& a, int, cudaStream_t s) { return moe_detail::launch_tiled(a, 2, s); }},
+  };
+  std::printf("\n| dense linears, batch 16..64 | us | GB/s |\n|---|---|---|\n");
+  for (int M : {16, 32, 64}) {
+    const std::string m = " M=" + std::to_string(M);
+    report("qkv linear_nvfp4 (today)" + m, time_graph([&](int i, cudaStream_t s) {
+             const int c = i % kCopies;
+             TETRA_CUDA_CHECK(oc::linear_nvfp4(q[c].view(), x.as<uint16_t>(), M, rows, yq.p, DType::BF16, s));
+             TETRA_CUDA_CHECK(oc::linear_nvfp4(k[c].view(), x.as<uint16_t>(), M, rows, yk.p, DType::BF16, s));
+             TETRA_CUDA_CHECK(oc::linear_nvfp4(v[c].view(), x.as<uint16_t>(), M, rows, yv.p, DType::BF16, s));
+           }),
+           qkv_bytes);
+    for (const auto& [name, launch] : kernels) {
+      report(std::string("qkv ") + name + m, time_graph([&](int i, cudaStream_t s) {
+               const int c = i % kCopies;
+               TETRA_CUDA_CHECK(launch(args(q[c].view(), M, yq.p), M, s));
+               TETRA_CUDA_CHECK(launch(args(k[c].view(), M, yk.p), M, s));
+               TETRA_CUDA_CHECK(launch(args(v[c].view(), M, yv.p), M, s));
+             }),
+             qkv_bytes);
+      report(std::string("o ") + name + m, time_graph([&](int i, cudaStream_t s) {
+               TETRA_CUDA_CHECK(launch(args(o[i % kCopies].view(), M, yo.p), M, s));
+             }),
+             o_bytes);
+    }
+    report("qkv GEMV per 8 rows" + m, time_graph([&](int i, cudaStream_t s) {
+             const int c = i % kCopies;
+             for (int r = 0; r < M; r += 8) {
+               const oc::Nvfp4GemvOutput outs[3] = {
+                   {&q[c].view(), nullptr, yq.as<uint16_t>() + size_t(r) * NQ},
+                   {&k[c].view(), nullptr, yk.as<uint16_t>() + size_t(r) * NKV},
+                   {&v[c].view(), nullptr, yv.as<uint16_t>() + size_t(r) * NKV}};
+               TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(outs, 3, x.as<uint16_t>() + size_t(r) * H, 8, s,
+                                                      oc::Nvfp4GemvKernel::Auto, nullptr));
+             }
+           }),
+           qkv_bytes);
+  }
 }
 
 }  // namespace
