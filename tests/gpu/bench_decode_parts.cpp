@@ -295,6 +295,39 @@ TEST(BenchDecodeParts, Glm45AirDenseLinearsBatch16To64) {
              }),
              o_bytes);
     }
+    // The small-M kernel through linear_nvfp4_gemv (what the model runs at batch 9..64: one launch
+    // for q/k/v), then its shapes: tiles per warp x cluster split.
+    auto qkv_small = [&](const oc::Nvfp4SmallMConfig* cfg) {
+      return time_graph([&](int i, cudaStream_t s) {
+        const int c = i % kCopies;
+        const oc::Nvfp4GemvOutput outs[3] = {{&q[c].view(), nullptr, yq.as<uint16_t>()},
+                                             {&k[c].view(), nullptr, yk.as<uint16_t>()},
+                                             {&v[c].view(), nullptr, yv.as<uint16_t>()}};
+        TETRA_CUDA_CHECK(cfg ? oc::linear_nvfp4_small_m(outs, 3, x.as<uint16_t>(), M, s, cfg)
+                             : oc::linear_nvfp4_gemv(outs, 3, x.as<uint16_t>(), M, s));
+      });
+    };
+    auto o_small = [&](const oc::Nvfp4SmallMConfig* cfg) {
+      return time_graph([&](int i, cudaStream_t s) {
+        const oc::Nvfp4GemvOutput outs[1] = {{&o[i % kCopies].view(), nullptr, yo.as<uint16_t>()}};
+        // Direct: linear_nvfp4_gemv refuses o_proj's k = 12288 above 8 rows (kNvfp4SmallMGemvMaxK).
+        TETRA_CUDA_CHECK(oc::linear_nvfp4_small_m(outs, 1, x.as<uint16_t>(), M, s, cfg));
+      });
+    };
+    report("qkv small-M via linear_nvfp4_gemv (auto)" + m, qkv_small(nullptr), qkv_bytes);
+    report("o small-M auto (not routed)" + m, o_small(nullptr), o_bytes);
+    for (int tw : {1, 2})
+      for (int split : {2, 4, 8}) {
+        const oc::Nvfp4SmallMConfig cfg{tw, split};
+        const std::string name = " tw" + std::to_string(tw) + " s" + std::to_string(split) + m;
+        // The x slice [8 ceil(M/8)][k / split + 8] bf16 must fit 227 KB of shared memory (the
+        // launcher refuses it otherwise; skipped here rather than thrown inside graph capture).
+        auto fits = [&](int kk) {
+          return (M + 7) / 8 * 8 * ((kk / 64 + split - 1) / split * 128 + 16) <= 227 * 1024;
+        };
+        if (fits(H)) report("qkv small-M" + name, qkv_small(&cfg), qkv_bytes);
+        if (fits(NQ)) report("o small-M" + name, o_small(&cfg), o_bytes);
+      }
     report("qkv GEMV per 8 rows" + m, time_graph([&](int i, cudaStream_t s) {
              const int c = i % kCopies;
              for (int r = 0; r < M; r += 8) {

@@ -190,13 +190,123 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
     }
 }
 
+// The small-M kernel (9..64 rows; linear_nvfp4_gemv dispatches there above 8 rows for k <= 4096;
+// called directly here for every k and configuration, M <= 8 too): every token-tile
+// count, outputs whose row counts leave the last 128/256-row group part empty, chunk counts not
+// divisible by the cluster split (and fewer chunks than blocks: k = 64 at split 8), with and
+// without bias; against the CPU linear and against linear_nvfp4 + add_bias, bit-identical reruns.
+TEST_F(LinearCuda, Nvfp4SmallMMatchesCpu) {
+  std::mt19937 rng(29);
+  cuda::RowCountTable rows(64);
+  struct Out { int n; bool bias; };
+  struct Case { int k; std::vector<Out> outs; std::vector<int> ms; };
+  // Nvfp4LinearBuffer takes n % 32 == 0: 32, 96, 160, 288, 544, 1056 rows are 2..66 tiles, none
+  // a whole number of 128-row groups.
+  const Case cases[] = {{64, {{32, true}}, {9, 13, 16, 31, 33, 64, 1, 5}},
+                        {192, {{96, true}, {32, false}, {160, true}}, {9, 13, 16, 31, 33, 64}},
+                        {4096, {{1056, true}, {288, false}, {96, true}}, {16, 33, 64}},
+                        {12288, {{544, false}}, {13, 64}},
+                        {1408, {{160, false}, {288, true}}, {31, 64}}};
+  struct Cfg { cuda::Nvfp4SmallMConfig cfg; const char* name; };
+  const Cfg cfgs[] = {{{0, 0}, "auto"},   {{1, 1}, "tw1 s1"}, {{1, 2}, "tw1 s2"}, {{2, 2}, "tw2 s2"},
+                      {{1, 4}, "tw1 s4"}, {{2, 4}, "tw2 s4"}, {{2, 8}, "tw2 s8"}, {{1, 8}, "tw1 s8"}};
+  for (const Case& c : cases)
+    for (int M : c.ms) {
+      const std::string what = "K=" + std::to_string(c.k) + " outputs=" +
+                               std::to_string(c.outs.size()) + " M=" + std::to_string(M);
+      auto x = random_bf16(size_t(M) * c.k, rng, 2.0f);
+      Dev<uint16_t> dx(x);
+      std::vector<HostNvfp4> hw;
+      std::vector<std::vector<uint16_t>> bias, want;
+      std::vector<std::unique_ptr<cuda::Nvfp4LinearBuffer>> dw;
+      std::vector<std::unique_ptr<Dev<uint16_t>>> dbias, dy, dref;
+      std::vector<cuda::Nvfp4GemvOutput> outs;
+      for (const Out& o : c.outs) {
+        hw.push_back(random_nvfp4(o.n, c.k, rng, 0.004f * float(hw.size() + 1), "test.proj"));
+        bias.push_back(o.bias ? random_bf16(o.n, rng, 0.5f) : std::vector<uint16_t>());
+        want.emplace_back(size_t(M) * o.n);
+        linear_nvfp4_cpu(x.data(), M, hw.back().view, o.bias ? bias.back().data() : nullptr,
+                         want.back().data(), DType::BF16);
+        dw.push_back(std::make_unique<cuda::Nvfp4LinearBuffer>(hw.back().view));
+        dbias.push_back(std::make_unique<Dev<uint16_t>>(o.bias ? bias.back() : std::vector<uint16_t>(1)));
+        dy.push_back(std::make_unique<Dev<uint16_t>>(size_t(M) * o.n));
+        dref.push_back(std::make_unique<Dev<uint16_t>>(size_t(M) * o.n));
+        outs.push_back({&dw.back()->view(), o.bias ? dbias.back()->ptr() : nullptr, dy.back()->ptr()});
+      }
+      ASSERT_EQ(cuda::nvfp4_small_m_unsupported_reason(outs.data(), int(outs.size()), M), "") << what;
+      for (size_t i = 0; i < c.outs.size(); ++i) {
+        sync_ok(cuda::linear_nvfp4(dw[i]->view(), dx.ptr(), M, rows, dref[i]->ptr(), DType::BF16,
+                                   nullptr));
+        if (c.outs[i].bias)
+          sync_ok(cuda::add_bias(dref[i]->ptr(), false, M, c.outs[i].n, dbias[i]->ptr(), nullptr));
+      }
+      int ran = 0;
+      for (int variant = 0; variant <= int(std::size(cfgs)); ++variant) {
+        // variant 0: through linear_nvfp4_gemv (what the model calls); then each configuration.
+        const bool via_gemv = variant == 0;
+        if (via_gemv && (M <= cuda::kNvfp4GemvKernelRows || c.k > cuda::kNvfp4SmallMGemvMaxK)) continue;
+        const char* name = via_gemv ? "linear_nvfp4_gemv" : cfgs[variant - 1].name;
+        auto launch = [&] {
+          return via_gemv ? cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), dx.ptr(), M, nullptr)
+                          : cuda::linear_nvfp4_small_m(outs.data(), int(outs.size()), dx.ptr(), M,
+                                                       nullptr, &cfgs[variant - 1].cfg);
+        };
+        for (auto& y : dy) y->poison();
+        try {
+          sync_ok(launch());
+        } catch (const Error& e) {
+          // Only an explicit split too small for the x slice may be refused.
+          EXPECT_FALSE(via_gemv || variant == 1) << what << " " << name << ": " << e.what();
+          EXPECT_NE(std::string(e.what()).find("shared memory"), std::string::npos)
+              << what << " " << name << ": " << e.what();
+          continue;
+        }
+        ++ran;
+        for (size_t i = 0; i < c.outs.size(); ++i) {
+          const std::string wi = what + " output " + std::to_string(i) + " " + name;
+          const auto got = dy[i]->download();
+          EXPECT_LE(nmse(got, want[i], from_bf16, from_bf16, wi), 1e-5) << wi;
+          EXPECT_TRUE(dy[i]->guards_intact()) << wi;
+          EXPECT_LE(nmse(got, dref[i]->download(), from_bf16, from_bf16, wi), 1e-5) << wi << " vs W4A16";
+        }
+        // Fixed summation order (cluster partials in rank order): a second run is bit-identical.
+        std::vector<std::vector<uint16_t>> first;
+        for (auto& y : dy) first.push_back(y->download());
+        for (auto& y : dy) y->poison();
+        sync_ok(launch());
+        for (size_t i = 0; i < c.outs.size(); ++i)
+          EXPECT_EQ(dy[i]->download(), first[i]) << what << " output " << i << " " << name
+                                                 << " second run differs";
+      }
+      EXPECT_GE(ran, 3) << what;
+    }
+}
+
 TEST_F(LinearCuda, Nvfp4GemvRefusesWhatItCannotRun) {
   std::mt19937 rng(24);
   auto a = random_nvfp4(32, 128, rng, 0.01f, "a"), b = random_nvfp4(32, 192, rng, 0.01f, "b");
   cuda::Nvfp4LinearBuffer da(a.view), db(b.view), dg(a.view, a.view);
   const cuda::Nvfp4GemvOutput one[1] = {{&da.view(), nullptr, nullptr}};
   EXPECT_EQ(cuda::nvfp4_gemv_unsupported_reason(one, 1, 8), "");
-  EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(one, 1, 9), "") << "9 rows";
+  EXPECT_EQ(cuda::nvfp4_gemv_unsupported_reason(one, 1, 9), "") << "9 rows (small-M kernel)";
+  EXPECT_EQ(cuda::nvfp4_gemv_unsupported_reason(one, 1, 64), "") << "64 rows (small-M kernel)";
+  EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(one, 1, 65), "") << "65 rows";
+  // At 64 rows an x slice of k = 16384 / 8 per block (263 KB) does not fit shared memory; at 32
+  // rows it does; at 8 rows the GEMV takes it. Through linear_nvfp4_gemv, 9..64 rows take
+  // k <= kNvfp4SmallMGemvMaxK only (longer k is faster in linear_nvfp4).
+  auto longk = random_nvfp4(32, 16384, rng, 0.01f, "long");
+  cuda::Nvfp4LinearBuffer dl(longk.view);
+  const cuda::Nvfp4GemvOutput lo[1] = {{&dl.view(), nullptr, nullptr}};
+  EXPECT_NE(cuda::nvfp4_small_m_unsupported_reason(lo, 1, 64), "") << "k 16384 at 64 rows";
+  EXPECT_EQ(cuda::nvfp4_small_m_unsupported_reason(lo, 1, 32), "") << "k 16384 at 32 rows";
+  EXPECT_EQ(cuda::nvfp4_gemv_unsupported_reason(lo, 1, 8), "") << "k 16384 at 8 rows";
+  EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(lo, 1, 9), "") << "k 16384 at 9 rows";
+  EXPECT_THROW(cuda::linear_nvfp4_gemv(lo, 1, nullptr, 64, nullptr), Error);
+  EXPECT_THROW(cuda::linear_nvfp4_small_m(lo, 1, nullptr, 64, nullptr), Error);
+  auto at_max = random_nvfp4(32, cuda::kNvfp4SmallMGemvMaxK, rng, 0.01f, "at max");
+  cuda::Nvfp4LinearBuffer dm(at_max.view);
+  const cuda::Nvfp4GemvOutput mo[1] = {{&dm.view(), nullptr, nullptr}};
+  EXPECT_EQ(cuda::nvfp4_gemv_unsupported_reason(mo, 1, 64), "") << "k 4096 at 64 rows";
   EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(one, 1, 0), "") << "0 rows";
   const cuda::Nvfp4GemvOutput mixed[2] = {{&da.view(), nullptr, nullptr}, {&db.view(), nullptr, nullptr}};
   EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(mixed, 2, 1), "") << "k differs";

@@ -90,8 +90,11 @@ cudaError_t gate_up_silu_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, in
 // Decode-size NVFP4 linears: up to kNvfp4GemvMaxOutputs matrices over the same input x [M, k]
 // (M <= kNvfp4GemvMaxRows) in one launch, each y = bf16(bf16(x . W^T * alpha) + bias) (the
 // rounding of linear_nvfp4 to BF16 followed by add_bias), written [M, n] with row stride n.
-// Used for fused q/k/v (three matrices, three biases, three buffers) and o_proj at batch <= 8.
-inline constexpr int kNvfp4GemvMaxRows = 8;
+// Used for fused q/k/v (three matrices, three biases, three buffers) at batch <= 64 and o_proj at
+// batch <= 8. M <= kNvfp4GemvKernelRows runs the GEMV kernels below; larger M runs
+// linear_nvfp4_small_m, for k <= kNvfp4SmallMGemvMaxK only (refused beyond: see there).
+inline constexpr int kNvfp4GemvMaxRows = 64;
+inline constexpr int kNvfp4GemvKernelRows = 8;
 inline constexpr int kNvfp4GemvMaxOutputs = 3;
 struct Nvfp4GemvOutput {
   const Nvfp4LinearDevice* w = nullptr;  // plain (not gated); n % 16 == 0, k % 64 == 0, k shared
@@ -115,9 +118,27 @@ struct Nvfp4GemvStreamConfig {
   int mode = 0;             // benchmark diagnostics (8 warps x 2 chunks, or 4 x 2 for mode 1):
                             // 1 = copy only, 2 = no activation loads; outputs then meaningless
 };
+// M > kNvfp4GemvKernelRows: the kernel and stream_cfg arguments are ignored (one small-M kernel).
 cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
                               cudaStream_t stream, Nvfp4GemvKernel kernel = Nvfp4GemvKernel::Auto,
                               const Nvfp4GemvStreamConfig* stream_cfg = nullptr);
+
+// The same outputs and numerics for 1..64 rows with one kernel built for 9..64
+// (ops/linear/nvfp4_small_m.cu): 8 warps x tiles_per_warp 16-row weight tiles per block, x staged
+// once per block in shared memory and reused by every tile, k split over a thread-block cluster
+// of `split` blocks whose partial sums meet in rank order (deterministic). Also refuses k too long
+// for the x slice to fit shared memory at split 8 (k > 14336 at 64 rows).
+struct Nvfp4SmallMConfig {
+  int tiles_per_warp = 0;  // 1 or 2 (128 or 256 weight rows per block); 0 = auto (1 to 16 rows)
+  int split = 0;           // cluster size along k: 1, 2, 4 or 8; 0 = auto (from 2, until x fits)
+};
+// linear_nvfp4_gemv sends M > kNvfp4GemvKernelRows here only for k <= this: at o_proj's k = 12288
+// the small-M kernel measured slower than linear_nvfp4's decode kernel (70 vs 39 us at 64 rows),
+// so nvfp4_gemv_unsupported_reason refuses it and callers keep linear_nvfp4 + add_bias.
+inline constexpr int kNvfp4SmallMGemvMaxK = 4096;
+std::string nvfp4_small_m_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M);
+cudaError_t linear_nvfp4_small_m(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
+                                 cudaStream_t stream, const Nvfp4SmallMConfig* config = nullptr);
 
 // BF16 linear through cuBLASLt: y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T, W [N, K] bf16.
 // Owns the cuBLASLt handle and a fixed workspace (so capture never allocates); not thread safe.

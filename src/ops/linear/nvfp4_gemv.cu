@@ -1,9 +1,9 @@
-// Decode-size NVFP4 linears (M <= 8 rows) with several outputs in one launch (see
-// linear_cuda.h, linear_nvfp4_gemv). One block per 16-row weight tile: its 8 warps split k, each
-// issuing all the weight loads of a batch of up to 8 chunks (16 B + 2 scale bytes per lane per
-// chunk) before the first MMA, then the warps' partial sums meet in shared memory and the epilogue
-// applies alpha and the bias. Tiles of all outputs form one grid, so q/k/v cost one launch and the
-// small k/v matrices ride in the same wave as q. Weights in the fragment order of
+// Decode-size NVFP4 linears (M <= 8 rows; 9..64 go to nvfp4_small_m.cu) with several outputs in
+// one launch (see linear_cuda.h, linear_nvfp4_gemv). One block per 16-row weight tile: its 8 warps
+// split k, each issuing all the weight loads of a batch of up to 8 chunks (16 B + 2 scale bytes
+// per lane per chunk) before the first MMA, then the warps' partial sums meet in shared memory and
+// the epilogue applies alpha and the bias. Tiles of all outputs form one grid, so q/k/v cost one
+// launch and the small k/v matrices ride in the same wave as q. Weights in the fragment order of
 // moe/expert_weights.h, dequantized by the W4A16 helpers (ops/moe/w4a16_fragment.cuh).
 // Second kernel, picked by Auto for few long tiles (o_proj): the persistent weight-streaming
 // kernel of ops/moe/w4a16_stream.cuh (bulk copies into a shared-memory ring, one tile per block).
@@ -185,6 +185,12 @@ cudaError_t launch_dense_stream(const DenseStreamWork& w, const Nvfp4GemvStreamC
 }  // namespace
 
 std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M) {
+  if (M > kNvfp4GemvKernelRows && M <= kNvfp4GemvMaxRows) {
+    if (n_outs >= 1 && outs[0].w != nullptr && outs[0].w->k > kNvfp4SmallMGemvMaxK)
+      return str("k ", outs[0].w->k, " at M=", M, " (the small-M kernel takes k <= ",
+                 kNvfp4SmallMGemvMaxK, " here; slower than linear_nvfp4 beyond)");
+    return nvfp4_small_m_unsupported_reason(outs, n_outs, M);
+  }
   if (M < 1 || M > kNvfp4GemvMaxRows)
     return str("M=", M, " (the NVFP4 GEMV takes 1..", kNvfp4GemvMaxRows, " rows)");
   if (n_outs < 1 || n_outs > kNvfp4GemvMaxOutputs) return str(n_outs, " outputs");
@@ -203,6 +209,9 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
                               const Nvfp4GemvStreamConfig* stream_cfg) {
   const std::string why = nvfp4_gemv_unsupported_reason(outs, n_outs, M);
   if (!why.empty()) TETRA_FAIL("NVFP4 GEMV: ", why);
+  // 9..64 rows: x staged in shared memory once per block and reused by its weight tiles
+  // (nvfp4_small_m.cu); the kernels below read x per tile, which pays off only up to 8 rows.
+  if (M > kNvfp4GemvKernelRows) return linear_nvfp4_small_m(outs, n_outs, x, M, stream, nullptr);
   GemvArgs a{};
   int tiles = 0;
   for (int i = 0; i < n_outs; ++i) {
