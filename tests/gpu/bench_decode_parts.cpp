@@ -275,13 +275,14 @@ TEST(BenchDecodeParts, Glm45AirDenseLinearsBatch16To64) {
   std::printf("\n| dense linears, batch 16..64 | us | GB/s |\n|---|---|---|\n");
   for (int M : {16, 32, 64}) {
     const std::string m = " M=" + std::to_string(M);
-    report("qkv linear_nvfp4 (today)" + m, time_graph([&](int i, cudaStream_t s) {
-             const int c = i % kCopies;
-             TETRA_CUDA_CHECK(oc::linear_nvfp4(q[c].view(), x.as<uint16_t>(), M, rows, yq.p, DType::BF16, s));
-             TETRA_CUDA_CHECK(oc::linear_nvfp4(k[c].view(), x.as<uint16_t>(), M, rows, yk.p, DType::BF16, s));
-             TETRA_CUDA_CHECK(oc::linear_nvfp4(v[c].view(), x.as<uint16_t>(), M, rows, yv.p, DType::BF16, s));
-           }),
-           qkv_bytes);
+    const auto one_expert = [&](int i, cudaStream_t s) {
+      const int c = i % kCopies;
+      const uint16_t* xp = x.as<uint16_t>();
+      TETRA_CUDA_CHECK(oc::linear_nvfp4(q[c].view(), xp, M, rows, yq.p, DType::BF16, s));
+      TETRA_CUDA_CHECK(oc::linear_nvfp4(k[c].view(), xp, M, rows, yk.p, DType::BF16, s));
+      TETRA_CUDA_CHECK(oc::linear_nvfp4(v[c].view(), xp, M, rows, yv.p, DType::BF16, s));
+    };
+    report("qkv linear_nvfp4 (one-expert decode kernel)" + m, time_graph(one_expert), qkv_bytes);
     for (const auto& [name, launch] : kernels) {
       report(std::string("qkv ") + name + m, time_graph([&](int i, cudaStream_t s) {
                const int c = i % kCopies;
