@@ -113,14 +113,53 @@ TEST_F(LinearCuda, Nvfp4MatchesCpu) {
     }
 }
 
+// Outputs of one GEMV-style launch over x [M, k]: random NVFP4 weights (and biases), the CPU
+// linear's results (want) and the W4A16 kernel + add_bias ones (dref) on the GPU, poisoned outputs.
+struct GemvOut { int n; bool bias; };
+struct GemvProblem {
+  std::string what;
+  Dev<uint16_t> dx;
+  std::vector<HostNvfp4> hw;
+  std::vector<std::vector<uint16_t>> bias, want;
+  std::vector<std::unique_ptr<cuda::Nvfp4LinearBuffer>> dw;
+  std::vector<std::unique_ptr<Dev<uint16_t>>> dbias, dy, dref;  // [output] device buffers
+  std::vector<cuda::Nvfp4GemvOutput> outs;
+
+  GemvProblem(int k, const std::vector<GemvOut>& spec, int M, std::mt19937& rng,
+              const cuda::RowCountTable& rows)
+      : what("K=" + std::to_string(k) + " outputs=" + std::to_string(spec.size()) +
+             " M=" + std::to_string(M)),
+        dx(random_bf16(size_t(M) * k, rng, 2.0f)) {
+    const std::vector<uint16_t> x = dx.download();
+    for (const GemvOut& o : spec) {
+      hw.push_back(random_nvfp4(o.n, k, rng, 0.004f * float(hw.size() + 1), "test.proj"));
+      bias.push_back(o.bias ? random_bf16(o.n, rng, 0.5f) : std::vector<uint16_t>());
+      want.emplace_back(size_t(M) * o.n);
+      linear_nvfp4_cpu(x.data(), M, hw.back().view, o.bias ? bias.back().data() : nullptr,
+                       want.back().data(), DType::BF16);
+      dw.push_back(std::make_unique<cuda::Nvfp4LinearBuffer>(hw.back().view));
+      dbias.push_back(std::make_unique<Dev<uint16_t>>(o.bias ? bias.back() : std::vector<uint16_t>(1)));
+      dy.push_back(std::make_unique<Dev<uint16_t>>(size_t(M) * o.n));
+      dref.push_back(std::make_unique<Dev<uint16_t>>(size_t(M) * o.n));
+      dy.back()->poison();
+      outs.push_back({&dw.back()->view(), o.bias ? dbias.back()->ptr() : nullptr, dy.back()->ptr()});
+    }
+    for (size_t i = 0; i < spec.size(); ++i) {
+      sync_ok(cuda::linear_nvfp4(dw[i]->view(), dx.ptr(), M, rows, dref[i]->ptr(), DType::BF16,
+                                 nullptr));
+      if (spec[i].bias)
+        sync_ok(cuda::add_bias(dref[i]->ptr(), false, M, spec[i].n, dbias[i]->ptr(), nullptr));
+    }
+  }
+};
+
 // The decode GEMV: one to three outputs (fused q/k/v) with and without bias against the CPU
 // linear, and against the W4A16 kernel + add_bias on the GPU (same rounding steps, so only the
 // float summation order differs). Outputs of different sizes in one launch, odd M.
 TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
   std::mt19937 rng(23);
   cuda::RowCountTable rows(8);
-  struct Out { int n; bool bias; };
-  struct Case { int k; std::vector<Out> outs; };
+  struct Case { int k; std::vector<GemvOut> outs; };
   // Nvfp4LinearBuffer (and the W4A16 reference) take n % 32 == 0; the GEMV itself needs 16.
   const Case cases[] = {{64, {{32, true}}},
                         {192, {{96, true}, {32, false}, {64, true}}},
@@ -131,35 +170,14 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
   for (const Case& c : cases)
     for (int M : {1, 2, 5, 8}) {
       if (c.k >= 4096 && (M == 2 || M == 5)) continue;  // keep the CPU side quick
-      const std::string what = "K=" + std::to_string(c.k) + " outputs=" +
-                               std::to_string(c.outs.size()) + " M=" + std::to_string(M);
-      auto x = random_bf16(size_t(M) * c.k, rng, 2.0f);
-      Dev<uint16_t> dx(x);
-      std::vector<HostNvfp4> hw;
-      std::vector<std::vector<uint16_t>> bias, want;
-      std::vector<std::unique_ptr<cuda::Nvfp4LinearBuffer>> dw;
-      std::vector<std::unique_ptr<Dev<uint16_t>>> dbias, dy, dref;
-      std::vector<cuda::Nvfp4GemvOutput> outs;
-      for (const Out& o : c.outs) {
-        hw.push_back(random_nvfp4(o.n, c.k, rng, 0.004f * float(hw.size() + 1), "test.proj"));
-        bias.push_back(o.bias ? random_bf16(o.n, rng, 0.5f) : std::vector<uint16_t>());
-        want.emplace_back(size_t(M) * o.n);
-        linear_nvfp4_cpu(x.data(), M, hw.back().view, o.bias ? bias.back().data() : nullptr,
-                         want.back().data(), DType::BF16);
-        dw.push_back(std::make_unique<cuda::Nvfp4LinearBuffer>(hw.back().view));
-        dbias.push_back(std::make_unique<Dev<uint16_t>>(o.bias ? bias.back() : std::vector<uint16_t>(1)));
-        dy.push_back(std::make_unique<Dev<uint16_t>>(size_t(M) * o.n));
-        dref.push_back(std::make_unique<Dev<uint16_t>>(size_t(M) * o.n));
-        dy.back()->poison();
-        outs.push_back({&dw.back()->view(), o.bias ? dbias.back()->ptr() : nullptr, dy.back()->ptr()});
-      }
+      GemvProblem pb(c.k, c.outs, M, rng, rows);
+      const std::string& what = pb.what;
+      Dev<uint16_t>& dx = pb.dx;
+      auto& want = pb.want;
+      auto& dy = pb.dy;
+      auto& dref = pb.dref;
+      auto& outs = pb.outs;
       ASSERT_EQ(cuda::nvfp4_gemv_unsupported_reason(outs.data(), int(outs.size()), M), "") << what;
-      for (size_t i = 0; i < c.outs.size(); ++i) {
-        sync_ok(cuda::linear_nvfp4(dw[i]->view(), dx.ptr(), M, rows, dref[i]->ptr(), DType::BF16,
-                                   nullptr));
-        if (c.outs[i].bias)
-          sync_ok(cuda::add_bias(dref[i]->ptr(), false, M, c.outs[i].n, dbias[i]->ptr(), nullptr));
-      }
       // Every kernel: Auto (streaming for few tiles, else batched), the register-batched one, and
       // streaming shapes whose 2-3 stage rings wrap many times and whose grids give blocks
       // several tiles.
@@ -198,8 +216,7 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
 TEST_F(LinearCuda, Nvfp4SmallMMatchesCpu) {
   std::mt19937 rng(29);
   cuda::RowCountTable rows(64);
-  struct Out { int n; bool bias; };
-  struct Case { int k; std::vector<Out> outs; std::vector<int> ms; };
+  struct Case { int k; std::vector<GemvOut> outs; std::vector<int> ms; };
   // Nvfp4LinearBuffer takes n % 32 == 0: 32, 96, 160, 288, 544, 1056 rows are 2..66 tiles, none
   // a whole number of 128-row groups.
   const Case cases[] = {{64, {{32, true}}, {9, 13, 16, 31, 33, 64, 1, 5}},
@@ -212,34 +229,14 @@ TEST_F(LinearCuda, Nvfp4SmallMMatchesCpu) {
                       {{1, 4}, "tw1 s4"}, {{2, 4}, "tw2 s4"}, {{2, 8}, "tw2 s8"}, {{1, 8}, "tw1 s8"}};
   for (const Case& c : cases)
     for (int M : c.ms) {
-      const std::string what = "K=" + std::to_string(c.k) + " outputs=" +
-                               std::to_string(c.outs.size()) + " M=" + std::to_string(M);
-      auto x = random_bf16(size_t(M) * c.k, rng, 2.0f);
-      Dev<uint16_t> dx(x);
-      std::vector<HostNvfp4> hw;
-      std::vector<std::vector<uint16_t>> bias, want;
-      std::vector<std::unique_ptr<cuda::Nvfp4LinearBuffer>> dw;
-      std::vector<std::unique_ptr<Dev<uint16_t>>> dbias, dy, dref;
-      std::vector<cuda::Nvfp4GemvOutput> outs;
-      for (const Out& o : c.outs) {
-        hw.push_back(random_nvfp4(o.n, c.k, rng, 0.004f * float(hw.size() + 1), "test.proj"));
-        bias.push_back(o.bias ? random_bf16(o.n, rng, 0.5f) : std::vector<uint16_t>());
-        want.emplace_back(size_t(M) * o.n);
-        linear_nvfp4_cpu(x.data(), M, hw.back().view, o.bias ? bias.back().data() : nullptr,
-                         want.back().data(), DType::BF16);
-        dw.push_back(std::make_unique<cuda::Nvfp4LinearBuffer>(hw.back().view));
-        dbias.push_back(std::make_unique<Dev<uint16_t>>(o.bias ? bias.back() : std::vector<uint16_t>(1)));
-        dy.push_back(std::make_unique<Dev<uint16_t>>(size_t(M) * o.n));
-        dref.push_back(std::make_unique<Dev<uint16_t>>(size_t(M) * o.n));
-        outs.push_back({&dw.back()->view(), o.bias ? dbias.back()->ptr() : nullptr, dy.back()->ptr()});
-      }
+      GemvProblem pb(c.k, c.outs, M, rng, rows);
+      const std::string& what = pb.what;
+      Dev<uint16_t>& dx = pb.dx;
+      auto& want = pb.want;
+      auto& dy = pb.dy;
+      auto& dref = pb.dref;
+      auto& outs = pb.outs;
       ASSERT_EQ(cuda::nvfp4_small_m_unsupported_reason(outs.data(), int(outs.size()), M), "") << what;
-      for (size_t i = 0; i < c.outs.size(); ++i) {
-        sync_ok(cuda::linear_nvfp4(dw[i]->view(), dx.ptr(), M, rows, dref[i]->ptr(), DType::BF16,
-                                   nullptr));
-        if (c.outs[i].bias)
-          sync_ok(cuda::add_bias(dref[i]->ptr(), false, M, c.outs[i].n, dbias[i]->ptr(), nullptr));
-      }
       int ran = 0;
       for (int variant = 0; variant <= int(std::size(cfgs)); ++variant) {
         // variant 0: through linear_nvfp4_gemv (what the model calls); then each configuration.

@@ -15,6 +15,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/linear/nvfp4_outputs_arg.h"
 #include "ops/moe/w4a16_fragment.cuh"
 #include "ops/moe/w4a16_stream.cuh"
 
@@ -29,22 +30,12 @@ using moe_detail::kTileChunkScales;
 constexpr int kWarps = 8;
 constexpr int kBatch = 8;  // chunks whose loads a warp keeps in flight at once
 
-struct GemvArgs {
-  const uint8_t* w[kNvfp4GemvMaxOutputs];   // [n/16][k/64][32][16] fragment words
-  const uint8_t* s[kNvfp4GemvMaxOutputs];   // [n/16][k/64][32][2] ue5m3 scale pairs
-  const float* alpha[kNvfp4GemvMaxOutputs];  // [1]
-  const uint16_t* bias[kNvfp4GemvMaxOutputs];  // [n] bf16 or null
-  uint16_t* y[kNvfp4GemvMaxOutputs];        // [M, n] bf16
-  int n[kNvfp4GemvMaxOutputs];
-  int tile_end[kNvfp4GemvMaxOutputs];       // cumulative 16-row tile counts
-  int outputs;
-  const uint16_t* x;  // [M, k] bf16
+struct GemvArgs : Nvfp4OutputsArg {
+  int tile_end[kNvfp4GemvMaxOutputs];  // cumulative 16-row tile counts
+  const uint16_t* x;                   // [M, k] bf16
   int m, k;
 };
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
 
 // One chunk: 4 k-steps of mma.m16n8k16 (16 weight rows x 8 activation rows).
 __device__ __forceinline__ void chunk_mma(float (&acc)[4], const uint4& w, uint32_t sc,
@@ -56,7 +47,7 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[4], const uint4& w, uint3
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t A[4];
-    moe_detail::dequant_word(word_of(w, j), sg, sg8, A);
+    moe_detail::dequant_word(moe_detail::word_of(w, j), sg, sg8, A);
     const uint4& xh = (j >> 1) ? x1 : x0;
     moe_detail::mma_bf16_16816(acc, A, (j & 1) ? xh.z : xh.x, (j & 1) ? xh.w : xh.y);
   }
@@ -213,20 +204,12 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   // (nvfp4_small_m.cu); the kernels below read x per tile, which pays off only up to 8 rows.
   if (M > kNvfp4GemvKernelRows) return linear_nvfp4_small_m(outs, n_outs, x, M, stream, nullptr);
   GemvArgs a{};
+  static_cast<Nvfp4OutputsArg&>(a) = outputs_arg(outs, n_outs, "NVFP4 GEMV");
   int tiles = 0;
   for (int i = 0; i < n_outs; ++i) {
-    const Nvfp4LinearDevice& w = *outs[i].w;
-    TETRA_CHECK(w.w && w.s && w.alpha && outs[i].y, "NVFP4 GEMV output ", i, " without device data");
-    a.w[i] = w.w;
-    a.s[i] = w.s;
-    a.alpha[i] = w.alpha;
-    a.bias[i] = outs[i].bias;
-    a.y[i] = outs[i].y;
-    a.n[i] = w.n;
-    tiles += w.n / 16;
+    tiles += a.n[i] / 16;
     a.tile_end[i] = tiles;
   }
-  a.outputs = n_outs;
   a.x = x;
   a.m = M;
   a.k = outs[0].w->k;

@@ -31,6 +31,7 @@
 #include "core/error.h"
 #include "core/kernel_smem_attr.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/linear/nvfp4_outputs_arg.h"
 #include "ops/moe/w4a16_fragment.cuh"
 
 namespace tetra::ops::cuda {
@@ -50,16 +51,9 @@ constexpr int kBatchOf = 8 / TW;
 constexpr int kMaxSplit = 8;    // portable cluster size
 constexpr int kSmemLimit = 227 * 1024;  // sm_90 opt-in shared memory per block
 
-struct SmallMArgs {
-  const uint8_t* w[kNvfp4GemvMaxOutputs];      // [n/16][k/64][32][16] fragment words
-  const uint8_t* s[kNvfp4GemvMaxOutputs];      // [n/16][k/64][32][2] ue5m3 scale pairs
-  const float* alpha[kNvfp4GemvMaxOutputs];    // [1]
-  const uint16_t* bias[kNvfp4GemvMaxOutputs];  // [n] bf16 or null
-  uint16_t* y[kNvfp4GemvMaxOutputs];           // [M, n] bf16
-  int n[kNvfp4GemvMaxOutputs];
+struct SmallMArgs : Nvfp4OutputsArg {
   int group_end[kNvfp4GemvMaxOutputs];  // cumulative group counts
-  int outputs;
-  const uint16_t* x;  // [M, k] bf16
+  const uint16_t* x;                    // [M, k] bf16
   int m, k;
   int split;  // S, the cluster size along k
 };
@@ -76,9 +70,6 @@ int smem_bytes(int token_tiles, int tiles_per_warp, int max_chunks) {
   return std::max(xs, part);
 }
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
 
 // T n8 token tiles (8T >= M), TW 16-row weight tiles per warp.
 template <int T, int TW>
@@ -172,7 +163,8 @@ __global__ void __launch_bounds__(kThreads, TW == 1 ? 2 : 1) nvfp4_small_m_kerne
         uint32_t sg, sg8;
         moe_detail::scale_pair_to_bf16x2(sv[tw][u], sg, sg8);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) moe_detail::dequant_word(word_of(wv[tw][u], j), sg, sg8, A[tw][j]);
+        for (int j = 0; j < 4; ++j)
+          moe_detail::dequant_word(moe_detail::word_of(wv[tw][u], j), sg, sg8, A[tw][j]);
       }
       const uint16_t* xc = xl + (c + u) * kChunkK;
 #pragma unroll
@@ -339,25 +331,17 @@ cudaError_t linear_nvfp4_small_m(const Nvfp4GemvOutput* outs, int n_outs, const 
   const Plan p = plan_for(outs, n_outs, M, cfg);
   if (!p.why_not.empty()) TETRA_FAIL("NVFP4 small-M linear: ", p.why_not);
   SmallMArgs a{};
+  static_cast<Nvfp4OutputsArg&>(a) = outputs_arg(outs, n_outs, "NVFP4 small-M");
   const int rows = kWarps * p.tiles_per_warp * 16;
   int groups = 0;
   for (int i = 0; i < n_outs; ++i) {
-    const Nvfp4LinearDevice& w = *outs[i].w;
-    TETRA_CHECK(w.w && w.s && w.alpha && outs[i].y, "NVFP4 small-M output ", i,
-                " without device data");
-    TETRA_CHECK(reinterpret_cast<uintptr_t>(w.w) % 16 == 0 && reinterpret_cast<uintptr_t>(w.s) % 16 == 0,
+    TETRA_CHECK(reinterpret_cast<uintptr_t>(a.w[i]) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(a.s[i]) % 16 == 0,
                 "NVFP4 small-M output ", i, ": weights or scales not 16-byte aligned");
-    a.w[i] = w.w;
-    a.s[i] = w.s;
-    a.alpha[i] = w.alpha;
-    a.bias[i] = outs[i].bias;
-    a.y[i] = outs[i].y;
-    a.n[i] = w.n;
-    groups += ceil_div(w.n, rows);
+    groups += ceil_div(a.n[i], rows);
     a.group_end[i] = groups;
   }
   TETRA_CHECK(reinterpret_cast<uintptr_t>(x) % 16 == 0, "NVFP4 small-M: x not 16-byte aligned");
-  a.outputs = n_outs;
   a.x = x;
   a.m = M;
   a.k = outs[0].w->k;

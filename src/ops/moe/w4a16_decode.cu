@@ -16,9 +16,6 @@
 namespace tetra::moe_detail {
 namespace {
 
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
 
 // U: chunks per load batch. LATE: activations are read from L1 right before their MMA instead of
 // with the weights (frees U*NT*8 registers). MINB: blocks per SM the register allocation must

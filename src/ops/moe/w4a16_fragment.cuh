@@ -26,6 +26,11 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
+// Word i (k-step i) of a lane's 16-byte chunk.
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // One packed word (one k-step) -> the four A registers of mma.m16n8k16, scaled. The word's code
 // (moe/fragment_code.h) puts each E2M1 magnitude on bf16 bits 6..8 (so code c reads as
 // value(c) * 2^-126, the e=0 subnormal path included) and its sign on bit 15; times

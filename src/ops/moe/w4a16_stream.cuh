@@ -95,9 +95,6 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       : "memory");
 }
 
-__device__ __forceinline__ uint32_t stream_word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
 
 // C consumer warps + 1 producer warp, J chunks per consumer warp per stage. stages: ring depth
 // (dynamic shared memory sized by stream_smem_bytes<C, J>(stages)). 16 consumer warps are meant
@@ -218,7 +215,7 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
 #pragma unroll
               for (int q = 0; q < 4; ++q) {
                 uint32_t A[4];
-                dequant_word(stream_word(wv[j], q), sg, sg8, A);
+                dequant_word(word_of(wv[j], q), sg, sg8, A);
                 const uint4& xh = (q >> 1) ? x1[j] : x0[j];
                 mma_bf16_16816(acc[t][j], A, (q & 1) ? xh.z : xh.x, (q & 1) ? xh.w : xh.y);
               }

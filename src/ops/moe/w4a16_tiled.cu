@@ -154,8 +154,7 @@ __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) moe_tiled_kernel(const G
           uint32_t A[2][4];
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
-            const uint32_t w = j == 0 ? wa[mt].x : j == 1 ? wa[mt].y : j == 2 ? wa[mt].z : wa[mt].w;
-            dequant_word(w, sg[mt], sg8[mt], A[mt]);
+            dequant_word(word_of(wa[mt], j), sg[mt], sg8[mt], A[mt]);
           }
 #pragma unroll
           for (int nt = 0; nt < 8; ++nt) {

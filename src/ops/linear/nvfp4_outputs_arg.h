@@ -1,0 +1,40 @@
+// The outputs of one multi-output NVFP4 launch (the decode GEMV and the small-M kernel) as a
+// kernel argument: up to kNvfp4GemvMaxOutputs matrices over the same x, each with its own scale,
+// bias and output buffer (fused q/k/v).
+#pragma once
+#include <cstdint>
+
+#include "core/error.h"
+#include "ops/linear/linear_cuda.h"
+
+namespace tetra::ops::cuda {
+
+struct Nvfp4OutputsArg {
+  const uint8_t* w[kNvfp4GemvMaxOutputs];      // [n/16][k/64][32][16] fragment words
+  const uint8_t* s[kNvfp4GemvMaxOutputs];      // [n/16][k/64][32][2] ue5m3 scale pairs
+  const float* alpha[kNvfp4GemvMaxOutputs];    // [1]
+  const uint16_t* bias[kNvfp4GemvMaxOutputs];  // [n] bf16 or null
+  uint16_t* y[kNvfp4GemvMaxOutputs];           // [M, n] bf16
+  int n[kNvfp4GemvMaxOutputs];
+  int outputs;
+};
+
+// Copies the outputs' pointers and sizes; `what` names the kernel in the error for an output
+// without device data.
+inline Nvfp4OutputsArg outputs_arg(const Nvfp4GemvOutput* outs, int n_outs, const char* what) {
+  Nvfp4OutputsArg a{};
+  for (int i = 0; i < n_outs; ++i) {
+    const Nvfp4LinearDevice& w = *outs[i].w;
+    TETRA_CHECK(w.w && w.s && w.alpha && outs[i].y, what, " output ", i, " without device data");
+    a.w[i] = w.w;
+    a.s[i] = w.s;
+    a.alpha[i] = w.alpha;
+    a.bias[i] = outs[i].bias;
+    a.y[i] = outs[i].y;
+    a.n[i] = w.n;
+  }
+  a.outputs = n_outs;
+  return a;
+}
+
+}  // namespace tetra::ops::cuda
