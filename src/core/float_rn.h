@@ -5,11 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define TETRA_HD __host__ __device__ __forceinline__
-#else
-#define TETRA_HD inline
-#endif
+#include "core/host_device.h"
 
 namespace tetra::fp {
 

@@ -12,17 +12,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-
-#include "core/float_rn.h"
 #include <string_view>
 
 #include "core/dtype.h"
-
-#if defined(__CUDACC__)
-#define TETRA_NVFP4_HD __host__ __device__ __forceinline__
-#else
-#define TETRA_NVFP4_HD inline
-#endif
+#include "core/float_rn.h"
+#include "core/host_device.h"
 
 namespace tetra::nvfp4 {
 
@@ -37,16 +31,16 @@ using fp::f32_bits;
 using fp::f32_from_bits;
 using fp::mul_rn;
 using fp::div_rn;
-TETRA_NVFP4_HD float abs_f32(float x) { return f32_from_bits(f32_bits(x) & 0x7fffffffu); }
+TETRA_HD float abs_f32(float x) { return f32_from_bits(f32_bits(x) & 0x7fffffffu); }
 // Max that ignores NaN in `a` (a comparison with NaN is false), the same on both sides.
-TETRA_NVFP4_HD float max_abs_step(float running, float x) {
+TETRA_HD float max_abs_step(float running, float x) {
   const float a = abs_f32(x);
   return a > running ? a : running;
 }
-TETRA_NVFP4_HD bool is_finite_f32(float x) { return (f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
+TETRA_HD bool is_finite_f32(float x) { return (f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
 
 // float -> bf16 bits, round to nearest even; NaN stays a quiet NaN (same rule as core/half.h).
-TETRA_NVFP4_HD uint16_t bf16_bits_rne(float f) {
+TETRA_HD uint16_t bf16_bits_rne(float f) {
   uint32_t u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
   u += 0x7fffu + ((u >> 16) & 1u);
@@ -54,7 +48,7 @@ TETRA_NVFP4_HD uint16_t bf16_bits_rne(float f) {
 }
 
 // ---- E2M1: codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign ----------------------
-TETRA_NVFP4_HD float e2m1_to_float(uint8_t code) {
+TETRA_HD float e2m1_to_float(uint8_t code) {
   const uint32_t exp = (code >> 1) & 3u;
   const uint32_t man = code & 1u;
   // exp 0: 0 or 0.5 (subnormal); otherwise (1 + man/2) * 2^(exp-1), built from float bits.
@@ -66,7 +60,7 @@ TETRA_NVFP4_HD float e2m1_to_float(uint8_t code) {
 // boundary (the midpoint of two neighbours); `>` where the tie goes down to the even code, `>=`
 // where it goes up. The sign bit is set for y < 0, so tiny negatives give 0x8 and -0.0 gives 0x0.
 // NaN gives 0x0 (callers refuse NaN weights before quantizing).
-TETRA_NVFP4_HD uint8_t float_to_e2m1(float y) {
+TETRA_HD uint8_t float_to_e2m1(float y) {
   const float a = abs_f32(y);
   const uint8_t mag = uint8_t((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
                               (a >= 3.5f) + (a > 5.0f));
@@ -74,9 +68,9 @@ TETRA_NVFP4_HD uint8_t float_to_e2m1(float y) {
 }
 
 // ---- E4M3FN: bias 7, 3 mantissa bits, max 448 (0x7E), 0x7F/0xFF NaN, no Inf ---------------
-TETRA_NVFP4_HD bool e4m3_is_nan(uint8_t byte) { return (byte & 0x7fu) == 0x7fu; }
+TETRA_HD bool e4m3_is_nan(uint8_t byte) { return (byte & 0x7fu) == 0x7fu; }
 
-TETRA_NVFP4_HD float e4m3_to_float(uint8_t byte) {
+TETRA_HD float e4m3_to_float(uint8_t byte) {
   const uint32_t sign = uint32_t(byte & 0x80u) << 24;
   const uint32_t exp = (byte >> 3) & 15u;
   const uint32_t man = byte & 7u;
@@ -88,7 +82,7 @@ TETRA_NVFP4_HD float e4m3_to_float(uint8_t byte) {
 }
 
 // Round to nearest even, saturating to +-448 (Inf too), NaN -> 0x7F, sign kept (-0.0 -> 0x80).
-TETRA_NVFP4_HD uint8_t float_to_e4m3(float x) {
+TETRA_HD uint8_t float_to_e4m3(float x) {
   const uint32_t u = f32_bits(x);
   const uint8_t sign = uint8_t((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7fffffffu;
@@ -108,7 +102,7 @@ TETRA_NVFP4_HD uint8_t float_to_e4m3(float x) {
 
 // ---- per-block formulas (NVFP4.md), shared by the CPU reference and the CUDA kernels ---------
 // Weight block scale: s = bamax / (6*s2) (product rounded first), 0 -> 1, clamp [2^-9, 448], RNE.
-TETRA_NVFP4_HD uint8_t weight_block_scale(float bamax, float s2) {
+TETRA_HD uint8_t weight_block_scale(float bamax, float s2) {
   float s = div_rn(bamax, mul_rn(kE2M1Max, s2));
   if (s == 0.0f) s = 1.0f;
   s = s < kE4M3MinSubnormal ? kE4M3MinSubnormal : s;
@@ -116,31 +110,31 @@ TETRA_NVFP4_HD uint8_t weight_block_scale(float bamax, float s2) {
   return float_to_e4m3(s);
 }
 // Weight element divisor: float(sf) * s2, rounded to float once; y = x / divisor.
-TETRA_NVFP4_HD float weight_block_divisor(uint8_t sf, float s2) {
+TETRA_HD float weight_block_divisor(uint8_t sf, float s2) {
   return mul_rn(e4m3_to_float(sf), s2);
 }
-TETRA_NVFP4_HD uint8_t weight_code(float x, float divisor) {
+TETRA_HD uint8_t weight_code(float x, float divisor) {
   return float_to_e2m1(div_rn(x, divisor));
 }
 
 // Activation (W4A4) block scale: SF = e4m3_rne_sat(bamax / 6 * inv_input_scale), where
 // inv_input_scale = 1 / input_scale was rounded to float once per tensor.
-TETRA_NVFP4_HD uint8_t activation_block_scale(float bamax, float inv_input_scale) {
+TETRA_HD uint8_t activation_block_scale(float bamax, float inv_input_scale) {
   return float_to_e4m3(mul_rn(div_rn(bamax, kE2M1Max), inv_input_scale));
 }
 // Multiplier for the elements: 1 / (float(SF) * input_scale), or 0 when SF is 0. NVFP4.md guards
 // on max|x_block| != 0; guarding on SF (as TensorRT-LLM's kernel does) agrees whenever that
 // formula is finite and avoids 1/0 when a nonzero block's scale underflows to 0 (its codes then
 // decode to 0 anyway, since SF = 0).
-TETRA_NVFP4_HD float activation_out_scale(uint8_t sf, float input_scale) {
+TETRA_HD float activation_out_scale(uint8_t sf, float input_scale) {
   const float sf_f = e4m3_to_float(sf);
   return sf_f != 0.0f ? div_rn(1.0f, mul_rn(sf_f, input_scale)) : 0.0f;
 }
-TETRA_NVFP4_HD uint8_t activation_code(float x, float out_scale) {
+TETRA_HD uint8_t activation_code(float x, float out_scale) {
   return float_to_e2m1(mul_rn(x, out_scale));
 }
 // Dequantized element: E2M1 * float(scale) * s2, left to right (the first product is exact).
-TETRA_NVFP4_HD float dequant_value(uint8_t code, float scale, float s2) {
+TETRA_HD float dequant_value(uint8_t code, float scale, float s2) {
   return mul_rn(mul_rn(e2m1_to_float(code), scale), s2);
 }
 

@@ -6,21 +6,17 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TETRA_SCALE_LAYOUT_HD __host__ __device__ __forceinline__
-#else
-#define TETRA_SCALE_LAYOUT_HD inline
-#endif
+#include "core/host_device.h"
 
 namespace tetra::nvfp4 {
 
-TETRA_SCALE_LAYOUT_HD int64_t swizzle_rows_padded(int64_t rows) { return (rows + 127) / 128 * 128; }
-TETRA_SCALE_LAYOUT_HD int64_t swizzle_kb_padded(int64_t kb) { return (kb + 3) / 4 * 4; }
+TETRA_HD int64_t swizzle_rows_padded(int64_t rows) { return (rows + 127) / 128 * 128; }
+TETRA_HD int64_t swizzle_kb_padded(int64_t kb) { return (kb + 3) / 4 * 4; }
 
 // Byte offset of scale (m, kb) inside one padded swizzled matrix whose padded width is kb_pad:
 // tiles of 128 rows x 4 scales (512 bytes), row-of-tiles major; inside a tile, row m%32 picks a
 // 16-byte group, (m%128)/32 the 4-byte word in it, kb%4 the byte.
-TETRA_SCALE_LAYOUT_HD int64_t swizzled_scale_offset(int64_t m, int64_t kb, int64_t kb_pad) {
+TETRA_HD int64_t swizzled_scale_offset(int64_t m, int64_t kb, int64_t kb_pad) {
   return (m / 128) * (kb_pad / 4) * 512 + (kb / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 +
          (kb % 4);
 }

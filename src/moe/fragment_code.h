@@ -16,11 +16,8 @@
 #include <cstdint>
 #include <utility>
 
-#if defined(__CUDACC__)
-#define TETRA_FRAGMENT_HD __host__ __device__ __forceinline__
-#else
-#define TETRA_FRAGMENT_HD inline
-#endif
+#include "core/host_device.h"
+
 
 namespace tetra {
 
@@ -29,7 +26,7 @@ constexpr uint32_t kFragmentRegBits = 0x81C081C0u;
 
 // Stored word -> the four registers' live bits (no scale applied).
 // (The rotate is written as two shifts: nvcc emits one funnel shift for it.)
-TETRA_FRAGMENT_HD constexpr void fragment_word_decode(uint32_t w, uint32_t r[4]) {
+TETRA_HD constexpr void fragment_word_decode(uint32_t w, uint32_t r[4]) {
   constexpr uint32_t S = kFragmentRegBits;
   r[0] = w & S;
   r[1] = (w << 4) & S;

@@ -13,11 +13,7 @@
 
 #include "core/float_rn.h"
 
-#if defined(__CUDACC__)
-#define TETRA_MOE_HD __host__ __device__ __forceinline__
-#else
-#define TETRA_MOE_HD inline
-#endif
+#include "core/host_device.h"
 
 namespace tetra::moe::math {
 
@@ -27,12 +23,12 @@ using fp::f32_bits;
 using fp::f32_from_bits;
 using fp::mul_rn;
 using fp::div_rn;
-TETRA_MOE_HD bool is_nan_f32(float x) { return (f32_bits(x) & 0x7fffffffu) > 0x7f800000u; }
+TETRA_HD bool is_nan_f32(float x) { return (f32_bits(x) & 0x7fffffffu) > 0x7f800000u; }
 
 // exp(x) in float32, within about 1 ulp, bit-identical on host and device.
 // x = n*ln2 + r with |r| <= ln2/2; exp(r) by a degree-7 Taylor polynomial (truncation < 0.1 ulp);
 // the result is scaled by 2^n in at most two exact-or-once-rounded multiplies.
-TETRA_MOE_HD float exp_f32(float x) {
+TETRA_HD float exp_f32(float x) {
   if (is_nan_f32(x)) return x;
   if (x > 88.72283935546875f) return f32_from_bits(0x7f800000u);  // above ln(FLT_MAX): +Inf
   if (x < -103.972084045410156f) return 0.0f;                     // below half the least subnormal
@@ -61,15 +57,15 @@ TETRA_MOE_HD float exp_f32(float x) {
 }
 
 // 1 / (1 + exp(-x)); saturates to 0 and 1 like the float32 reference.
-TETRA_MOE_HD float sigmoid_f32(float x) { return div_rn(1.0f, 1.0f + exp_f32(-x)); }
+TETRA_HD float sigmoid_f32(float x) { return div_rn(1.0f, 1.0f + exp_f32(-x)); }
 
 // Selection key: NaN never wins, it ranks as -Inf (so a NaN logit cannot produce an invalid id).
-TETRA_MOE_HD float selection_key(float v) {
+TETRA_HD float selection_key(float v) {
   return is_nan_f32(v) ? f32_from_bits(0xff800000u) : v;
 }
 
 // Strict total order for top-k: larger key first, ties to the lower index.
-TETRA_MOE_HD bool ranks_before(float key_a, int idx_a, float key_b, int idx_b) {
+TETRA_HD bool ranks_before(float key_a, int idx_a, float key_b, int idx_b) {
   return key_a > key_b || (key_a == key_b && idx_a < idx_b);
 }
 
