@@ -151,6 +151,21 @@ struct GemvProblem {
         sync_ok(cuda::add_bias(dref[i]->ptr(), false, M, spec[i].n, dbias[i]->ptr(), nullptr));
     }
   }
+  void poison() {
+    for (auto& y : dy) y->poison();
+  }
+  // The outputs as written, each checked against the CPU linear (want) and the W4A16 path (dref).
+  std::vector<std::vector<uint16_t>> check(const std::string& kernel) {
+    std::vector<std::vector<uint16_t>> got;
+    for (size_t i = 0; i < dy.size(); ++i) {
+      const std::string wi = what + " output " + std::to_string(i) + " " + kernel;
+      got.push_back(dy[i]->download());
+      EXPECT_LE(nmse(got[i], want[i], from_bf16, from_bf16, wi), 1e-5) << wi;
+      EXPECT_TRUE(dy[i]->guards_intact()) << wi;
+      EXPECT_LE(nmse(got[i], dref[i]->download(), from_bf16, from_bf16, wi), 1e-5) << wi << " vs W4A16";
+    }
+    return got;
+  }
 };
 
 // The decode GEMV: one to three outputs (fused q/k/v) with and without bias against the CPU
@@ -172,11 +187,7 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
       if (c.k >= 4096 && (M == 2 || M == 5)) continue;  // keep the CPU side quick
       GemvProblem pb(c.k, c.outs, M, rng, rows);
       const std::string& what = pb.what;
-      Dev<uint16_t>& dx = pb.dx;
-      auto& want = pb.want;
-      auto& dy = pb.dy;
-      auto& dref = pb.dref;
-      auto& outs = pb.outs;
+      const auto& outs = pb.outs;
       ASSERT_EQ(cuda::nvfp4_gemv_unsupported_reason(outs.data(), int(outs.size()), M), "") << what;
       // Every kernel: Auto (streaming for few tiles, else batched), the register-batched one, and
       // streaming shapes whose 2-3 stage rings wrap many times and whose grids give blocks
@@ -189,21 +200,19 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
                               {cuda::Nvfp4GemvKernel::Stream, {8, 3, 2, 2}, "stream c8 st3 b2 j2"},
                               {cuda::Nvfp4GemvKernel::Stream, {16, 2, 1, 1}, "stream c16 st2 b1 j1"}};
       for (const Kern& kn : kernels) {
-        for (auto& y : dy) y->poison();
-        sync_ok(cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), dx.ptr(), M, nullptr,
-                                        kn.kernel, &kn.cfg));
-        for (size_t i = 0; i < c.outs.size(); ++i) {
-          const std::string wi = what + " output " + std::to_string(i) + " " + kn.name;
-          const auto got = dy[i]->download();
-          EXPECT_LE(nmse(got, want[i], from_bf16, from_bf16, wi), 1e-5) << wi;
-          EXPECT_TRUE(dy[i]->guards_intact()) << wi;
-          EXPECT_LE(nmse(got, dref[i]->download(), from_bf16, from_bf16, wi), 1e-5) << wi << " vs W4A16";
-          if (kn.kernel == cuda::Nvfp4GemvKernel::Batched) continue;
-          // Fixed summation order: a second run is bit-identical.
-          sync_ok(cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), dx.ptr(), M, nullptr,
+        auto launch = [&] {
+          sync_ok(cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), pb.dx.ptr(), M, nullptr,
                                           kn.kernel, &kn.cfg));
-          EXPECT_EQ(dy[i]->download(), got) << wi << " second run differs";
-        }
+        };
+        pb.poison();
+        launch();
+        const auto first = pb.check(kn.name);
+        if (kn.kernel == cuda::Nvfp4GemvKernel::Batched) continue;
+        // Fixed summation order: a second run is bit-identical.
+        launch();
+        for (size_t i = 0; i < first.size(); ++i)
+          EXPECT_EQ(pb.dy[i]->download(), first[i])
+              << what << " output " << i << " " << kn.name << " second run differs";
       }
     }
 }
@@ -231,11 +240,7 @@ TEST_F(LinearCuda, Nvfp4SmallMMatchesCpu) {
     for (int M : c.ms) {
       GemvProblem pb(c.k, c.outs, M, rng, rows);
       const std::string& what = pb.what;
-      Dev<uint16_t>& dx = pb.dx;
-      auto& want = pb.want;
-      auto& dy = pb.dy;
-      auto& dref = pb.dref;
-      auto& outs = pb.outs;
+      const auto& outs = pb.outs;
       ASSERT_EQ(cuda::nvfp4_small_m_unsupported_reason(outs.data(), int(outs.size()), M), "") << what;
       int ran = 0;
       for (int variant = 0; variant <= int(std::size(cfgs)); ++variant) {
@@ -244,11 +249,12 @@ TEST_F(LinearCuda, Nvfp4SmallMMatchesCpu) {
         if (via_gemv && (M <= cuda::kNvfp4GemvKernelRows || c.k > cuda::kNvfp4SmallMGemvMaxK)) continue;
         const char* name = via_gemv ? "linear_nvfp4_gemv" : cfgs[variant - 1].name;
         auto launch = [&] {
-          return via_gemv ? cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), dx.ptr(), M, nullptr)
-                          : cuda::linear_nvfp4_small_m(outs.data(), int(outs.size()), dx.ptr(), M,
+          const uint16_t* x = pb.dx.ptr();
+          return via_gemv ? cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), x, M, nullptr)
+                          : cuda::linear_nvfp4_small_m(outs.data(), int(outs.size()), x, M,
                                                        nullptr, &cfgs[variant - 1].cfg);
         };
-        for (auto& y : dy) y->poison();
+        pb.poison();
         try {
           sync_ok(launch());
         } catch (const Error& e) {
@@ -259,21 +265,13 @@ TEST_F(LinearCuda, Nvfp4SmallMMatchesCpu) {
           continue;
         }
         ++ran;
-        for (size_t i = 0; i < c.outs.size(); ++i) {
-          const std::string wi = what + " output " + std::to_string(i) + " " + name;
-          const auto got = dy[i]->download();
-          EXPECT_LE(nmse(got, want[i], from_bf16, from_bf16, wi), 1e-5) << wi;
-          EXPECT_TRUE(dy[i]->guards_intact()) << wi;
-          EXPECT_LE(nmse(got, dref[i]->download(), from_bf16, from_bf16, wi), 1e-5) << wi << " vs W4A16";
-        }
+        const auto first = pb.check(name);
         // Fixed summation order (cluster partials in rank order): a second run is bit-identical.
-        std::vector<std::vector<uint16_t>> first;
-        for (auto& y : dy) first.push_back(y->download());
-        for (auto& y : dy) y->poison();
+        pb.poison();
         sync_ok(launch());
-        for (size_t i = 0; i < c.outs.size(); ++i)
-          EXPECT_EQ(dy[i]->download(), first[i]) << what << " output " << i << " " << name
-                                                 << " second run differs";
+        for (size_t i = 0; i < first.size(); ++i)
+          EXPECT_EQ(pb.dy[i]->download(), first[i]) << what << " output " << i << " " << name
+                                                    << " second run differs";
       }
       EXPECT_GE(ran, 3) << what;
     }

@@ -184,15 +184,7 @@ std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_out
   }
   if (M < 1 || M > kNvfp4GemvMaxRows)
     return str("M=", M, " (the NVFP4 GEMV takes 1..", kNvfp4GemvMaxRows, " rows)");
-  if (n_outs < 1 || n_outs > kNvfp4GemvMaxOutputs) return str(n_outs, " outputs");
-  for (int i = 0; i < n_outs; ++i) {
-    const Nvfp4LinearDevice* w = outs[i].w;
-    if (w == nullptr || w->gated) return str("output ", i, ": no plain NVFP4 matrix");
-    if (w->k != outs[0].w->k) return str("output ", i, ": k ", w->k, " != ", outs[0].w->k);
-    if (w->k % kChunkK != 0 || w->n % 16 != 0 || w->n <= 0)
-      return str("output ", i, ": shape [", w->n, ", ", w->k, "]");
-  }
-  return "";
+  return outputs_shape_reason(outs, n_outs);
 }
 
 cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,

@@ -3,6 +3,7 @@
 // bias and output buffer (fused q/k/v).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "core/error.h"
 #include "ops/linear/linear_cuda.h"
@@ -35,6 +36,21 @@ inline Nvfp4OutputsArg outputs_arg(const Nvfp4GemvOutput* outs, int n_outs, cons
   }
   a.outputs = n_outs;
   return a;
+}
+
+// Why these outputs cannot share one launch ("" when they can): 1..kNvfp4GemvMaxOutputs plain
+// NVFP4 matrices of one k, n % 16 == 0 and k % 64 == 0.
+inline std::string outputs_shape_reason(const Nvfp4GemvOutput* outs, int n_outs) {
+  if (n_outs < 1 || n_outs > kNvfp4GemvMaxOutputs) return str(n_outs, " outputs");
+  for (int i = 0; i < n_outs; ++i) {
+    const Nvfp4LinearDevice* w = outs[i].w;
+    if (w == nullptr || w->gated) return str("output ", i, ": no plain NVFP4 matrix");
+    if (w->k != outs[0].w->k) return str("output ", i, ": k ", w->k, " != ", outs[0].w->k);
+    // 64-k chunks and 16-row tiles of the fragment layout (moe/expert_weights.h)
+    if (w->k <= 0 || w->k % 64 != 0 || w->n <= 0 || w->n % 16 != 0)
+      return str("output ", i, ": shape [", w->n, ", ", w->k, "]");
+  }
+  return "";
 }
 
 }  // namespace tetra::ops::cuda
