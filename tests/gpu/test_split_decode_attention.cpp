@@ -3,62 +3,33 @@
 // (12 = GLM-4.5-Air), sequence lengths around the 64-token chunk edges and past the split cap
 // (several chunks per split), shuffled block tables, an empty sequence, a q row stride wider than
 // the heads; the automatic split count and forced ones (1: no cluster merge; 3: uneven; 16: the
-// largest cluster, most splits empty for short sequences). NMSE <= 1e-5: the kernel computes the
-// softmax and sums in float over the same bf16 inputs and rounds once, like the CPU, but rounds
-// P to bf16 for the tensor cores (2^-9 relative per weight, averaging out over the tokens: ~1e-6
-// in NMSE). Outputs are poisoned before the launch and guarded by bytes that must survive. A
-// second launch must give the same bits (the merge order is fixed).
+// largest cluster, most splits empty for short sequences). NMSE <= 1e-5 (split_decode_case.h).
+// Outputs are poisoned before the launch and guarded by bytes that must survive. A second launch
+// must give the same bits (the merge order is fixed).
+// PredecessorWrites::QAndNewKvRow (cache reads before the PDL wait, the row of position len - 1
+// after it) must give the same bits as the default on every shape, and be right when a real
+// RoPE + KV write kernel writes q and that row right before it on the stream.
+// test_split_decode_attention_pdl.cu holds the race test with a deliberately slow writer.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <numeric>
 #include <random>
 #include <vector>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
-#include "core/half.h"
 #include "model/cuda/split_decode_attention.h"
 #include "ops/attention/attention.h"
+#include "ops/rope/rope.h"
+#include "ops/rope/rope_kv_cuda.h"
+#include "split_decode_case.h"
 
 namespace tetra::model::cuda {
 namespace {
 
-template <typename T>
-struct Dev {
-  static constexpr size_t kGuard = 64;
-  explicit Dev(size_t n) : n(n) {
-    TETRA_CUDA_CHECK(cudaMalloc(&base, (n + 2 * kGuard) * sizeof(T)));
-    TETRA_CUDA_CHECK(cudaMemset(base, 0xA5, (n + 2 * kGuard) * sizeof(T)));
-  }
-  explicit Dev(const std::vector<T>& v) : Dev(v.size()) {
-    TETRA_CUDA_CHECK(cudaMemcpy(ptr(), v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  ~Dev() { cudaFree(base); }
-  T* ptr() { return base + kGuard; }
-  std::vector<T> get() {
-    std::vector<T> v(n);
-    TETRA_CUDA_CHECK(cudaMemcpy(v.data(), ptr(), n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-  bool guards_ok() {
-    std::vector<unsigned char> all((n + 2 * kGuard) * sizeof(T));
-    TETRA_CUDA_CHECK(cudaMemcpy(all.data(), base, all.size(), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < kGuard * sizeof(T); ++i)
-      if (all[i] != 0xA5 || all[all.size() - 1 - i] != 0xA5) return false;
-    return true;
-  }
-  size_t n;
-  T* base = nullptr;
-};
-
-std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float a) {
-  std::uniform_real_distribution<float> u(-a, a);
-  std::vector<uint16_t> v(n);
-  for (auto& x : v) x = float_to_bf16(u(rng));
-  return v;
-}
+using test::DevCase;
+using test::expect_matches_cpu;
+using test::HostCase;
+using test::make_case;
 
 TEST(SplitDecodeAttention, MatchesCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
@@ -74,66 +45,133 @@ TEST(SplitDecodeAttention, MatchesCpu) {
       {128, 24, 2, {100, 1500}, 12},  // a block size that is no power of two
   };
   for (const Case& c : cases) {
-    const int S = int(c.lens.size());
-    const int max_len = *std::max_element(c.lens.begin(), c.lens.end());
-    const int mb = (max_len + c.block_size - 1) / c.block_size + 1;
-    const int num_blocks = S * mb + 3;
-    ops::AttentionShape sh;
-    sh.n_heads = c.heads;
-    sh.n_kv_heads = c.kv_heads;
-    sh.head_dim = c.D;
-    sh.scale = 1.0f / std::sqrt(float(c.D));
-    sh.q_stride = int64_t(c.heads + 2) * c.D;  // wider rows, as a fused qkv output would be
-    ASSERT_EQ(split_decode_unsupported_reason(sh), "");
-    const size_t cache_elems = size_t(num_blocks) * c.block_size * c.kv_heads * c.D;
-    auto kc = random_bf16(cache_elems, rng, 2.0f), vc = random_bf16(cache_elems, rng, 1.0f);
-    auto q = random_bf16(size_t(S) * sh.q_step(), rng, 1.0f);
-    std::vector<int32_t> perm(static_cast<size_t>(num_blocks));
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    std::vector<int32_t> tables(size_t(S) * mb, -1);
-    for (int s = 0; s < S; ++s)
-      for (int b = 0; b * c.block_size < c.lens[size_t(s)]; ++b) tables[size_t(s) * mb + b] = perm[size_t(s) * mb + b];
-    std::vector<int32_t> lens(c.lens.begin(), c.lens.end());
-    ops::PagedKv kv;
-    kv.k_cache = kc.data();
-    kv.v_cache = vc.data();
-    kv.block_tables = tables.data();
-    kv.seq_lens = lens.data();
-    kv.num_blocks = num_blocks;
-    kv.block_size = c.block_size;
-    kv.max_blocks_per_seq = mb;
-    std::vector<uint16_t> want(size_t(S) * c.heads * c.D);
-    ops::paged_decode_attention_cpu(q.data(), kv, S, sh, want.data());
-
+    const HostCase hc = make_case(c.D, c.heads, c.kv_heads, c.lens, c.block_size, rng);
+    ASSERT_EQ(split_decode_unsupported_reason(hc.sh), "");
+    const std::vector<uint16_t> want = hc.cpu_reference();
+    DevCase dev(hc);
     for (int splits : {0, 1, 3, 16}) {
-    Dev<uint16_t> dq(q), dk(kc), dv(vc), dout(want.size());
-    Dev<int32_t> dt(tables), dl(lens);
-    TETRA_CUDA_CHECK(cudaMemset(dout.ptr(), 0xFF, want.size() * 2));
-    ops::PagedKv dkv = kv;
-    dkv.k_cache = dk.ptr();
-    dkv.v_cache = dv.ptr();
-    dkv.block_tables = dt.ptr();
-    dkv.seq_lens = dl.ptr();
-    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, dout.ptr(), nullptr, splits));
-    TETRA_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<uint16_t> got = dout.get();
-    TETRA_CUDA_CHECK(cudaMemset(dout.ptr(), 0xFF, want.size() * 2));
-    TETRA_CUDA_CHECK(split_decode_attention(dq.ptr(), dkv, S, sh, dout.ptr(), nullptr, splits));
-    TETRA_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_EQ(dout.get(), got) << "second launch, D=" << c.D << " splits " << splits;
-    double err = 0, ref = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);
-      ASSERT_TRUE(std::isfinite(g)) << "element " << i;
-      err += (g - w) * (g - w);
-      ref += w * w;
-    }
-    EXPECT_LE(err / ref, 1e-5) << "D=" << c.D << " heads=" << c.heads << "/" << c.kv_heads
-                               << " splits " << splits;
-    EXPECT_TRUE(dout.guards_ok());
+      const std::string label = hc.label() + " splits " + std::to_string(splits);
+      const std::vector<uint16_t> got = dev.run(splits, PredecessorWrites::Anything);
+      EXPECT_EQ(dev.run(splits, PredecessorWrites::Anything), got) << "second launch, " << label;
+      expect_matches_cpu(got, want, label);
     }
   }
+}
+
+// The early cache reads on every edge of where position len - 1 can fall: the first, second and
+// third chunk of a block (copied late, in the prologue) or a later one (copied by the chunk
+// loop after the wait), the first or last token of a chunk or of a cache block, a 1-token
+// sequence, the block that holds the end after 1, 3 or 16 splits; batch 1 and 5, groups 1, 4,
+// 12, 16, head_dim 64 and 128, cache blocks of 16 and 12 tokens.
+TEST(SplitDecodeAttention, NewRowAfterWaitMatchesCpuAndDefaultBits) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(77);
+  const std::vector<std::vector<int>> len_sets = {
+      {1}, {15}, {16}, {17}, {63}, {64}, {65}, {150}, {1025}, {4097},
+      {1, 15, 16, 17, 63}, {64, 65, 150, 1025, 4097}};
+  int checked = 0;
+  for (int D : {64, 128})
+    for (int group : {1, 4, 12, 16})
+      for (int block_size : {16, 12}) {
+        const int kv_heads = D == 128 && group == 12 ? 8 : 2;  // 96/8: GLM-4.5-Air
+        for (const std::vector<int>& lens : len_sets) {
+          const HostCase hc = make_case(D, group * kv_heads, kv_heads, lens, block_size, rng);
+          ASSERT_EQ(split_decode_unsupported_reason(hc.sh), "");
+          const std::vector<uint16_t> want = hc.cpu_reference();
+          DevCase dev(hc);
+          for (int splits : {0, 1, 3, 16}) {
+            const std::string label = hc.label() + " splits " + std::to_string(splits);
+            const std::vector<uint16_t> early = dev.run(splits, PredecessorWrites::QAndNewKvRow);
+            EXPECT_EQ(early, dev.run(splits, PredecessorWrites::Anything))
+                << "new-row mode vs default, " << label;
+            expect_matches_cpu(early, want, label);
+            ++checked;
+          }
+        }
+      }
+  EXPECT_EQ(checked, 2 * 4 * 2 * 12 * 4);
+}
+
+// A real predecessor: rope_and_write_kv (PDL) rotates q in place and writes each sequence's row
+// of position len - 1, then the attention (PDL, new-row mode) runs on the same stream. Before
+// each round q holds the unrotated values and those cache rows hold NaN, so reading either
+// before the wait shows as a NaN output or a mismatch. The reference is the CPU attention over
+// the final q and cache, and the default mode's bits on them.
+TEST(SplitDecodeAttention, NewRowModeAfterRopeKvWrite) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(5);
+  struct Case { int D, heads, kv_heads; std::vector<int> lens; int block_size; };
+  const std::vector<Case> cases = {
+      {128, 96, 8, {1025}, 16},                    // the measured GLM-4.5-Air step
+      {128, 96, 8, {1, 17, 64, 1025, 300}, 16},
+      {64, 16, 4, {65, 4097, 12, 150, 2}, 12},
+  };
+  cudaStream_t stream = nullptr;
+  TETRA_CUDA_CHECK(cudaStreamCreate(&stream));  // blocking: ordered after the poison memsets
+  for (const Case& c : cases) {
+    HostCase hc = make_case(c.D, c.heads, c.kv_heads, c.lens, c.block_size, rng);
+    const int S = hc.num_seqs();
+    const int64_t row = hc.row_elems();
+    std::vector<int32_t> positions(static_cast<size_t>(S));
+    std::vector<int64_t> slots(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s) {
+      positions[size_t(s)] = hc.lens[size_t(s)] - 1;
+      slots[size_t(s)] = hc.slot(s, positions[size_t(s)]);
+      for (int64_t i = 0; i < row; ++i) {  // NaN where the predecessor will write
+        hc.kc[size_t(slots[size_t(s)] * row + i)] = 0x7FC0;
+        hc.vc[size_t(slots[size_t(s)] * row + i)] = 0x7FC0;
+      }
+    }
+    const std::vector<uint16_t> q0 = hc.q, kc0 = hc.kc, vc0 = hc.vc;
+    const std::vector<uint16_t> k_new = test::random_bf16(size_t(S) * row, rng, 2.0f);
+    const std::vector<uint16_t> v_new = test::random_bf16(size_t(S) * row, rng, 1.0f);
+    ops::RopeShape rs;
+    rs.head_dim = c.D;
+    rs.rotary_dim = c.D / 2;  // partial, as GLM-4.x
+    rs.n_q_heads = c.heads;
+    rs.n_k_heads = c.kv_heads;
+    rs.q_stride = hc.sh.q_step();
+    rs.k_stride = row;
+    const std::vector<float> inv_freq = ops::rope_inv_freq(1e6, rs.rotary_dim);
+    tetra::test::GuardedDeviceArray<uint16_t> dk_new(k_new), dv_new(v_new);
+    tetra::test::GuardedDeviceArray<int32_t> dpos(positions);
+    tetra::test::GuardedDeviceArray<int64_t> dslots(slots);
+    tetra::test::GuardedDeviceArray<float> dinv(inv_freq);
+    DevCase dev(hc);
+    const int64_t num_slots = int64_t(hc.num_blocks) * hc.block_size;
+    for (int splits : {0, 1, 16}) {
+      const std::string label = hc.label() + " splits " + std::to_string(splits);
+      std::vector<uint16_t> early;
+      for (int round = 0; round < 10; ++round) {  // several tries at the timing
+        dev.q.upload(q0);
+        dev.k.upload(kc0);
+        dev.v.upload(vc0);
+        dk_new.upload(k_new);  // rope turns k in place
+        dev.out.poison();
+        TETRA_CUDA_CHECK(ops::cuda::rope_and_write_kv(
+            dev.q.ptr(), dk_new.ptr(), dv_new.ptr(), row, dpos.ptr(), dslots.ptr(), S,
+            dinv.ptr(), rs, num_slots, dev.k.ptr(), dev.v.ptr(), stream));
+        dev.launch(splits, PredecessorWrites::QAndNewKvRow, stream);
+        TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+        const std::vector<uint16_t> got = dev.out.download();
+        if (round > 0) {
+          EXPECT_EQ(got, early) << "round " << round << ", " << label;
+        }
+        early = got;
+      }
+      // The final state: q rotated, the new rows written (no NaN left), the rest untouched.
+      hc.q = dev.q.download();
+      hc.kc = dev.k.download();
+      hc.vc = dev.v.download();
+      ASSERT_NE(hc.q, q0) << label;
+      for (int s = 0; s < S; ++s)
+        ASSERT_NE(hc.kc[size_t(slots[size_t(s)] * row)], 0x7FC0) << label << " seq " << s;
+      expect_matches_cpu(early, hc.cpu_reference(), label);
+      EXPECT_EQ(dev.run(splits, PredecessorWrites::Anything), early) << "default mode, " << label;
+      EXPECT_TRUE(dev.k.guards_intact() && dev.v.guards_intact() && dev.q.guards_intact());
+    }
+  }
+  TETRA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 TEST(SplitDecodeAttention, RefusesUnsupportedShapes) {

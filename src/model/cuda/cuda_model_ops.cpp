@@ -275,11 +275,21 @@ class CudaModelOps final : public CudaModelOpsApi {
     ck(ops::cuda::paged_extend_attention(buf(q), d_cu(), S_, T_, paged_kv(layer), attn_, buf(out),
                                          stream_));
   }
+  // The split kernel starts its cache reads before the kernel right before it on the stream
+  // ends (PredecessorWrites::QAndNewKvRow). That holds here: run_forward calls decode_attention
+  // right after rope_write_kv, one rope_and_write_kv launch that writes q in place and, of this
+  // layer's cache, only the step's token slots; a decode step has one token per sequence at
+  // position seq_lens[s] - 1 (StepBatch::validate) whose slot the engine takes from the same
+  // block table (PagedKvCache::append; copy-on-write makes the written block the sequence's
+  // own, and copy_kv_blocks synchronizes before the step). Graph padding rows write nothing and
+  // padded sequences repeat sequence 0. Tables and lengths come from stage()'s copy, which the
+  // step's first kernel waits for; earlier layers and steps write other layers or older rows.
   void decode_attention(int layer, Buf q, Buf out) override {
     if (skip()) return;
     const ops::PagedKv kv = paged_kv(layer);
     if (split_decode_)
-      ck(split_decode_attention(buf(q), kv, S_run_, attn_, buf(out), stream_));
+      ck(split_decode_attention(buf(q), kv, S_run_, attn_, buf(out), stream_, 0,
+                                PredecessorWrites::QAndNewKvRow));
     else
       ck(ops::cuda::paged_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(),
                                            attn_ws_.bytes(), buf(out), stream_));

@@ -38,6 +38,9 @@ struct SplitArgs {
   int64_t q_step;
   float scale_log2;  // softmax scale * log2(e): the softmax runs on exp2
   uint16_t* out;     // [S, H, D] bf16
+  // PredecessorWrites::QAndNewKvRow: lengths, tables and all cache rows but position len - 1
+  // are read before griddepcontrol.wait.
+  bool early_kv;
 };
 
 template <int D>
@@ -64,6 +67,15 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   // src-size 0 zero-fills: rows past the chunk's end become zeros (P = 0 must not meet NaNs).
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ uint4 load_16_l2(const uint16_t* src) {
+  // .cg: from L2, where the predecessor's stores are, never from this SM's L1.
+  return __ldcg(reinterpret_cast<const uint4*>(src));
+}
+__device__ __forceinline__ void store_16_shared(uint32_t dst, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
                : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -126,18 +138,41 @@ __device__ __forceinline__ void chunk_rows(const SplitArgs& a, const int32_t* ta
   }
 }
 
+// The thread's 16-byte piece of the K and V row that is copied late (after the wait): element
+// offset in the caches and destinations in shared memory; off < 0 when the thread has none. A
+// row's D/8 pieces go to D/8 consecutive idx, i.e. one piece each to D/8 threads (D/8 | 128).
+struct LatePiece {
+  int64_t off = -1;
+  uint32_t k_dst = 0, v_dst = 0;
+};
+
+// late_j: staged row (token c0 + late_j) whose pieces get no copy here but are noted in `late`;
+// -1 for none. Nothing else writes a skipped piece's shared memory, so the late copy does not
+// race with a zero fill.
 template <int D>
 __device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
                                             const int32_t (&slot)[pieces_per_thread<D>()],
-                                            uint32_t k_dst, uint32_t v_dst) {
+                                            uint32_t k_dst, uint32_t v_dst, int late_j,
+                                            LatePiece& late) {
 #pragma unroll
   for (int it = 0; it < pieces_per_thread<D>(); ++it) {
     const int idx = int(threadIdx.x) + it * kThreads, j = idx / (D / 8), c = idx % (D / 8);
     const int64_t off = slot[it] >= 0 ? int64_t(slot[it]) * a.n_kv * D + kh * D + c * 8 : 0;
     const uint32_t o = swizzled<D>(j, c);
+    if (j == late_j) {  // j < n, so slot[it] >= 0
+      late.off = off, late.k_dst = k_dst + o, late.v_dst = v_dst + o;
+      continue;
+    }
     cp_async_16(k_dst + o, a.k_cache + off, slot[it] >= 0);
     cp_async_16(v_dst + o, a.v_cache + off, slot[it] >= 0);
   }
+}
+template <int D>
+__device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
+                                            const int32_t (&slot)[pieces_per_thread<D>()],
+                                            uint32_t k_dst, uint32_t v_dst) {
+  LatePiece none;
+  issue_chunk<D>(a, kh, slot, k_dst, v_dst, -1, none);
 }
 
 // Grid (splits, n_kv, S), clusters of (splits, 1, 1): block r of a cluster owns split r of
@@ -147,6 +182,8 @@ __device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
 // Three 32 KB stages (D = 128) let 2 blocks share an SM. Measured on the H200 against two stages
 // at 3 blocks per SM: batch 64 x 1025 tokens 77.7 vs 84.7 us (best split count of each),
 // batch 1 9.6 vs 10.7 us; batch 8 was within 10% either way.
+// With a.early_kv (PredecessorWrites::QAndNewKvRow) the prologue's reads overlap the preceding
+// kernel: only q and the cache row of position len - 1 are read after griddepcontrol.wait.
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];  // [kStages][K, V][64][D] bf16, swizzled
@@ -156,9 +193,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   // A programmatic dependent (the o_proj GEMV) may start streaming its weights now; it waits for
   // this grid before it reads the attention output.
   asm volatile("griddepcontrol.launch_dependents;");
-  // Launched as a programmatic dependent itself (of the RoPE + KV write): wait for it before
-  // reading q or the cache.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  // Launched as a programmatic dependent itself (of the RoPE + KV write). Without early_kv, wait
+  // for it before reading anything; with it, only before reading q and the row of position
+  // len - 1 (see the prologue). The "memory" clobber keeps the compiler from hoisting loads.
+  if (!a.early_kv) asm volatile("griddepcontrol.wait;" ::: "memory");
   cg::cluster_group cluster = cg::this_cluster();
   const int splits = int(gridDim.x), split = int(blockIdx.x), kh = int(blockIdx.y), s = int(blockIdx.z);
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -172,8 +210,12 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   const uint32_t base = uint32_t(__cvta_generic_to_shared(smem));
 
   // Prologue: the table rows of the first kStages chunks (one round trip), their copies, then
-  // the rows of the next chunk, which arrive while chunk 0 computes.
+  // the rows of the next chunk, which arrive while chunk 0 computes. With early_kv all of it runs
+  // before the wait (lens, tables and the older cache rows are complete before the predecessor
+  // starts) except the copy of position len - 1, the row the predecessor may be writing: it is
+  // in at most one chunk, the last of the block holding the end of the sequence.
   constexpr int kPieces = pieces_per_thread<D>();
+  LatePiece late;
   {
     int32_t first[kStages][kPieces];
 #pragma unroll
@@ -184,7 +226,11 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
 #pragma unroll
     for (int c = 0; c < kStages; ++c) {
       const uint32_t k_dst = base + c * stage_bytes<D>();
-      if (c < chunks) issue_chunk<D>(a, kh, first[c], k_dst, k_dst + stage_bytes<D>() / 2);
+      const int c0 = begin + c * kChunk;
+      const bool has_late = a.early_kv && len - 1 >= c0 && len - 1 < min(end, c0 + kChunk);
+      const int late_j = has_late ? len - 1 - c0 : -1;
+      if (c < chunks)
+        issue_chunk<D>(a, kh, first[c], k_dst, k_dst + stage_bytes<D>() / 2, late_j, late);
       cp_async_commit();  // empty groups too: the wait count below stays kStages - 1
     }
   }
@@ -193,8 +239,20 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
     const int c0 = begin + kStages * kChunk;
     chunk_rows<D>(a, table, c0, kStages < chunks ? min(kChunk, end - c0) : 0, next);
   }
+  // After the wait the predecessor's writes are visible. The late piece is loaded here and
+  // stored to shared memory below, after q's loads are issued (two round trips would otherwise
+  // be in series) and before the first __syncthreads of the chunk loop, which publishes it to
+  // the other warps before any chunk is computed. A row of a later chunk is copied by the loop,
+  // which runs after the wait anyway.
+  if (a.early_kv) asm volatile("griddepcontrol.wait;" ::: "memory");
+  uint4 late_k = make_uint4(0u, 0u, 0u, 0u), late_v = late_k;
+  if (late.off >= 0) {
+    late_k = load_16_l2(a.k_cache + late.off);
+    late_v = load_16_l2(a.v_cache + late.off);
+  }
 
-  // Q as A fragments for all of D, straight from global (rows >= G are zero).
+  // Q as A fragments for all of D, straight from global (rows >= G are zero); after the wait:
+  // the predecessor (RoPE) writes q in place.
   uint32_t qa[D / 16][4];
   const uint16_t* qh = a.q + int64_t(s) * a.q_step + int64_t(kh) * G * D;
 #pragma unroll
@@ -204,6 +262,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
     qa[ks][1] = g + 8 < G ? *reinterpret_cast<const uint32_t*>(qh + (g + 8) * D + d0) : 0u;
     qa[ks][2] = g < G ? *reinterpret_cast<const uint32_t*>(qh + g * D + d0 + 8) : 0u;
     qa[ks][3] = g + 8 < G ? *reinterpret_cast<const uint32_t*>(qh + (g + 8) * D + d0 + 8) : 0u;
+  }
+  if (late.off >= 0) {
+    store_16_shared(late.k_dst, late_k);
+    store_16_shared(late.v_dst, late_v);
   }
   float acc[D / 8][4];  // [dim tile][c fragment]: dims 8j + 2t (+1) of heads g (0, 1), g + 8 (2, 3)
 #pragma unroll
@@ -373,7 +435,7 @@ cudaError_t launch_split_decode(const SplitArgs& a, int splits, int num_seqs, cu
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   // Programmatic dependent launch: scheduled while the previous kernel drains; the kernel
-  // waits for it before reading.
+  // waits for it before reading what it may write (a.early_kv).
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
@@ -414,7 +476,8 @@ int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s) {
 
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
                                    const ops::AttentionShape& s, uint16_t* out,
-                                   cudaStream_t stream, int splits) {
+                                   cudaStream_t stream, int splits,
+                                   PredecessorWrites predecessor) {
   const std::string why = split_decode_unsupported_reason(s);
   if (!why.empty()) TETRA_FAIL("split decode attention: ", why);
   TETRA_CHECK(splits >= 0 && splits <= kMaxSplits, "split decode attention: splits ", splits,
@@ -439,6 +502,7 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   a.q_step = s.q_step();
   a.scale_log2 = s.scale * kLog2e;
   a.out = out;
+  a.early_kv = predecessor == PredecessorWrites::QAndNewKvRow;
   if (splits == 0) splits = split_decode_auto_splits(num_seqs, s);
   if (s.head_dim == 64) return launch_split_decode<64>(a, splits, num_seqs, stream);
   return launch_split_decode<128>(a, splits, num_seqs, stream);

@@ -16,6 +16,12 @@
 // 512 (sequence, kv head) pairs already fill the GPU and one split each needs no merge.
 // The launch shape depends only on num_seqs and the head counts, never on the device-side
 // seq_lens, so it can be captured in a CUDA graph.
+// Launched as a programmatic dependent (PDL) of the kernel before it. With
+// PredecessorWrites::QAndNewKvRow the kernel reads seq_lens and the block tables and starts the
+// copies of its first three chunks before waiting for that kernel, leaving out only the row of
+// position seq_lens[s] - 1, which it copies (and q, which it reads) after the wait. Why: in a
+// decode step the RoPE + KV write right before writes just that row and q, and waiting first put
+// the whole read latency chain (lengths -> tables -> K/V) behind it.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -35,11 +41,25 @@ std::string split_decode_unsupported_reason(const ops::AttentionShape& s);
 // Splits per (sequence, kv head) that the op picks for num_seqs sequences on the current GPU.
 int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s);
 
+// What the kernel launched right before the attention on `stream` (its PDL predecessor) may
+// still be writing while the attention starts.
+enum class PredecessorWrites {
+  Anything,  // wait for it before the first read of anything
+  // Only q and, of the cache, each sequence s's row at position seq_lens[s] - 1 (the slot
+  // block_tables[s][(len - 1) / block_size] * block_size + (len - 1) % block_size). Everything
+  // else the attention reads (seq_lens, block tables, the other cache rows) must be complete
+  // before the predecessor starts. A caller that passes this where the predecessor writes other
+  // rows, the tables or the lengths gets a data race.
+  QAndNewKvRow,
+};
+
 // q [num_seqs, n_heads, head_dim] (token stride s.q_step()) -> out [num_seqs, n_heads, head_dim].
 // No scratch: the splits merge on chip. splits: 0 picks split_decode_auto_splits, else
-// 1..kMaxSplits blocks per (sequence, kv head).
+// 1..kMaxSplits blocks per (sequence, kv head). Results are the same bits for either
+// `predecessor`; only what may overlap the predecessor differs.
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
                                    const ops::AttentionShape& s, uint16_t* out,
-                                   cudaStream_t stream, int splits = 0);
+                                   cudaStream_t stream, int splits = 0,
+                                   PredecessorWrites predecessor = PredecessorWrites::Anything);
 
 }  // namespace tetra::model::cuda
