@@ -139,10 +139,8 @@ moe::CudaTokenPath token_path_from_env() {
       p.combine_pdl = v != 0;
     } else if (key == "tpdl") {
       p.token_path_pdl = v != 0;
-    } else if (key == "splitk") {
-      p.split_k = v != 0;
     } else {
-      TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key, "' (fused, slot, side, pdl, tpdl, splitk)");
+      TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key, "' (fused, slot, side, pdl)");
     }
   }
   return p;
@@ -152,7 +150,7 @@ std::string token_path_label(const moe::CudaTokenPath& p) {
   std::ostringstream os;
   os << "fused<=" << p.fused_route_max_tokens << " slot<=" << p.shared_slot_max_tokens
      << " side=" << int(p.shared_side_stream) << " pdl=" << int(p.combine_pdl)
-     << " tpdl=" << int(p.token_path_pdl) << " splitk=" << int(p.split_k);
+     << " tpdl=" << int(p.token_path_pdl);
   return os.str();
 }
 

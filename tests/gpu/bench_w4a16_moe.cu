@@ -97,7 +97,6 @@ struct Variant {
   moe_detail::DecodeConfig cfg;
   bool explicit_cfg;
   bool pdl = false;  // GEMM2 as a programmatic dependent of GEMM1: no event between them
-  bool splitk = false;  // give the problem a split-k workspace (the heuristic then uses it)
 };
 
 struct Result {
@@ -139,16 +138,6 @@ bool bench_one(const Shape& s, int tokens, const Variant& v, int iters, Result& 
   fill_bf16<<<1024, 256>>>(d_x, size_t(rows) * s.H, 5);
   TETRA_CUDA_CHECK(cudaGetLastError());
 
-  // Split-k scratch (full grid), counters zeroed once: every launch leaves them zero.
-  void* d_splitk = nullptr;
-  MoeSplitKWorkspace splitk;
-  if (v.splitk) {
-    const int warps = moe_splitk_device_warps(), pairs = moe_splitk_max_pairs(s.H, s.I);
-    TETRA_CUDA_CHECK(cudaMalloc(&d_splitk, moe_splitk_workspace_bytes(warps, pairs)));
-    TETRA_CUDA_CHECK(cudaMemset(d_splitk, 0, moe_splitk_workspace_bytes(warps, pairs)));
-    splitk = moe_splitk_workspace_in(d_splitk, warps, pairs);
-  }
-
   std::mt19937 rng(1234 + tokens);
   const int kSets = 4;
   std::vector<Routing> R;
@@ -163,7 +152,6 @@ bool bench_one(const Shape& s, int tokens, const Variant& v, int iters, Result& 
     MoeGemmProblem p;
     p.num_experts = s.E, p.hidden = s.H, p.inter = s.I, p.total_rows = rows, p.num_slots = r.slots;
     p.gemm2_pdl = v.pdl;
-    p.splitk = splitk;
     MoeRows mr;
     mr.row_start = r.d_start, mr.row_count = r.d_count, mr.expert_ids = r.d_ids;
     const moe_detail::DecodeConfig* cfg = v.explicit_cfg ? &v.cfg : nullptr;
@@ -210,7 +198,7 @@ bool bench_one(const Shape& s, int tokens, const Variant& v, int iters, Result& 
 
   for (auto& r : R) cudaFree(r.d_start), cudaFree(r.d_count), cudaFree(r.d_ids);
   for (auto& e : ev) cudaEventDestroy(e);
-  cudaFree(d_x), cudaFree(d_act), cudaFree(d_y), cudaFree(d_splitk);
+  cudaFree(d_x), cudaFree(d_act), cudaFree(d_y);
   cudaFree(d_w13), cudaFree(d_s13), cudaFree(d_w2), cudaFree(d_s2), cudaFree(d_alpha);
   return finite;
 }
@@ -224,8 +212,6 @@ TEST(BenchW4a16Moe, Table) {
   const Variant variants[] = {
       {"auto", MoeKernel::kAuto, {}, false},
       {"auto+pdl", MoeKernel::kAuto, {}, false, true},
-      {"splitk", MoeKernel::kAuto, {}, false, false, true},
-      {"splitk+pdl", MoeKernel::kAuto, {}, false, true, true},
       {"classic n8 kw4", MoeKernel::kDecode, {1, 4, 2, false}, true},
       {"classic n8 kw4+pdl", MoeKernel::kDecode, {1, 4, 2, false}, true, true},
       {"classic n8 kw8", MoeKernel::kDecode, {1, 8, 2, false}, true},

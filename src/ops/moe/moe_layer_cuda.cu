@@ -132,7 +132,6 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   workspace_bytes_ = cuda::layout_workspace_bytes(T, K, E);
   const size_t w13b = packed_weight_bytes(2 * I, H), s13b = packed_scale_bytes(2 * I, H);
   const size_t w2b = packed_weight_bytes(H, I), s2b = packed_scale_bytes(H, I);
-  const int splitk_warps = moe_splitk_device_warps(), splitk_pairs = moe_splitk_max_pairs(H, I);
   auto carve = [&](Carver& c) {
     if (routed_bf16_) {
       wb_.w13 = c.take<uint16_t>(size_t(Ew) * 2 * I * H);
@@ -200,9 +199,6 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
     act_ = c.take<uint16_t>(rows_cap * I);
     y_ = c.take<float>(rows_cap * H);
     workspace_ = c.take<uint8_t>(workspace_bytes_);
-    if (!routed_bf16_)  // per layer (~9 MB on an H200): layers never share counters
-      splitk_ = moe_splitk_workspace_in(c.take<uint8_t>(moe_splitk_workspace_bytes(splitk_warps, splitk_pairs)),
-                                        splitk_warps, splitk_pairs);
   };
   Carver sizing(nullptr);
   carve(sizing);
@@ -213,8 +209,6 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   if (workspace_bytes_ == 0) workspace_ = nullptr;
   TETRA_CUDA_CHECK(cudaMemset(dropped_, 0, sizeof(int32_t)));
   TETRA_CUDA_CHECK(cudaMemset(counter_, 0, sizeof(uint32_t)));
-  if (splitk_.counters)
-    TETRA_CUDA_CHECK(cudaMemset(splitk_.counters, 0, size_t(splitk_.max_pairs) * sizeof(uint32_t)));
   TETRA_CUDA_CHECK(cudaMemset(row_token_, 0, rows_cap * sizeof(int32_t)));  // any valid token
   if (layout_ == TokenLayout::Masked) {
     std::vector<int32_t> start(static_cast<size_t>(Ew));  // [Ew] expert e owns rows e*max_T ..
@@ -495,8 +489,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   const int experts = E + (shared_in_slot_ ? 1 : 0);
   const int total_rows = masked ? experts * max_tokens_ : pairs + (slot ? T : 0);
   const int hint = (pairs + num_slots - 1) / num_slots;
-  MoeGemmProblem p = gemm_problem(experts, H, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
-  if (path_.split_k) p.splitk = splitk_;  // GEMM1 and GEMM2 run in turn: one workspace for both
+  const MoeGemmProblem p =
+      gemm_problem(experts, H, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
   // The routed GEMM2 prefetches its weights while the kernel before it (GEMM1, routed or shared)
   // finishes: it reads act_ only after griddepcontrol.wait, and nothing else it reads changes.
   MoeGemmProblem p2 = p;

@@ -51,10 +51,6 @@ struct CudaTokenPath {
   // overlap the tail of the kernel before it; it waits for that kernel before reading x).
   // Measured: no difference at 1 token on GLM-5 (81.3-81.7 us either way), so off.
   bool token_path_pdl = false;
-  // The routed NVFP4 GEMMs at <= 8 rows per expert on the split-k kernel (w4a16_splitk.cu: every
-  // warp of a full grid streams an equal share) instead of a block per tile pair. Measured
-  // slower on the H200 at 1, 16 and 64 tokens (see w4a16_splitk.cu), so off.
-  bool split_k = false;
 };
 
 // For the benchmark: a layer of the given shape with random NVFP4 weights generated on the GPU
@@ -165,7 +161,6 @@ class CudaMoeLayer final : public MoeLayerRunner {
   float* y_ = nullptr;               // [rows_cap, H] f32
   uint16_t* act_sh_ = nullptr;       // [max_T, Is] bf16
   uint16_t* y_sh_ = nullptr;         // [max_T, H] bf16
-  tetra::MoeSplitKWorkspace splitk_{};  // the routed NVFP4 GEMMs' split-k scratch (none for bf16)
 };
 
 // The name it had while it ran W4A16 only (the model runtime and decode benchmark use it).

@@ -253,8 +253,6 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream) {
   if (a.num_slots <= 0 || a.n <= 0) return cudaSuccess;
-  if (cfg.split_k && cfg.token_tiles == 1 && splitk_unusable_reason(a).empty())
-    return launch_splitk(a, stream);
   if (cfg.stream) return launch_stream(a, cfg, stream);
   const bool classic = !cfg.late_x;
   if (!classic) return cfg.l2_prefetch ? cudaErrorInvalidValue : launch_late(a, cfg, stream);

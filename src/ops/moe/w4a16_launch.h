@@ -5,7 +5,6 @@
 
 #include <cstdint>
 #include <ostream>
-#include <string>
 
 #include "ops/moe/w4a16_moe.h"
 
@@ -28,19 +27,7 @@ struct GroupedGemmArgs {
   bool gated = false;
   bool out_f32 = false;
   bool pdl = false;                // launch as a programmatic dependent (see MoeGemmProblem)
-  MoeSplitKWorkspace splitk;       // the split-k decode kernel's scratch (none: it cannot run)
 };
-
-// Split-k decode kernel limits: slots it reads, items (<= 8 rows of one expert) it lists, floats
-// of one warp partial (2 tiles x 4 accumulators x 32 lanes).
-inline constexpr int kSplitKMaxSlots = 512;
-inline constexpr int kSplitKMaxItems = 512;
-inline constexpr int kSplitKPartialFloats = 256;
-inline constexpr int kSplitKWarpsPerSm = 32;  // 8 blocks of 4 warps (a 64-register cap)
-// An upper bound on the items of a problem: each slot's rows in groups of 8.
-inline int64_t splitk_max_items(int num_slots, int total_rows) {
-  return int64_t(num_slots) + (int64_t(total_rows) + 7) / 8;
-}
 
 struct DecodeConfig {
   int token_tiles = 1;  // n8 tiles of tokens per pass (1, 2 or 4)
@@ -60,16 +47,10 @@ struct DecodeConfig {
   int stream_stages = 12;        // ring depth; a stage holds k_warps * chunks_per_warp chunks (576 B)
   int stream_blocks_per_sm = 1;  // grid = min(units, SMs * this)
   int stream_chunks_per_warp = 2;  // 2 (k_warps 4 or 8) or 1 (k_warps 16)
-  // Decode, split-k (w4a16_splitk.cu; 8 rows per pass, the late kernel's inner loop): the grid
-  // fills the GPU and every warp streams an equal share of the chunks. Used when the problem
-  // carries a workspace and fits its limits, else the late kernel runs.
-  bool split_k = false;
 };
 inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
   os << "decode(n" << 8 * c.token_tiles << ",kw" << c.k_warps;
-  if (c.split_k)
-    os << ",splitk";
-  else if (c.stream)
+  if (c.stream)
     os << ",stream,j" << c.stream_chunks_per_warp << ",st" << c.stream_stages << ",b"
        << c.stream_blocks_per_sm;
   else if (c.late_x)
@@ -80,9 +61,6 @@ inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
 cudaError_t launch_stream(const GroupedGemmArgs& a, const DecodeConfig& cfg, cudaStream_t stream);
 cudaError_t launch_tiled(const GroupedGemmArgs& a, int blocks_per_sm, cudaStream_t stream);
-// Why the split-k kernel cannot run a (empty: it can), and its launcher.
-std::string splitk_unusable_reason(const GroupedGemmArgs& a);
-cudaError_t launch_splitk(const GroupedGemmArgs& a, cudaStream_t stream);
 
 // The public launchers with an explicit decode configuration (benchmarks sweep these).
 // decode_cfg == nullptr: the heuristic's choice.

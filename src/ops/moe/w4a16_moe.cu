@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <sstream>
 
-#include "core/cuda_check.h"
 #include "core/error.h"
 
 #include "moe/expert_weights.h"
@@ -64,9 +63,6 @@ moe_detail::DecodeConfig decode_config(const MoeGemmProblem& p) {
   c.late_x = c.token_tiles == 1;  // the late kernel is instantiated for 8 rows per pass only
   c.chunks_per_batch = 2;
   c.min_blocks_per_sm = 8;
-  // With a workspace, split-k spreads the same inner loop evenly over a full grid (see
-  // w4a16_splitk.cu for what it fixes); launch_decode falls back to the late kernel otherwise.
-  c.split_k = c.token_tiles == 1 && p.splitk.partials != nullptr;
   return c;
 }
 
@@ -76,7 +72,6 @@ moe_detail::GroupedGemmArgs base_args(const MoeGemmProblem& p, const MoeRows& ro
   a.num_slots = slots_of(p);
   if (rows.expert_ids == nullptr) a.num_slots = p.num_experts;
   a.total_rows = p.total_rows;
-  a.splitk = p.splitk;
   return a;
 }
 
@@ -96,29 +91,6 @@ MoeKernel moe_pick_kernel(const MoeGemmProblem& p) {
   // expert the two tie on GLM-5; the tiled one wins on GLM-4.5-Air).
   return rows_per_expert(p) <= 8 ? MoeKernel::kDecode : MoeKernel::kTiled;
 }
-
-size_t moe_splitk_workspace_bytes(int max_warps, int max_pairs) {
-  const auto align = [](size_t n) { return (n + 255) / 256 * 256; };
-  return align(size_t(std::max(max_warps, 0)) * 2 * moe_detail::kSplitKPartialFloats * sizeof(float)) +
-         align(size_t(std::max(max_pairs, 0)) * sizeof(uint32_t));
-}
-
-MoeSplitKWorkspace moe_splitk_workspace_in(void* mem, int max_warps, int max_pairs) {
-  MoeSplitKWorkspace ws;
-  if (mem == nullptr || max_warps <= 0 || max_pairs <= 0) return ws;
-  const size_t partial_bytes = moe_splitk_workspace_bytes(max_warps, 0);
-  ws.partials = static_cast<float*>(mem);
-  ws.counters = reinterpret_cast<uint32_t*>(static_cast<char*>(mem) + partial_bytes);
-  ws.max_warps = max_warps;
-  ws.max_pairs = max_pairs;
-  return ws;
-}
-
-int moe_splitk_max_pairs(int hidden, int inter) {
-  return moe_detail::kSplitKMaxItems * std::max(2 * inter, hidden) / 32;
-}
-
-int moe_splitk_device_warps() { return current_device_sm_count() * moe_detail::kSplitKWarpsPerSm; }
 
 namespace moe_detail {
 cudaError_t gemm1_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const MoeRows& rows,

@@ -18,25 +18,6 @@
 
 namespace tetra {
 
-// Scratch of the split-k decode kernel (w4a16_splitk.cu): partial sums of the tile pairs that two
-// warps share, and one arrival counter per tile pair. The counters must be zero before the first
-// launch; every launch leaves them zero. Launches that share a workspace must be ordered (one
-// stream): a launch owns it from its first partial write to its last counter reset.
-struct MoeSplitKWorkspace {
-  float* partials = nullptr;     // [max_warps][2][256] f32: a warp's first and last shared pair
-  uint32_t* counters = nullptr;  // [max_pairs] chunk-steps arrived per tile pair
-  int max_warps = 0;             // warps of the largest grid the kernel may launch
-  int max_pairs = 0;             // items * tile pairs per item it may count
-};
-// Bytes of a workspace for max_warps warps and max_pairs counters (256-byte aligned parts), and
-// the workspace laid out in such memory (zero it once before use).
-size_t moe_splitk_workspace_bytes(int max_warps, int max_pairs);
-MoeSplitKWorkspace moe_splitk_workspace_in(void* mem, int max_warps, int max_pairs);
-// Warps of the split-k kernel's full grid on the current device (SMs x 8 blocks x 4 warps), and
-// the counters every problem of this expert shape that the kernel takes may need.
-int moe_splitk_device_warps();
-int moe_splitk_max_pairs(int hidden, int inter);
-
 // Plain, trivially copyable description of one grouped GEMM launch (host values only).
 struct MoeGemmProblem {
   int num_experts = 0;   // E: experts in the weight tensors
@@ -50,9 +31,6 @@ struct MoeGemmProblem {
   // before its wait: the row mapping and weights (act is waited for). Decode kernel only; the
   // tiled kernel ignores it.
   bool gemm2_pdl = false;
-  // Decode (<= 8 rows per expert): with a workspace the kernel spreads the work evenly over every
-  // warp of a full grid (w4a16_splitk.cu); without one it runs a block per tile pair.
-  MoeSplitKWorkspace splitk;
 };
 std::ostream& operator<<(std::ostream& os, const MoeGemmProblem& p);
 
