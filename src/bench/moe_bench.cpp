@@ -116,7 +116,7 @@ moe::CudaTokenPath token_path_from_env() {
   const char* env = std::getenv("TETRA_MOE_TOKEN_PATH");
   if (!env || !*env) return p;
   std::string spec(env);
-  if (spec == "old") spec = "fused=0,slot=0,side=0,pdl=0,tpdl=0,g1pdl=0";
+  if (spec == "old") spec = "fused=0,slot=0,side=0,pdl=0,tpdl=0";
   std::istringstream in(spec);
   std::string item;
   while (std::getline(in, item, ',')) {
@@ -139,10 +139,8 @@ moe::CudaTokenPath token_path_from_env() {
       p.combine_pdl = v != 0;
     } else if (key == "tpdl") {
       p.token_path_pdl = v != 0;
-    } else if (key == "g1pdl") {
-      p.gemm1_pdl = v != 0;
     } else {
-      TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key, "' (fused, slot, side, pdl, tpdl, g1pdl)");
+      TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key, "' (fused, slot, side, pdl)");
     }
   }
   return p;
@@ -152,7 +150,7 @@ std::string token_path_label(const moe::CudaTokenPath& p) {
   std::ostringstream os;
   os << "fused<=" << p.fused_route_max_tokens << " slot<=" << p.shared_slot_max_tokens
      << " side=" << int(p.shared_side_stream) << " pdl=" << int(p.combine_pdl)
-     << " tpdl=" << int(p.token_path_pdl) << " g1pdl=" << int(p.gemm1_pdl);
+     << " tpdl=" << int(p.token_path_pdl);
   return os.str();
 }
 

@@ -347,7 +347,7 @@ TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
 // on both layouts and around each threshold: the one-launch token path (forced up to 99 tokens)
 // against the separate launches, the shared expert as a slot of the routed GEMMs (also forced up
 // to 99 tokens: several passes over its rows) against its own launches, serial or on the side
-// stream, the combine and GEMM1 with and without PDL. An EP block too. The side stream runs the same
+// stream, and the combine with and without PDL. An EP block too. The side stream runs the same
 // kernels as the serial launches: bit-equal. (The shared slot may pick another GEMM kernel than
 // the shared expert's own launch, so it is held to the cpu tolerance, not to bits.)
 TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
@@ -356,7 +356,6 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   old_path.shared_slot_max_tokens = 0;
   old_path.shared_side_stream = false;
   old_path.combine_pdl = false;
-  old_path.gemm1_pdl = false;
   moe::CudaTokenPath all_fused;  // everything fused up to 99 tokens
   all_fused.fused_route_max_tokens = 99;
   all_fused.shared_slot_max_tokens = 99;

@@ -493,8 +493,6 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
       gemm_problem(experts, H, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
   // The routed GEMM2 prefetches its weights while the kernel before it (GEMM1, routed or shared)
   // finishes: it reads act_ only after griddepcontrol.wait, and nothing else it reads changes.
-  MoeGemmProblem p1 = p;
-  p1.gemm1_pdl = path_.gemm1_pdl;
   MoeGemmProblem p2 = p;
   p2.gemm2_pdl = true;
   MoeRows sh;
@@ -531,8 +529,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     TETRA_CUDA_CHECK(cudaEventRecord(join_, side_));
   }
   check_launch(routed_bf16_   ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
-               : routed_w4a4_ ? moe_w4a4_gemm1(p1, w4, rows, x, xq_, act_, stream)
-                              : moe_w4a16_gemm1(p1, w_, rows, x, act_, stream),
+               : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream)
+                              : moe_w4a16_gemm1(p, w_, rows, x, act_, stream),
                "GEMM1", name_);
   if (own && !side) shared_gemm1(stream);
   mark(2);

@@ -51,9 +51,6 @@ struct CudaTokenPath {
   // overlap the tail of the kernel before it; it waits for that kernel before reading x).
   // Measured: no difference at 1 token on GLM-5 (81.3-81.7 us either way), so off.
   bool token_path_pdl = false;
-  // GEMM1 as a programmatic dependent of the kernel before it (the one-launch token path, the
-  // row bookkeeping or the W4A4 quantizer); it waits for that kernel before reading anything.
-  bool gemm1_pdl = true;
 };
 
 // For the benchmark: a layer of the given shape with random NVFP4 weights generated on the GPU

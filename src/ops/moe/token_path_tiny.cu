@@ -107,9 +107,6 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   // As a programmatic dependent launch, the gate rows (weights) stream in while the previous
   // kernel drains; everything it may write (x) or read (this kernel's outputs) waits for it.
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  // A programmatic dependent (GEMM1) may be scheduled now; it waits for this grid to complete
-  // before it reads the routing.
-  asm volatile("griddepcontrol.launch_dependents;");
   bool wrote = false;
   for (int t0 = 0; t0 < T; t0 += g.TC) {
     const int tc = min(g.TC, T - t0);

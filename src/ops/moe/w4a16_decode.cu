@@ -26,7 +26,6 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
     moe_decode_kernel(const GroupedGemmArgs a) {
   constexpr int kPrefetchBatches = 2;
   const int slot = blockIdx.y;
-  if (a.wait_first) asm volatile("griddepcontrol.wait;" ::: "memory");  // the row mapping may be new
   const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
   if (e < 0) return;
   const int cnt = a.rows.row_count[e];

@@ -27,9 +27,6 @@ struct GroupedGemmArgs {
   bool gated = false;
   bool out_f32 = false;
   bool pdl = false;                // launch as a programmatic dependent (see MoeGemmProblem)
-  // With pdl: wait for the previous grid before reading anything (it may write the row
-  // mapping); without, the decode kernel streams its first weights before it waits.
-  bool wait_first = false;
 };
 
 struct DecodeConfig {

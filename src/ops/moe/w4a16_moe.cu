@@ -14,8 +14,7 @@ namespace tetra {
 std::ostream& operator<<(std::ostream& os, const MoeGemmProblem& p) {
   return os << "MoeGemmProblem{E=" << p.num_experts << " H=" << p.hidden << " I=" << p.inter
             << " rows=" << p.total_rows << " slots=" << p.num_slots
-            << " max_rows_hint=" << p.max_rows_hint << " gemm1_pdl=" << p.gemm1_pdl
-            << " gemm2_pdl=" << p.gemm2_pdl << "}";
+            << " max_rows_hint=" << p.max_rows_hint << " gemm2_pdl=" << p.gemm2_pdl << "}";
 }
 
 const char* moe_kernel_name(MoeKernel k) {
@@ -109,7 +108,6 @@ cudaError_t gemm1_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const
   a.alpha1 = w.alpha_up;
   a.x = x;
   a.out = act;
-  a.pdl = a.wait_first = p.gemm1_pdl;
   a.n = 2 * p.inter;
   a.k = p.hidden;
   a.gated = true;

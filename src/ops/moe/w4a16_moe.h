@@ -31,10 +31,6 @@ struct MoeGemmProblem {
   // before its wait: the row mapping and weights (act is waited for). Decode kernel only; the
   // tiled kernel ignores it.
   bool gemm2_pdl = false;
-  // GEMM1 only: launch as a programmatic dependent that waits for the previous kernel before it
-  // reads anything (that kernel may write the row mapping, e.g. the token path): its blocks are
-  // resident when the previous kernel ends, so the launch latency overlaps that kernel's tail.
-  bool gemm1_pdl = false;
 };
 std::ostream& operator<<(std::ostream& os, const MoeGemmProblem& p);
 
