@@ -74,6 +74,13 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
   // This lane's activation row (MMA column g = lane / 4), at k = 16 * (lane % 4); rows past M
   // read row M - 1 and their results are dropped.
   const uint16_t* xp = a.x + size_t(min(lane / 4, a.m - 1)) * a.k + 16 * (lane % 4);
+  // The epilogue's constants (alpha, this thread's bias element) are loaded now, so the epilogue
+  // does not start with another memory round trip. Epilogue thread (r, l) writes column col.
+  const int col = tile * 16 + lane / 4 + (warp % 4 >= 2 ? 8 : 0);
+  const float alpha = a.alpha[o][0];
+  const float bias = threadIdx.x < 128 && a.bias[o] != nullptr
+                         ? __bfloat162float(__ushort_as_bfloat16(a.bias[o][col]))
+                         : 0.0f;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   constexpr int kSet = PIPELINED ? kBatch / 2 : kBatch;  // chunks per register set
@@ -125,11 +132,9 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
       float sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += red[w][r][l];
-      const int col = tile * 16 + l / 4 + (r >= 2 ? 8 : 0);
       // Rounded to bf16 before the bias, as the unfused linear + add_bias pair does.
-      float y = __bfloat162float(__float2bfloat16_rn(sum * a.alpha[o][0]));
-      if (a.bias[o] != nullptr)
-        y += __bfloat162float(__ushort_as_bfloat16(a.bias[o][col]));
+      float y = __bfloat162float(__float2bfloat16_rn(sum * alpha));
+      if (a.bias[o] != nullptr) y += bias;
       a.y[o][size_t(row) * a.n[o] + col] = moe_detail::f32_to_bf16_bits(y);
     }
   }
@@ -147,19 +152,20 @@ struct DenseStreamWork {
     const uint8_t* s;
     int rows;  // M
     int o, tile;
+    float alpha;  // loaded with the unit, so the store at its end waits for no load
   };
   __device__ Unit unit(int u) const {
     int o = 0;
     while (o + 1 < a.outputs && u >= a.tile_end[o]) ++o;
     const int tile = u - (o > 0 ? a.tile_end[o - 1] : 0);
     return {a.w[o] + size_t(tile) * chunks * kTileChunkBytes,
-            a.s[o] + size_t(tile) * chunks * kTileChunkScales, a.m, o, tile};
+            a.s[o] + size_t(tile) * chunks * kTileChunkScales, a.m, o, tile, a.alpha[o][0]};
   }
   __device__ const uint16_t* x_row(const Unit&, int row) const { return x + size_t(row) * a.k; }
   __device__ void store(const Unit& un, int row, int col, const float (&v)[1]) const {
     const int n = un.tile * 16 + col;
     // Rounded to bf16 before the bias, as the unfused linear + add_bias pair does.
-    float y = __bfloat162float(__float2bfloat16_rn(v[0] * a.alpha[un.o][0]));
+    float y = __bfloat162float(__float2bfloat16_rn(v[0] * un.alpha));
     if (a.bias[un.o] != nullptr) y += __bfloat162float(__ushort_as_bfloat16(a.bias[un.o][n]));
     a.y[un.o][size_t(row) * a.n[un.o] + n] = moe_detail::f32_to_bf16_bits(y);
   }

@@ -31,6 +31,9 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
   const int cnt = a.rows.row_count[e];
   if (cnt <= 0) return;
   const int start = a.rows.row_start[e];
+  // The expert's alphas (constants) are loaded now, not after the k reduction: the epilogue then
+  // starts without another memory round trip.
+  const float alpha_a = a.alpha0[e], alpha_b = GATED ? a.alpha1[e] : 0.0f;
   // Let a dependent launch (GEMM2) start its prologue while this grid finishes.
   asm volatile("griddepcontrol.launch_dependents;");
 
@@ -168,7 +171,7 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
     // Epilogue: sum the k-split partials; element (nt, r, l) is row g(+8 for r >= 2) of the tile,
     // token tok0 + 8nt + 2(l%4) + (r&1).
     if constexpr (GATED) {
-      const float ag = a.alpha0[e], au = a.alpha1[e];
+      const float ag = alpha_a, au = alpha_b;
       const int out_ld = a.n / 2;
       for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += KW * 32) {
         const int nt = idx / 128, r = (idx / 32) % 4, l = idx % 32;
@@ -186,7 +189,7 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
         }
       }
     } else {
-      const float ad = a.alpha0[e];
+      const float ad = alpha_a;
       for (int idx = threadIdx.x; idx < 2 * NT * 4 * 32; idx += KW * 32) {
         const int mt = idx / (NT * 128), nt = (idx / 128) % NT, r = (idx / 32) % 4, l = idx % 32;
         float s = 0.0f;

@@ -89,8 +89,16 @@ __global__ void __launch_bounds__(kVecBlock)
   // A programmatic dependent (the decode q/k/v GEMV) may start streaming its weights now; it
   // waits for this grid before it reads the output.
   asm volatile("griddepcontrol.launch_dependents;");
+  // The norm weight is a model parameter no kernel writes: its loads go out before the wait, so
+  // at batch 1 their latency overlaps the previous kernel instead of following the reduction.
+  uint4 wv[VPT];
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int i = threadIdx.x + j * kVecBlock;
+    if (i < vecs) wv[j] = w[i];
+  }
   // Launched as a programmatic dependent itself: wait for the kernel that wrote x (and that may
-  // still read residual/out) before touching memory.
+  // still read residual/out) before touching anything else.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   const int64_t base = int64_t(blockIdx.x) * vecs;
   float v[VPT][8];  // [vector][element] this thread's part of the row (residual sum if fused)
@@ -118,7 +126,7 @@ __global__ void __launch_bounds__(kVecBlock)
     const int i = threadIdx.x + j * kVecBlock;
     if (i < vecs) {
       float g[8];
-      unpack8(w[i], g);
+      unpack8(wv[j], g);
       float y[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) y[e] = v[j][e] * inv_rms * g[e];

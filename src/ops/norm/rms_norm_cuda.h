@@ -1,6 +1,8 @@
 // CUDA twins of ops/norm/rms_norm.h: same shapes and semantics, device pointers, one stream.
 // Float accumulation (a different summation order than the CPU's double), one bf16 rounding.
 // Sizes are checked before launch (tetra::Error); the launch's cudaError_t is returned.
+// rms_norm and fused_add_rms_norm launch as programmatic dependents: x and residual may come from
+// the kernel just before, w may not (the one-pass kernel reads it before waiting for that kernel).
 #pragma once
 #include <cuda_runtime.h>
 

@@ -15,6 +15,8 @@ namespace tetra::ops::cuda {
 // [0, num_slots), k's rotated row and v's row ([n_k_heads * head_dim] bf16 each; v rows
 // v_stride elements apart) are copied to k_cache / v_cache [num_slots, n_k_heads * head_dim].
 // positions [T] int32, slots [T] int64, inv_freq [rotary_dim / 2] f32, all on the device.
+// Launched as a programmatic dependent: q, k, v may come from the kernel just before; positions,
+// slots and inv_freq may not (they are read, and the first angles computed, before the wait).
 cudaError_t rope_and_write_kv(uint16_t* q, uint16_t* k, const uint16_t* v, int64_t v_stride,
                               const int32_t* positions, const int64_t* slots, int T,
                               const float* inv_freq, const RopeShape& shape, int64_t num_slots,

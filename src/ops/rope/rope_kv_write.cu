@@ -17,33 +17,42 @@ namespace tetra::ops::cuda {
 namespace {
 
 constexpr int kWarps = 8;  // heads per block
+constexpr int kEarlyPairs = 2;  // rotary pairs per lane whose angle is computed before the wait
 
 __global__ void __launch_bounds__(kWarps * 32)
     rope_kv_kernel(__nv_bfloat16* q, __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_stride,
                    const int32_t* __restrict__ positions, const int64_t* __restrict__ slots,
                    const float* __restrict__ inv_freq, RopeShape s, int64_t num_slots,
                    __nv_bfloat16* k_cache, __nv_bfloat16* v_cache) {
-  // Programmatic dependent of the q/k/v projection: wait for it before touching memory; let the
-  // attention kernel after this one get scheduled meanwhile.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;");
   const int t = blockIdx.x;
   const int head = blockIdx.y * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (head >= s.n_q_heads + s.n_k_heads) return;
+  const bool active = head < s.n_q_heads + s.n_k_heads;
   const bool is_q = head < s.n_q_heads;
+  const int half = s.rotary_dim / 2;
+  // Programmatic dependent of the q/k/v projection. Before waiting for it: the step inputs
+  // (positions and slots, uploaded before the step's first kernel), inv_freq (a constant) and
+  // the angles of the lane's first kEarlyPairs pairs, so their latency overlaps that kernel.
+  const float pos = float(positions[t]);
+  const int64_t slot = active && !is_q ? slots[t] : -1;
+  float sn0[kEarlyPairs], cs0[kEarlyPairs];
+#pragma unroll
+  for (int j = 0; j < kEarlyPairs; ++j) {
+    const int i = lane + 32 * j;
+    if (active && i < half) sincosf(pos * inv_freq[i], &sn0[j], &cs0[j]);
+  }
+  // q/k/v are the projection's output: wait for it; let the attention kernel after this one get
+  // scheduled meanwhile.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+  if (!active) return;
   const int h = is_q ? head : head - s.n_q_heads;
   __nv_bfloat16* x = is_q ? q + t * s.q_stride + int64_t(h) * s.head_dim
                           : k + t * s.k_stride + int64_t(h) * s.head_dim;
-  const int64_t slot = is_q ? -1 : slots[t];
   const bool store = slot >= 0 && slot < num_slots;  // false for q heads and padded tokens
   const int64_t row = int64_t(s.n_k_heads) * s.head_dim;
   __nv_bfloat16* kc = store ? k_cache + slot * row + int64_t(h) * s.head_dim : nullptr;
-  const float pos = float(positions[t]);
-  const int half = s.rotary_dim / 2;
   const bool neox = s.style == RopeStyle::NeoX;
-  for (int i = lane; i < half; i += 32) {
-    float sn, c;
-    sincosf(pos * inv_freq[i], &sn, &c);
+  auto turn = [&](int i, float sn, float c) {  // pair i by the angle (sn, c)
     const int ia = neox ? i : 2 * i;
     const int ib = neox ? i + half : 2 * i + 1;
     const float a = __bfloat162float(x[ia]), b = __bfloat162float(x[ib]);
@@ -53,6 +62,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     x[ia] = ra;
     x[ib] = rb;
     if (store) kc[ia] = ra, kc[ib] = rb;
+  };
+#pragma unroll
+  for (int j = 0; j < kEarlyPairs; ++j)
+    if (lane + 32 * j < half) turn(lane + 32 * j, sn0[j], cs0[j]);
+  for (int i = lane + 32 * kEarlyPairs; i < half; i += 32) {  // rotary_dim > 128 only
+    float sn, c;
+    sincosf(pos * inv_freq[i], &sn, &c);
+    turn(i, sn, c);
   }
   if (!store) return;
   for (int d = s.rotary_dim + lane; d < s.head_dim; d += 32) kc[d] = x[d];  // not rotated
