@@ -40,8 +40,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int i = lane + 32 * j;
     if (active && i < half) sincosf(pos * inv_freq[i], &sn0[j], &cs0[j]);
   }
-  // q/k/v are the projection's output: wait for it; let the attention kernel after this one get
-  // scheduled meanwhile.
+  // q/k/v are the projection's output: wait for it; then let the attention kernel after this one
+  // get scheduled. The trigger stays after the wait: the attention reads cache rows before its
+  // own wait, which is safe only if every kernel before this one has completed by then.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
   if (!active) return;
