@@ -9,8 +9,6 @@
 // fewer warps with 4-8 chunks each (bench/moe_kernels/RESULTS.md).
 #include <cuda_runtime.h>
 
-#include <type_traits>
-
 #include "core/kernel_launch.h"
 #include "ops/moe/w4a16_fragment.cuh"
 #include "ops/moe/w4a16_launch.h"
@@ -30,6 +28,12 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
   const int slot = blockIdx.y;
   const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
   if (e < 0) return;
+  const int cnt = a.rows.row_count[e];
+  if (cnt <= 0) return;
+  const int start = a.rows.row_start[e];
+  // The expert's alphas (constants) are loaded now, not after the k reduction: the epilogue then
+  // starts without another memory round trip.
+  const float alpha_a = a.alpha0[e], alpha_b = GATED ? a.alpha1[e] : 0.0f;
   // Let a dependent launch (GEMM2) start its prologue while this grid finishes.
   asm volatile("griddepcontrol.launch_dependents;");
 
@@ -60,26 +64,7 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
     }
   };
 
-  // LATE: the first batch of the first pass. A listed expert (expert_ids) is expected to have
-  // rows, so its weights go out before its row count is known (one memory round trip less
-  // before the stream starts; an empty listed expert costs one wasted batch). Unlisted slots
-  // (every expert a slot: mostly empty at small T) load only once they know they have rows.
-  uint4 wv0[U][2];
-  uint32_t sv0[U][2];
-  const bool listed = a.rows.expert_ids != nullptr;
-  if (LATE && listed) load_w(c_begin, wv0, sv0);
-  const int cnt = a.rows.row_count[e];
-  if (cnt <= 0) return;
-  const int start = a.rows.row_start[e];
-  // The expert's alphas (constants) are loaded now, not after the k reduction: the epilogue then
-  // starts without another memory round trip.
-  const float alpha_a = a.alpha0[e], alpha_b = GATED ? a.alpha1[e] : 0.0f;
-  if (LATE && !listed) load_w(c_begin, wv0, sv0);
-
-  // One pass over up to 8 * NT rows. FIRST: the first pass, whose first LATE batch is in wv0 (a
-  // separate instantiation, so wv0's registers are free in the later passes).
-  auto pass = [&](int tok0, auto first_tag) {
-    constexpr bool FIRST = decltype(first_tag)::value;
+  for (int tok0 = 0; tok0 < cnt; tok0 += 8 * NT) {
     const uint16_t* xp[NT];  // this lane's token row, at k = 16t
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -156,19 +141,12 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
       // for a normal launch. LATE waits after issuing its first weight batch instead.
       if (!LATE) asm volatile("griddepcontrol.wait;" ::: "memory");
     }
-    int c = c_begin;
-    if constexpr (LATE && FIRST) {
-      if (c < c_end) {  // the batch loaded above; activations after the wait
-        asm volatile("griddepcontrol.wait;" ::: "memory");
-        compute_batch_late(c, wv0, sv0);
-        c += U;
-      }
-    }
-    for (; c < c_end; c += U) {
+    for (int c = c_begin; c < c_end; c += U) {
       if (PREFETCH) prefetch(c + U * (1 + kPrefetchBatches) - U, c + U * (1 + kPrefetchBatches));
       uint4 wv[U][2];
       uint32_t sv[U][2];
       load_w(c, wv, sv);
+      if (LATE && tok0 == 0 && c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");
       if constexpr (LATE) {
         compute_batch_late(c, wv, sv);
       } else {
@@ -229,9 +207,7 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
       }
     }
     __syncthreads();  // red is reused by the next token pass
-  };
-  pass(0, std::true_type{});
-  for (int tok0 = 8 * NT; tok0 < cnt; tok0 += 8 * NT) pass(tok0, std::false_type{});
+  }
 }
 
 template <int NT, int KW, int U, bool LATE, int MINB, bool PF>
