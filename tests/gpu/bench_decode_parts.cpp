@@ -123,7 +123,7 @@ TEST(BenchDecodeParts, Glm45AirBatch1) {
            }),
            o_bytes);
   }
-  // Checks: variants bit-equal, GEMV vs W4A16 close (o, M = 3).
+  // Check: GEMV vs W4A16 close (o, M = 3).
   auto download = [](const DevBuf& b, size_t n) {
     std::vector<uint16_t> h(n);
     TETRA_CUDA_CHECK(cudaMemcpy(h.data(), b.p, n * 2, cudaMemcpyDeviceToHost));
@@ -132,8 +132,6 @@ TEST(BenchDecodeParts, Glm45AirBatch1) {
   const oc::Nvfp4GemvOutput out{&o[0].view(), nullptr, yo.as<uint16_t>()};
   TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, x.as<uint16_t>(), 3, nullptr, oc::Nvfp4GemvKernel::Batched));
   const auto batched = download(yo, size_t(3) * H);
-  TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, x.as<uint16_t>(), 3, nullptr, oc::Nvfp4GemvKernel::Pipelined));
-  EXPECT_EQ(download(yo, size_t(3) * H), batched) << "the variants sum the same chunks in the same order";
   TETRA_CUDA_CHECK(oc::linear_nvfp4(o[0].view(), x.as<uint16_t>(), 3, rows, ref.p, DType::BF16, nullptr));
   const auto w4a16 = download(ref, size_t(3) * H);
   double err = 0, nrm = 0;

@@ -206,29 +206,22 @@ bool bench_one(const Shape& s, int tokens, const Variant& v, int iters, Result& 
 TEST(BenchW4a16Moe, Table) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const bool full = std::getenv("TETRA_BENCH_FULL") != nullptr;
-  // DecodeConfig fields in order: token_tiles, k_warps, tiled_blocks_per_sm, l2_prefetch,
-  // late_x, chunks_per_batch, min_blocks_per_sm, stream, stream_stages, stream_blocks_per_sm,
-  // stream_chunks_per_warp.
   const Variant variants[] = {
       {"auto", MoeKernel::kAuto, {}, false},
       {"auto+pdl", MoeKernel::kAuto, {}, false, true},
-      {"classic n8 kw4", MoeKernel::kDecode, {1, 4, 2, false}, true},
-      {"classic n8 kw4+pdl", MoeKernel::kDecode, {1, 4, 2, false}, true, true},
-      {"classic n8 kw8", MoeKernel::kDecode, {1, 8, 2, false}, true},
-      {"late n8 kw4 u4 b4", MoeKernel::kDecode, {1, 4, 2, false, true, 4, 4}, true},
-      {"late n8 kw4 u4 b5", MoeKernel::kDecode, {1, 4, 2, false, true, 4, 5}, true},
-      {"late n8 kw4 u4 b6", MoeKernel::kDecode, {1, 4, 2, false, true, 4, 6}, true},
-      {"late n8 kw4 u2 b8", MoeKernel::kDecode, {1, 4, 2, false, true, 2, 8}, true},
-      {"late n8 kw2 u8 b8", MoeKernel::kDecode, {1, 2, 2, false, true, 8, 8}, true},
-      {"classic n16 kw4", MoeKernel::kDecode, {2, 4, 2, false}, true},
-      {"stream c8 j2 st6 b2", MoeKernel::kDecode, {1, 8, 2, false, false, 2, 0, true, 6, 2}, true},
-      {"stream c16 j1 st5 b2", MoeKernel::kDecode, {1, 16, 2, false, false, 2, 0, true, 5, 2, 1}, true},
-      {"stream c16 j1 st5 b2+pdl", MoeKernel::kDecode, {1, 16, 2, false, false, 2, 0, true, 5, 2, 1}, true, true},
-      {"stream c16 j1 st3 b2", MoeKernel::kDecode, {1, 16, 2, false, false, 2, 0, true, 3, 2, 1}, true},
-      {"stream c16 j1 st8 b1", MoeKernel::kDecode, {1, 16, 2, false, false, 2, 0, true, 8, 1, 1}, true},
-      {"tiled 1/SM", MoeKernel::kTiled, {1, 4, 1, false}, true},
-      {"tiled 2/SM", MoeKernel::kTiled, {1, 4, 2, false}, true},
+      {"classic n8 kw4", MoeKernel::kDecode, {.k_warps = 4}, true},
+      {"classic n8 kw4+pdl", MoeKernel::kDecode, {.k_warps = 4}, true, true},
+      {"classic n8 kw8", MoeKernel::kDecode, {.k_warps = 8}, true},
+      {"late n8 kw4 u4 b4", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 4}, true},
+      {"late n8 kw4 u4 b5", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 5}, true},
+      {"late n8 kw4 u4 b6", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 6}, true},
+      {"late n8 kw4 u2 b8", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 8}, true},
+      {"late n8 kw2 u8 b8", MoeKernel::kDecode, {.k_warps = 2, .late_x = true, .chunks_per_batch = 8, .min_blocks_per_sm = 8}, true},
+      {"classic n16 kw4", MoeKernel::kDecode, {.token_tiles = 2, .k_warps = 4}, true},
+      {"tiled 1/SM", MoeKernel::kTiled, {.tiled_blocks_per_sm = 1}, true},
+      {"tiled 2/SM", MoeKernel::kTiled, {.tiled_blocks_per_sm = 2}, true},
   };
+
   if (!full) {
     const Shape s{"smoke", 16, 512, 256, 4};
     for (const Variant& v : variants) {

@@ -275,23 +275,19 @@ void run_case(const Case& c, uint32_t seed) {
       {MoeKernel::kAuto, false, {}},
       {MoeKernel::kAuto, false, {}, true},                   // GEMM2 as programmatic dependent
       {MoeKernel::kDecode, false, {}},
-      {MoeKernel::kDecode, true, {1, 4, 2, true}, true},    // L2 prefetch + PDL GEMM2
-      {MoeKernel::kDecode, true, {1, 8, 2, false}},         // 8 k-warps
-      {MoeKernel::kDecode, true, {2, 8, 2, false}},         // 16 rows per pass
-      {MoeKernel::kDecode, true, {4, 4, 2, false}},         // 32 rows per pass
-      // Late activations: {.., late_x, chunks_per_batch, min_blocks_per_sm}
-      {MoeKernel::kDecode, true, {1, 4, 2, false, true, 4, 4}},
-      {MoeKernel::kDecode, true, {1, 4, 2, false, true, 4, 5}, true},
-      {MoeKernel::kDecode, true, {1, 4, 2, false, true, 4, 6}},
-      {MoeKernel::kDecode, true, {1, 4, 2, false, true, 2, 8}, true},
-      {MoeKernel::kDecode, true, {1, 2, 2, false, true, 8, 8}},
-      // Weight streaming: {.., stream, stream_stages, stream_blocks_per_sm}; more than 8 rows per
-      // expert run as repeated passes.
-      {MoeKernel::kDecode, true, {1, 8, 2, false, false, 2, 0, true, 8, 1}},
-      {MoeKernel::kDecode, true, {1, 8, 2, false, false, 2, 0, true, 3, 2}, true},
-      {MoeKernel::kDecode, true, {1, 4, 2, false, false, 2, 0, true, 2, 3}},
-      {MoeKernel::kDecode, true, {1, 16, 2, false, false, 2, 0, true, 2, 2, 1}, true},
-      {MoeKernel::kTiled, true, {1, 4, 1, false}},          // tiled, one block per SM
+      // Classic decode kernel (4 chunks per batch, activations with the weights).
+      {MoeKernel::kDecode, true, {.token_tiles = 1, .k_warps = 4}, true},  // + PDL GEMM2
+      {MoeKernel::kDecode, true, {.token_tiles = 1, .k_warps = 8}},
+      {MoeKernel::kDecode, true, {.token_tiles = 2, .k_warps = 8}},  // 16 rows per pass
+      {MoeKernel::kDecode, true, {.token_tiles = 4, .k_warps = 4}},  // 32 rows per pass
+      // Late activations (more than 8 rows per expert run as repeated passes).
+      {MoeKernel::kDecode, true, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 4}},
+      {MoeKernel::kDecode, true, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 5}, true},
+      {MoeKernel::kDecode, true, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 6}},
+      {MoeKernel::kDecode, true, {.late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 8}, true},
+      {MoeKernel::kDecode, true,
+       {.k_warps = 2, .late_x = true, .chunks_per_batch = 8, .min_blocks_per_sm = 8}},
+      {MoeKernel::kTiled, true, {.tiled_blocks_per_sm = 1}},  // tiled, one block per SM
       {MoeKernel::kTiled, false, {}},                       // tiled, two blocks per SM
   };
   for (const Variant& v : variants) {
@@ -311,7 +307,7 @@ void run_case(const Case& c, uint32_t seed) {
     EXPECT_EQ(s1.bad, 0u);
     EXPECT_EQ(s1.poison_lost, 0u);
     EXPECT_LE(s1.nmse, 1e-5) << "gemm1 " << p;
-    if (cfg != nullptr && cfg->stream) {  // fixed summation order: a second run is bit-identical
+    {  // fixed summation order (no atomics): a second run is bit-identical
       const auto first = d_act.download_all();
       ASSERT_EQ(moe_detail::gemm1_with(p, W.view(), rows, d_x.ptr(), d_act.ptr(), nullptr, k, cfg),
                 cudaSuccess);

@@ -105,9 +105,9 @@ struct Nvfp4GemvOutput {
 std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M);
 // Kernels: Stream, a persistent grid streaming the weights through a shared-memory ring
 // (ops/moe/w4a16_stream.cuh); Batched, one block per tile, weights loaded straight into
-// registers; Pipelined, Batched with double-buffered registers (slower, benchmark only). Auto:
-// Stream when the tiles fit one per block of its grid (long k: o_proj), else Batched.
-enum class Nvfp4GemvKernel { Auto, Batched, Pipelined, Stream };
+// registers. Auto: Stream when the tiles fit one per block of its grid (long k: o_proj), else
+// Batched.
+enum class Nvfp4GemvKernel { Auto, Batched, Stream };
 // Stream kernel shape (benchmarks sweep it; null = these defaults, measured best for o_proj).
 struct Nvfp4GemvStreamConfig {
   int consumer_warps = 16;  // 4 or 8 (chunks_per_warp 2), 16 (chunks_per_warp 1)

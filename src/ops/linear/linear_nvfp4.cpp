@@ -122,7 +122,6 @@ cudaError_t run_one_expert(moe_detail::GroupedGemmArgs a, int M, cudaStream_t st
   moe_detail::DecodeConfig cfg;
   cfg.token_tiles = M <= 8 ? 1 : M <= 16 ? 2 : 4;
   cfg.k_warps = (a.n / 32) < 264 ? 8 : 4;
-  cfg.l2_prefetch = false;
   return moe_detail::launch_decode(a, cfg, stream);
 }
 

@@ -53,12 +53,9 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[4], const uint4& w, uint3
   }
 }
 
-// PIPELINED false: batches of kBatch chunks, all loads of a batch issued before its first MMA.
-// PIPELINED true: two register sets of kBatch / 2 chunks; the loads of the next half-batch are
-// in flight while the current one computes. Measured slower on the H200 even at o_proj's
-// k = 12288 (15.5 vs 14.1 us at M = 1, bench/results/2026-11-30-decode-air-h200.md): kept for the
-// benchmark only.
-template <bool PIPELINED>
+// Batches of kBatch chunks, all loads of a batch issued before its first MMA. (Two register sets
+// with the next half-batch in flight while one computes measured slower on the H200, even at
+// o_proj's k = 12288: 15.5 vs 14.1 us at M = 1, bench/results/2026-11-30-decode-air-h200.md.)
 __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs a) {
   __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
   // The next kernel (RoPE + KV write, a norm) may be scheduled now; it waits for this grid.
@@ -83,41 +80,21 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
                          : 0.0f;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  constexpr int kSet = PIPELINED ? kBatch / 2 : kBatch;  // chunks per register set
-  auto load = [&](int c, uint4 (&wv)[kSet], uint32_t (&sv)[kSet]) {
+  for (int c = c_begin; c < c_end; c += kBatch) {
+    uint4 wv[kBatch];
+    uint32_t sv[kBatch];
 #pragma unroll
-    for (int u = 0; u < kSet; ++u)
+    for (int u = 0; u < kBatch; ++u)
       if (c + u < c_end) {
         wv[u] = moe_detail::ld_stream_u4(wp + size_t(c + u) * kTileChunkBytes);
         sv[u] = moe_detail::ld_stream_u16(sp + size_t(c + u) * kTileChunkScales);
       }
-  };
-  auto compute = [&](int c, const uint4 (&wv)[kSet], const uint32_t (&sv)[kSet]) {
-#pragma unroll
-    for (int u = 0; u < kSet; ++u)
-      if (c + u < c_end) chunk_mma(acc, wv[u], sv[u], xp + size_t(c + u) * kChunkK);
-  };
-  if constexpr (PIPELINED) {
-    uint4 wa[kSet], wb[kSet];
-    uint32_t sa[kSet], sb[kSet];
-    load(c_begin, wa, sa);
     // Launched as a programmatic dependent, the block starts while the kernel that writes x
     // still runs: the first weights are in flight when it waits for x (a no-op otherwise).
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    for (int c = c_begin; c < c_end; c += 2 * kSet) {
-      load(c + kSet, wb, sb);
-      compute(c, wa, sa);
-      load(c + 2 * kSet, wa, sa);
-      compute(c + kSet, wb, sb);
-    }
-  } else {
-    for (int c = c_begin; c < c_end; c += kSet) {
-      uint4 wv[kSet];
-      uint32_t sv[kSet];
-      load(c, wv, sv);
-      if (c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");  // as above
-      compute(c, wv, sv);
-    }
+    if (c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (c + u < c_end) chunk_mma(acc, wv[u], sv[u], xp + size_t(c + u) * kChunkK);
   }
   // Warps without chunks (k < 8 chunks) waited nowhere yet; y may still be read by the primary.
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -240,8 +217,7 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   // Programmatic dependent launch: this grid may begin before the previous kernel in the stream
   // ends (the kernel waits for it before reading x), overlapping the weight stream with its tail.
   const KernelLaunch launch(dim3(unsigned(tiles)), dim3(kWarps * 32), stream);
-  if (kernel == Nvfp4GemvKernel::Pipelined) return launch(nvfp4_gemv_kernel<true>, a);
-  return launch(nvfp4_gemv_kernel<false>, a);
+  return launch(nvfp4_gemv_kernel, a);
 }
 
 }  // namespace tetra::ops::cuda

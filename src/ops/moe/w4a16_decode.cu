@@ -20,11 +20,10 @@ namespace {
 // U: chunks per load batch. LATE: activations are read from L1 right before their MMA instead of
 // with the weights (frees U*NT*8 registers). MINB: blocks per SM the register allocation must
 // allow (0: no cap); without a cap the compiler hoists the late loads back up and spends the
-// saved registers. PREFETCH: bulk L2 prefetch two batches ahead (measured slower).
-template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32, bool PREFETCH>
+// saved registers.
+template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32>
 __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
     moe_decode_kernel(const GroupedGemmArgs a) {
-  constexpr int kPrefetchBatches = 2;
   const int slot = blockIdx.y;
   const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
   if (e < 0) return;
@@ -121,28 +120,11 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
       }
     };
 
-    // L2 prefetch runs kPrefetchBatches batches ahead of the register loads (first pass only:
-    // later passes find the slice in L2 anyway).
-    auto prefetch = [&](int c_lo, int c_hi) {
-      c_hi = min(c_hi, c_end);
-      if (tok0 == 0 && lane == 0 && c_lo < c_hi) {
-        const uint32_t n = uint32_t(c_hi - c_lo);
-        prefetch_l2_bulk(wp0 - lane * 16 + size_t(c_lo) * kTileChunkBytes, n * kTileChunkBytes);
-        prefetch_l2_bulk(wp1 - lane * 16 + size_t(c_lo) * kTileChunkBytes, n * kTileChunkBytes);
-        prefetch_l2_bulk(sp0 - lane * 2 + size_t(c_lo) * kTileChunkScales, n * kTileChunkScales);
-        prefetch_l2_bulk(sp1 - lane * 2 + size_t(c_lo) * kTileChunkScales, n * kTileChunkScales);
-      }
-    };
-
-    if (tok0 == 0) {
-      if (PREFETCH) prefetch(c_begin, c_begin + U * kPrefetchBatches);
-      // Launched as a programmatic dependent (GEMM2 after GEMM1), this block may start while
-      // the previous grid still runs: wait for its output before reading activations. A no-op
-      // for a normal launch. LATE waits after issuing its first weight batch instead.
-      if (!LATE) asm volatile("griddepcontrol.wait;" ::: "memory");
-    }
+    // Launched as a programmatic dependent (GEMM2 after GEMM1), this block may start while the
+    // previous grid still runs: wait for its output before reading activations. A no-op for a
+    // normal launch. LATE waits after issuing its first weight batch instead.
+    if (!LATE && tok0 == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
     for (int c = c_begin; c < c_end; c += U) {
-      if (PREFETCH) prefetch(c + U * (1 + kPrefetchBatches) - U, c + U * (1 + kPrefetchBatches));
       uint4 wv[U][2];
       uint32_t sv[U][2];
       load_w(c, wv, sv);
@@ -210,26 +192,23 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
   }
 }
 
-template <int NT, int KW, int U, bool LATE, int MINB, bool PF>
+template <int NT, int KW, int U, bool LATE, int MINB>
 cudaError_t launch_variant(const GroupedGemmArgs& a, cudaStream_t stream) {
   const dim3 grid{unsigned(a.n / 32), unsigned(a.num_slots), 1u};
   const dim3 block(KW * 32);
   // a.pdl: programmatic dependent launch (the kernel waits before reading activations).
   const KernelLaunch launch(grid, block, stream, a.pdl);
-  if (a.gated) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, PF>, a);
-  if (a.out_f32) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, PF>, a);
-  return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, PF>, a);
+  if (a.gated) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, true, false>, a);
+  if (a.out_f32) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, true>, a);
+  return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, false>, a);
 }
 
 // The original register-streaming shape (U = 4, activations with the weights), every NT.
 template <int NT>
-cudaError_t launch_classic(const GroupedGemmArgs& a, int k_warps, bool prefetch,
-                           cudaStream_t stream) {
-  if (prefetch && k_warps == 4) return launch_variant<NT, 4, 4, false, 0, true>(a, stream);
-  if (prefetch && k_warps == 8) return launch_variant<NT, 8, 4, false, 0, true>(a, stream);
+cudaError_t launch_classic(const GroupedGemmArgs& a, int k_warps, cudaStream_t stream) {
   switch (k_warps) {
-    case 4: return launch_variant<NT, 4, 4, false, 0, false>(a, stream);
-    case 8: return launch_variant<NT, 8, 4, false, 0, false>(a, stream);
+    case 4: return launch_variant<NT, 4, 4, false, 0>(a, stream);
+    case 8: return launch_variant<NT, 8, 4, false, 0>(a, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -243,11 +222,11 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
   if (c.k_warps <= 0) return cudaErrorInvalidValue;
   const int minb = c.min_blocks_per_sm > 0 ? c.min_blocks_per_sm : 16 / c.k_warps;
   switch (key(c.token_tiles, c.k_warps, c.chunks_per_batch, minb)) {
-    case key(1, 4, 4, 4): return launch_variant<1, 4, 4, true, 4, false>(a, stream);
-    case key(1, 4, 4, 5): return launch_variant<1, 4, 4, true, 5, false>(a, stream);
-    case key(1, 4, 4, 6): return launch_variant<1, 4, 4, true, 6, false>(a, stream);
-    case key(1, 4, 2, 8): return launch_variant<1, 4, 2, true, 8, false>(a, stream);
-    case key(1, 2, 8, 8): return launch_variant<1, 2, 8, true, 8, false>(a, stream);
+    case key(1, 4, 4, 4): return launch_variant<1, 4, 4, true, 4>(a, stream);
+    case key(1, 4, 4, 5): return launch_variant<1, 4, 4, true, 5>(a, stream);
+    case key(1, 4, 4, 6): return launch_variant<1, 4, 4, true, 6>(a, stream);
+    case key(1, 4, 2, 8): return launch_variant<1, 4, 2, true, 8>(a, stream);
+    case key(1, 2, 8, 8): return launch_variant<1, 2, 8, true, 8>(a, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -256,13 +235,11 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream) {
   if (a.num_slots <= 0 || a.n <= 0) return cudaSuccess;
-  if (cfg.stream) return launch_stream(a, cfg, stream);
-  const bool classic = !cfg.late_x;
-  if (!classic) return cfg.l2_prefetch ? cudaErrorInvalidValue : launch_late(a, cfg, stream);
+  if (cfg.late_x) return launch_late(a, cfg, stream);
   switch (cfg.token_tiles) {
-    case 1: return launch_classic<1>(a, cfg.k_warps, cfg.l2_prefetch, stream);
-    case 2: return launch_classic<2>(a, cfg.k_warps, cfg.l2_prefetch, stream);
-    case 4: return launch_classic<4>(a, cfg.k_warps, cfg.l2_prefetch, stream);
+    case 1: return launch_classic<1>(a, cfg.k_warps, stream);
+    case 2: return launch_classic<2>(a, cfg.k_warps, stream);
+    case 4: return launch_classic<4>(a, cfg.k_warps, stream);
     default: return cudaErrorInvalidValue;
   }
 }

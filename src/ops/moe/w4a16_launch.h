@@ -33,33 +33,19 @@ struct DecodeConfig {
   int token_tiles = 1;  // n8 tiles of tokens per pass (1, 2 or 4)
   int k_warps = 4;      // warps splitting k inside a block (4 or 8)
   int tiled_blocks_per_sm = 2;  // tiled kernel only: 2 caps registers at 128 for two blocks/SM
-  bool l2_prefetch = false;     // decode: bulk L2 prefetch two batches ahead (measured slower)
   // Decode, late activations (read right before their MMA, fewer registers): off = the classic
   // kernel (4 chunks per batch, activations loaded with the weights).
   bool late_x = false;
   int chunks_per_batch = 4;     // late_x: 64-k chunks per warp load batch
   int min_blocks_per_sm = 0;    // late_x: register cap for this many blocks per SM (0: 16 / k_warps)
-  // Decode, weight streaming (w4a16_stream.cuh): a persistent grid, a producer thread filling a
-  // shared-memory ring by bulk copies, k_warps consumer warps (4 or 8 with 2 chunks per warp, 16
-  // with 1). Overrides late_x. Measured slower than late_x on the H200 (GLM-5 1 token: 82-91 vs
-  // 65 us), so decode_config leaves it off.
-  bool stream = false;
-  int stream_stages = 12;        // ring depth; a stage holds k_warps * chunks_per_warp chunks (576 B)
-  int stream_blocks_per_sm = 1;  // grid = min(units, SMs * this)
-  int stream_chunks_per_warp = 2;  // 2 (k_warps 4 or 8) or 1 (k_warps 16)
 };
 inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
   os << "decode(n" << 8 * c.token_tiles << ",kw" << c.k_warps;
-  if (c.stream)
-    os << ",stream,j" << c.stream_chunks_per_warp << ",st" << c.stream_stages << ",b"
-       << c.stream_blocks_per_sm;
-  else if (c.late_x)
-    os << ",late,u" << c.chunks_per_batch << ",b" << c.min_blocks_per_sm;
-  return os << (c.l2_prefetch ? ",pf" : "") << ")";
+  if (c.late_x) os << ",late,u" << c.chunks_per_batch << ",b" << c.min_blocks_per_sm;
+  return os << ")";
 }
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
-cudaError_t launch_stream(const GroupedGemmArgs& a, const DecodeConfig& cfg, cudaStream_t stream);
 cudaError_t launch_tiled(const GroupedGemmArgs& a, int blocks_per_sm, cudaStream_t stream);
 
 // The public launchers with an explicit decode configuration (benchmarks sweep these).

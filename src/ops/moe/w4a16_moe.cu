@@ -59,7 +59,6 @@ moe_detail::DecodeConfig decode_config(const MoeGemmProblem& p) {
   c.token_tiles = m <= 8 ? 1 : m <= 16 ? 2 : 4;
   c.k_warps = 4;
   c.tiled_blocks_per_sm = 2;
-  c.l2_prefetch = false;
   c.late_x = c.token_tiles == 1;  // the late kernel is instantiated for 8 rows per pass only
   c.chunks_per_batch = 2;
   c.min_blocks_per_sm = 8;

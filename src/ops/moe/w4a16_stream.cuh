@@ -1,5 +1,7 @@
-// Weight-streaming W4A16 GEMV for decode (at most 8 activation rows per pass), shared by the
-// dense decode linears (ops/linear/nvfp4_gemv.cu) and the MoE decode GEMMs (w4a16_stream.cu).
+// Weight-streaming W4A16 GEMV for decode (at most 8 activation rows per pass), used by the dense
+// decode linears with few long tiles (o_proj; ops/linear/nvfp4_gemv.cu). A MoE variant over
+// (slot, tile pair) units lost to the register-streaming decode kernel at every measured shape
+// and was removed (bench/results/2026-11-30-stream-gemv-h200.md has its figures).
 //
 // Why: a block that loads its weights, waits, multiplies and exits leaves HBM idle between its
 // bursts and at the wave tails. Here a persistent grid (about one block per SM) takes a
