@@ -110,50 +110,6 @@ struct Graph {
   }
 };
 
-// TETRA_MOE_TOKEN_PATH (see moe_bench.h) over the defaults.
-moe::CudaTokenPath token_path_from_env() {
-  moe::CudaTokenPath p;
-  const char* env = std::getenv("TETRA_MOE_TOKEN_PATH");
-  if (!env || !*env) return p;
-  std::string spec(env);
-  if (spec == "old") spec = "fused=0,slot=0,side=0,pdl=0,tpdl=0";
-  std::istringstream in(spec);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    const size_t eq = item.find('=');
-    int v = 0;
-    try {
-      if (eq == std::string::npos) throw std::invalid_argument(item);
-      v = std::stoi(item.substr(eq + 1));
-    } catch (const std::exception&) {
-      TETRA_FAIL("TETRA_MOE_TOKEN_PATH: '", item, "' is not key=number");
-    }
-    const std::string key = item.substr(0, eq);
-    if (key == "fused") {
-      p.fused_route_max_tokens = v;
-    } else if (key == "slot") {
-      p.shared_slot_max_tokens = v;
-    } else if (key == "side") {
-      p.shared_side_stream = v != 0;
-    } else if (key == "pdl") {
-      p.combine_pdl = v != 0;
-    } else if (key == "tpdl") {
-      p.token_path_pdl = v != 0;
-    } else {
-      TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key, "' (fused, slot, side, pdl)");
-    }
-  }
-  return p;
-}
-
-std::string token_path_label(const moe::CudaTokenPath& p) {
-  std::ostringstream os;
-  os << "fused<=" << p.fused_route_max_tokens << " slot<=" << p.shared_slot_max_tokens
-     << " side=" << int(p.shared_side_stream) << " pdl=" << int(p.combine_pdl)
-     << " tpdl=" << int(p.token_path_pdl);
-  return os.str();
-}
-
 // cuda-w4a16, or cuda-w4a4 (the same random layer with NVFP4 activations) when w4a4.
 void bench_backend_w4a16(const Shape& s, const MoeBenchOptions& o, const GpuSpec& gpu,
                          MoeBenchReport& r, bool w4a4 = false) {
@@ -168,8 +124,8 @@ void bench_backend_w4a16(const Shape& s, const MoeBenchOptions& o, const GpuSpec
     if (o.routing == "skewed")
       for (int e = 0; e < s.E; e += 8) spec.bias[size_t(e)] = 0.2f;
   }
-  const moe::CudaTokenPath path = token_path_from_env();
-  r.token_path = token_path_label(path);
+  const moe::CudaTokenPath path = moe::cuda_token_path_from_env();
+  r.token_path = moe::cuda_token_path_label(path);
   moe::CudaW4a16MoeLayer layer(spec, max_t, TokenLayout::Contiguous, path);
   cudaStream_t stream;
   TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -377,7 +333,9 @@ std::string moe_bench_markdown(const MoeBenchReport& r) {
        << " | " << fixed(x.tflops, 1) << " | " << fixed(x.floor_us, 1) << " | "
        << fixed(100 * x.efficiency, 1) << "% | " << x.bound << " |\n";
   if (!r.parts.empty()) {
-    os << "\nParts of one forward (eager launches, events between parts, median):\n\n"
+    os << "\nParts of one forward (eager launches, events between parts, median; where the whole "
+          "layer is one persistent launch, at T <= the token path's persist setting, all of it is "
+          "in route+layout):\n\n"
           "| backend | tokens | route+layout us | GEMM1 us | GEMM2 us | combine us | total us |\n"
           "|---|---|---|---|---|---|---|\n";
     for (const MoeBenchParts& p : r.parts)

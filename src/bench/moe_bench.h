@@ -11,9 +11,9 @@
 // the larger one binds; efficiency = floor / median.
 //
 // The layer's token path (moe::CudaTokenPath) can be changed for A/B runs through the environment:
-// TETRA_MOE_TOKEN_PATH="fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1" (keys optional, others keep
-// their defaults; pdl: combine, tpdl: token path; "old" = all off, the launches before the small-T
-// path). The
+// TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1" (keys optional,
+// others keep their defaults; persist: the one-launch layer up to N tokens, pdl: combine, tpdl:
+// token path; "old" = all off, the launches before the small-T path). The
 // report names the setting.
 #pragma once
 #include <string>

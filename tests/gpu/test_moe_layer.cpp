@@ -352,11 +352,13 @@ TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
 // the shared expert's own launch, so it is held to the cpu tolerance, not to bits.)
 TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   moe::CudaTokenPath old_path;  // the launches before the fused path: all off
+  old_path.persistent_max_tokens = 0;
   old_path.fused_route_max_tokens = 0;
   old_path.shared_slot_max_tokens = 0;
   old_path.shared_side_stream = false;
   old_path.combine_pdl = false;
   moe::CudaTokenPath all_fused;  // everything fused up to 99 tokens
+  all_fused.persistent_max_tokens = 0;  // the launches' fusions (the one-launch layer: below)
   all_fused.fused_route_max_tokens = 99;
   all_fused.shared_slot_max_tokens = 99;
   all_fused.combine_pdl = true;
@@ -436,20 +438,111 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   }
 }
 
+// The one-launch layer (ops/moe/persistent_layer.h, T <= 8) against the separate launches
+// (persistent_max_tokens = 0) on the same weights: the same bits (the same device code and
+// summation orders), cpu to nmse_bound and route_cpu's ids, for every T in 1..8 on both layouts'
+// buffers: a real shape, softmax routing with and without the shared expert, an EP block, all
+// tokens on one expert. Three launches in a row give the same bits (the counters it leaves at zero
+// are reused). A 320-expert router is over its limit: the layer falls back to the launches.
+TEST_F(MoeLayerGpu, PersistentLayerEqualsLaunches) {
+  moe::CudaTokenPath launches;
+  launches.persistent_max_tokens = 0;
+  moe::CudaTokenPath persistent;
+  persistent.persistent_max_tokens = 8;
+  RouterParams soft;
+  soft.scoring = moe::Scoring::Softmax;
+  soft.num_experts = 40;
+  soft.top_k = 6;
+  RouterParams eight;
+  eight.num_experts = 8;
+  eight.top_k = 4;
+  RouterParams wide;
+  wide.num_experts = 320;
+  wide.top_k = 8;
+  struct Case {
+    std::string name;
+    RouterParams router;
+    int H, I, Is, begin, count;
+    bool all_on_5;  // the bias sends every token to expert 5 first
+  };
+  const std::vector<Case> cases = {
+      {"glm4.5-air (E=16)", preset_router("glm4.5-air", 16), 4096, 1408, 1408, 0, 16, false},
+      {"softmax E=40 top-6", soft, 256, 128, 128, 0, 40, false},
+      {"softmax no shared", soft, 256, 128, 0, 0, 40, false},
+      {"EP block 8+12 of 40", soft, 256, 128, 128, 8, 12, false},
+      {"all on expert 5, top-4", eight, 256, 192, 192, 0, 8, true},
+      {"320 experts (falls back)", wide, 256, 128, 128, 0, 320, false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    HostMoeLayer L = layer_for("cuda-w4a16", c.router, c.H, c.I, c.Is, 77);
+    if (c.all_on_5) L.bias[5] = 100.0f;
+    const moe::MoeLayerWeights w = L.block_weights(c.begin, c.count, c.Is > 0);
+    moe::MoeLayerOptions o;
+    o.backend = "cpu";
+    o.max_tokens = 8;
+    auto cpu = moe::make_moe_layer(w, o);
+    const bool takes = c.router.num_experts <= 256;
+    for (TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked}) {
+      SCOPED_TRACE(layout == TokenLayout::Masked ? "masked" : "contiguous");
+      moe::CudaMoeLayer one(w, 8, layout, persistent);
+      moe::CudaMoeLayer many(w, 8, layout, launches);
+      for (int T = 1; T <= 8; ++T) {
+        SCOPED_TRACE("T=" + std::to_string(T));
+        const std::vector<uint16_t> x = test::random_x(T, c.H, 300 + uint32_t(T));
+        const std::vector<uint16_t> res = test::random_x(T, c.H, 400 + uint32_t(T));
+        const uint16_t* residual = T % 2 ? res.data() : nullptr;
+        std::vector<uint16_t> want(x.size());
+        cpu->forward(x.data(), T, want.data(), residual, nullptr);
+        const std::vector<int32_t> ids = cpu_ids(L, x, T);
+        if (c.all_on_5)
+          for (int t = 0; t < T; ++t) ASSERT_EQ(ids[size_t(t) * c.router.top_k], 5);
+        GuardedBf16 dx(x.size()), dres(x.size()), d_one(x.size()), d_many(x.size());
+        dx.upload(x);
+        dres.upload(res);
+        const uint16_t* dr = residual ? dres.ptr() : nullptr;
+        many.forward(dx.ptr(), T, d_many.ptr(), dr, nullptr);
+        std::vector<uint16_t> first;
+        for (int rep = 0; rep < 3; ++rep) {
+          one.forward(dx.ptr(), T, d_one.ptr(), dr, nullptr);
+          TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+          EXPECT_EQ(one.last_forward_persistent(), takes);
+          if (rep == 0) first = d_one.body();
+          else EXPECT_EQ(d_one.body(), first) << "launch " << rep;
+        }
+        EXPECT_FALSE(many.last_forward_persistent());
+        EXPECT_EQ(first, d_many.body()) << "one launch vs separate launches";
+        const double e = test::nmse_bf16(first, want);
+        EXPECT_LE(e, nmse_bound("cuda-w4a16"));
+        EXPECT_EQ(d_one.guards_lost(), 0u);
+        EXPECT_EQ(one.dropped_pairs(), 0);
+        EXPECT_EQ(one.last_ids(T), ids);
+        std::printf("  persistent %-26s %-10s T=%d nmse %.3g%s\n", c.name.c_str(),
+                    layout == TokenLayout::Masked ? "masked" : "contiguous", T, e,
+                    first == d_many.body() ? " (bits of the launches)" : "");
+      }
+    }
+  }
+}
+
 // forward is graph-capturable: a captured forward replayed on new input equals eager, for every
 // shared-expert arrangement (T=1: the one-launch token path and the shared slot; T=19: the shared
-// expert on the side stream, forked and joined inside the graph; and serially).
+// expert on the side stream, forked and joined inside the graph; and serially), and for the
+// persistent one-launch layer at T=1 (three replays: its counters are back at zero each time).
 TEST_F(MoeLayerGpu, CapturedGraphEqualsEager) {
   const ModelConfig c = preset_config("tiny-glm5");
   moe::CudaTokenPath serial;
   serial.shared_side_stream = false;
+  moe::CudaTokenPath persistent;  // T = 1: one persistent launch (cuda-w4a16)
+  persistent.persistent_max_tokens = 8;
   for (const std::string& backend : cuda_backends()) {
     const HostMoeLayer L = layer_for(backend, moe::router_params_of(c), 64, 64, 64, 13);
-    for (const moe::CudaTokenPath& path : {moe::CudaTokenPath{}, serial}) {
+    for (const moe::CudaTokenPath& path : {moe::CudaTokenPath{}, serial, persistent}) {
       moe::CudaMoeLayer gpu(L.weights(), 32, TokenLayout::Masked, path, is_w4a4(backend));
       for (int T : {1, 19}) {
         SCOPED_TRACE(backend + " T=" + std::to_string(T) +
-                     (path.shared_side_stream ? " side stream" : " serial"));
+                     (path.persistent_max_tokens > 0 ? " persistent"
+                      : path.shared_side_stream      ? " side stream"
+                                                     : " serial"));
         GuardedBf16 dx(size_t(T) * 64), dout(size_t(T) * 64), dref(size_t(T) * 64);
         cudaStream_t s;
         TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));

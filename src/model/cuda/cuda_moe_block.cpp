@@ -23,7 +23,8 @@ CudaMoeBlock make_cuda_moe_block(const MoeWeights& mw, const CudaMoeBlockSpec& s
     r.global_experts = mw.global_experts;
     r.seed = uint32_t((*spec.seed)++);
     auto layer = std::make_unique<moe::CudaW4a16MoeLayer>(r, spec.max_tokens,
-                                                          TokenLayout::Contiguous);
+                                                          TokenLayout::Contiguous,
+                                                          moe::cuda_token_path_from_env());
     block.weight_bytes = size_t(E) * layer->expert_bytes() + layer->shared_bytes();
     block.runner = std::move(layer);
     return block;

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "moe/router.h"
 #include "moe/routing_math.h"
+#include "ops/moe/bf16_device.cuh"
 #include "ops/moe/moe_ops_cuda.h"
 
 namespace tetra::moe::cuda {
@@ -14,17 +15,6 @@ namespace {
 constexpr int kThreads = 128;      // most threads per block
 constexpr int kFewThreads = 64;    // per block at few tokens: more blocks over H
 constexpr int kFewTokens = 64;
-
-__device__ __forceinline__ float bf16_to_f32(uint16_t b) {
-  return math::f32_from_bits(uint32_t(b) << 16);
-}
-// Round to nearest even; NaN stays a quiet NaN (same rule as core/half.h float_to_bf16).
-__device__ __forceinline__ uint16_t f32_to_bf16(float f) {
-  uint32_t u = math::f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
 
 // kVec consecutive elements as float: bf16 (a 16-byte load for 8, 8-byte for 4) or f32 (a
 // 16-byte load for 4).

@@ -31,6 +31,12 @@ namespace tetra::moe {
 // checks them against cpu; on the H200 they gave the same bits). Defaults from the H200
 // measurements in bench/moe_kernels/RESULTS.md, "layer" section (GLM-5 / GLM-4.5-Air shapes).
 struct CudaTokenPath {
+  // T <= this (at most cuda::kPersistentMaxTokens): the whole layer in one persistent launch
+  // (ops/moe/persistent_layer.h) when it takes the layer (cuda-w4a16, the shared expert absent or
+  // a slot, <= 256 experts); the settings below then do not apply. 0 = never. Off by default:
+  // measured on the H200 (bench/results/2026-11-30-moe-persistent-h200.md) it is 8-10% faster at
+  // GLM-5 shapes with 1 token but 8% slower at GLM-4.5-Air shapes and 15-20% slower at 8 tokens.
+  int persistent_max_tokens = 0;
   // T <= this: router logits + routing + layout + row bookkeeping in one launch
   // (ops/moe/token_path.h) instead of four. 0 = never. Measured: -3 us at 1 token, even at 16,
   // +30..40 us at 64 (one block routes every token), hence 16.
@@ -52,6 +58,13 @@ struct CudaTokenPath {
   // Measured: no difference at 1 token on GLM-5 (81.3-81.7 us either way), so off.
   bool token_path_pdl = false;
 };
+
+// The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1"
+// applied (keys optional; "old" = every fusion off), for A/B measurements: the model's layers and
+// `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
+CudaTokenPath cuda_token_path_from_env();
+// The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0" (for reports).
+std::string cuda_token_path_label(const CudaTokenPath& p);
 
 // For the benchmark: a layer of the given shape with random NVFP4 weights generated on the GPU
 // (no host copy), a random bf16 router weight and an e_score_correction_bias.
@@ -102,6 +115,14 @@ class CudaMoeLayer final : public MoeLayerRunner {
   // routing is valid) and the routed experts of the last call (a copy of the device ids).
   int dropped_pairs() const;
   std::vector<int32_t> last_ids(int T) const;  // [T, top_k]
+  // Whether the last forward ran as the one persistent launch (ops/moe/persistent_layer.h).
+  bool last_forward_persistent() const { return last_persistent_; }
+  // Profiling: the persistent launches write their phase stamps there (PersistentLayer::stamps;
+  // nullptr: off).
+  void set_persistent_stamps(unsigned long long* stamps, uint32_t* block_sm = nullptr) {
+    persist_stamps_ = stamps;
+    persist_block_sm_ = block_sm;
+  }
 
  private:
   // E: local experts; E_global_, begin_, routed_bf16_, shared_bf16_ are set before.
@@ -110,6 +131,9 @@ class CudaMoeLayer final : public MoeLayerRunner {
   void upload_bf16(const ExpertMlpView& v, int e, int inter, const MoeBf16WeightsDevice& dst);
   void run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
            cudaStream_t stream, cudaEvent_t const* marks);
+  // The whole layer in one persistent launch (T <= persist_T_); false when it does not take it.
+  bool run_persistent(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
+                      cudaStream_t stream);
 
   std::string backend_ = "cuda-w4a16";
   std::string name_;
@@ -157,6 +181,14 @@ class CudaMoeLayer final : public MoeLayerRunner {
   int32_t* dropped_ = nullptr;       // [1]
   uint32_t* counter_ = nullptr;      // [1] the small token path's block counter (zero between launches)
   int32_t* sh_rows_ = nullptr;       // [2] shared problem: row_start 0, row_count T
+  // The persistent layer's own bookkeeping (its rows are act_ / y_), for up to persist_T_ tokens.
+  int persist_T_ = 0;
+  bool last_persistent_ = false;
+  unsigned long long* persist_stamps_ = nullptr;
+  uint32_t* persist_block_sm_ = nullptr;
+  int32_t* slot_pair_ = nullptr;     // [min(E, persist_T_*K), persist_T_]
+  int32_t* num_routed_ = nullptr;    // [1]
+  uint32_t* persist_sync_ = nullptr; // [cuda::persistent_sync_words(..)] zero between launches
   uint16_t* act_ = nullptr;          // [rows_cap, I] bf16 (rows_cap includes the shared slot's)
   float* y_ = nullptr;               // [rows_cap, H] f32
   uint16_t* act_sh_ = nullptr;       // [max_T, Is] bf16
