@@ -1,7 +1,8 @@
 // The CUDA MoE layer: router logits -> route -> layout -> GEMM1 (gathering x) -> GEMM2 (f32 rows)
 // -> shared expert -> combine. At small T the first four are one launch and the shared expert
 // rides in the routed GEMMs as one more slot, else it runs its own GEMMs on a side stream
-// (CudaTokenPath below). Three backends, one class:
+// (CudaTokenPath below); optionally, at T <= 8, the whole layer is one persistent launch
+// (ops/moe/persistent_layer.h). Three backends, one class:
 //   cuda-w4a16: NVFP4 routed experts through the W4A16 GEMMs (ops/moe/w4a16_moe.h);
 //   cuda-w4a4:  NVFP4 routed experts and NVFP4 activations (input_scale) through the W4A4 GEMMs
 //               (ops/moe/w4a4_moe.h), the input scales folded into the alphas at upload;
