@@ -62,6 +62,25 @@ inline __device__ int warp_inclusive_scan(int v) {
   return v;
 }
 
+// Exclusive prefix sum of one int per thread over a block of kBlockWarps warps, each thread
+// adding up the warps' totals itself (small blocks); total to `total`. scan [kBlockWarps] may be
+// reused after the next barrier.
+template <int kBlockWarps>
+inline __device__ int block_scan_small(int v, int32_t* scan, int& total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int incl = warp_inclusive_scan(v);
+  if (lane == 31) scan[warp] = incl;
+  __syncthreads();
+  int before = 0;
+  total = 0;
+  for (int w = 0; w < kBlockWarps; ++w) {
+    const int s = scan[w];
+    if (w < warp) before += s;
+    total += s;
+  }
+  return before + incl - v;
+}
+
 // Exclusive prefix sum over the block (kChunk threads, one value each); total to `total`.
 inline __device__ int block_exclusive_scan(int v, int32_t* scan, int& total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;

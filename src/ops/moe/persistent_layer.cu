@@ -22,7 +22,7 @@ using moe_detail::kTileChunkBytes;
 using moe_detail::kTileChunkScales;
 using detail::route_token_regs;
 using detail::router_dot;
-using detail::warp_inclusive_scan;
+using detail::block_scan_small;
 
 constexpr int kWarpsP = 4;  // warps splitting an item's k: the decode GEMMs' split, the same sums
 constexpr int kThreadsP = kWarpsP * 32;
@@ -69,6 +69,7 @@ struct alignas(16) Smem {
   // (slot, token) -> output row (-1: the token is not routed to the slot).
   int16_t slot_expert[kMaxPairs];
   int16_t slot_row[kMaxPairs][kPersistentMaxTokens];
+  float bias[kPersistentMaxExperts];  // logits blocks: the correction bias, read before the wait
   int32_t num_routed;
   uint32_t bcast;
   int next_item;
@@ -164,21 +165,6 @@ __device__ __forceinline__ void pdl_wait(bool& waited) {
   waited = true;
 }
 
-// Exclusive prefix sum of one int per thread over the block; total to `total`.
-__device__ __forceinline__ int block_scan(int v, int32_t* scan, int& total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int incl = warp_inclusive_scan(v);
-  if (lane == 31) scan[warp] = incl;
-  __syncthreads();
-  int before = 0;
-  total = 0;
-  for (int w = 0; w < kWarpsP; ++w) {
-    if (w < warp) before += scan[w];
-    total += scan[w];
-  }
-  return before + incl - v;
-}
-
 // The last logits block: routes every token (one warp per token, route_token_regs), lists the
 // active local experts ascending as slots, maps every pair to its slot, then publishes.
 template <bool kSoftmax>
@@ -190,8 +176,8 @@ __device__ __forceinline__ void route_and_publish(const Plan& g, Smem& sm) {
   for (int i = threadIdx.x; i < g.max_routed * a.T; i += kThreadsP) a.slot_pair[i] = -1;
   for (int t = warp; t < a.T; t += kWarpsP) {
     route_token_regs<kSoftmax, kPersistentMaxExperts / 32>(
-        a.logits + size_t(t) * Eg, a.bias, a.router, sm.route.sel[warp], sm.route.ids + t * K,
-        sm.route.wts + t * K, lane);
+        a.logits + size_t(t) * Eg, a.bias ? sm.bias : nullptr, a.router, sm.route.sel[warp],
+        sm.route.ids + t * K, sm.route.wts + t * K, lane);
     __syncwarp();  // sel is reused by the warp's next token
   }
   __syncthreads();
@@ -208,7 +194,7 @@ __device__ __forceinline__ void route_and_publish(const Plan& g, Smem& sm) {
   const int e0 = 2 * threadIdx.x;
   const int c0 = e0 < a.E && sm.route.active[e0], c1 = e0 + 1 < a.E && sm.route.active[e0 + 1];
   int total = 0;
-  const int base = block_scan(c0 + c1, sm.route.scan, total);
+  const int base = block_scan_small<kWarpsP>(c0 + c1, sm.route.scan, total);
   sm.route.slot_of[e0] = int16_t(c0 ? base : -1);
   sm.route.slot_of[e0 + 1] = int16_t(c1 ? base + c0 : -1);
   if (c0) a.slot_expert[base] = e0;
@@ -477,6 +463,10 @@ __global__ void __launch_bounds__(kThreadsP, kMinBlocks) persistent_layer_kernel
     const int Eg = a.router.num_experts, e = lb * kWarpsP + warp;
     const uint16_t* ge = a.gate + size_t(e) * a.H;
     if (e < Eg && lane == 0) moe_detail::prefetch_l2_bulk(ge, uint32_t(a.H) * 2);
+    // Whichever logits block comes last routes: each keeps the bias (a model parameter) at hand,
+    // so routing does not wait on another trip to memory.
+    if (a.bias)
+      for (int i = threadIdx.x; i < Eg; i += kThreadsP) sm.bias[i] = a.bias[i];
     pdl_wait(waited);
     if (e < Eg)
       for (int t = 0; t < a.T; ++t) {

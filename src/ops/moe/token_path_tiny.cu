@@ -66,22 +66,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
 }
 
-// Exclusive prefix sum of one int per thread over the block; total to `total`.
-__device__ __forceinline__ int block_scan(int v, int32_t* scan, int& total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int incl = warp_inclusive_scan(v);
-  if (lane == 31) scan[warp] = incl;
-  __syncthreads();
-  int before = 0;
-  total = 0;
-  for (int w = 0; w < kWarpsT; ++w) {
-    const int s = scan[w];
-    if (w < warp) before += s;
-    total += s;
-  }
-  return before + incl - v;
-}
-
 template <bool kSoftmax, int kPerLane>
 __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const TinyArgs g) {
   extern __shared__ __align__(16) char smem[];
@@ -189,7 +173,7 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
     packed += (masked ? min(c[i], lo.max_m) : c[i]) | (c[i] > 0 ? 1 << 16 : 0);
   }
   int total = 0;
-  int run = block_scan(packed, scan, total);
+  int run = block_scan_small<kWarpsT>(packed, scan, total);
   const int total_rows = total & 0xffff, total_active = total >> 16;
   const RowsPrep& r = a.rows;
   for (int i = 0; i < kExpertsPerThread; ++i) {
