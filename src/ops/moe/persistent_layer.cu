@@ -27,7 +27,7 @@ using detail::block_scan_small;
 constexpr int kWarpsP = 4;  // warps splitting an item's k: the decode GEMMs' split, the same sums
 constexpr int kThreadsP = kWarpsP * 32;
 constexpr int kBatch = 2;      // chunks per warp load batch (as the decode GEMMs)
-constexpr int kMinBlocks = 8;
+constexpr int kMinBlocks = 8;  // blocks per SM the registers must allow (see the kernel)
 constexpr int kMaxPairs = 128;  // T * top_k; every block keeps the slots' rows in shared memory
 static_assert(kMaxPairs >= kPersistentMaxTokens * 8);
 
@@ -70,7 +70,6 @@ struct alignas(16) Smem {
   int16_t slot_expert[kMaxPairs];
   int16_t slot_row[kMaxPairs][kPersistentMaxTokens];
   float bias[kPersistentMaxExperts];  // logits blocks: the correction bias, read before the wait
-  int32_t num_routed;
   uint32_t bcast;
   int next_item;
 };
@@ -97,7 +96,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 __device__ __forceinline__ void stamp(unsigned long long* stamps, int i) {
-  if (stamps && threadIdx.x == 0 && i < kStampCount) {
+  if (stamps && threadIdx.x == 0) {
     if (i == kStampKernelStart || i == kStampGemm1First || i == kStampGemm2First)
       atomicMin(stamps + i, global_ns());
     else
@@ -105,9 +104,9 @@ __device__ __forceinline__ void stamp(unsigned long long* stamps, int i) {
   }
 }
 
-// Synchronisation between blocks. Waits poll with relaxed loads (served by L2, leaving this SM's
-// L1 alone: an acquire load would invalidate the L1 that the other blocks' activations sit in on
-// every poll) and acquire once, when the count is reached; arrivals are release reductions.
+// Synchronisation between blocks. Waits poll with relaxed loads (served by L2) and acquire once,
+// when the count is reached (a poll needs no ordering; an acquire per poll would order, and on
+// this architecture invalidate L1, every time); arrivals are release reductions.
 __device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 __device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
@@ -318,7 +317,8 @@ __device__ __forceinline__ void stash_partials(const float (&acc)[2][4], Smem& s
   __syncthreads();
 }
 
-// GEMM1 tile pair p of a slot: act[slot, t, 16p .. 16p + 15] = silu(gate) * up for every token.
+// GEMM1 tile pair p of a slot: act[row of (slot, t), 16p .. 16p + 15] = silu(gate) * up for every
+// token t routed to the slot (all T are computed: one n8 MMA tile; the others are not stored).
 __device__ __forceinline__ void gemm1_item(const Plan& g, int slot, int p, Smem& sm, bool& waited,
                                            bool& have, NextItem& next,
                                            unsigned long long* stamps) {
@@ -335,7 +335,7 @@ __device__ __forceinline__ void gemm1_item(const Plan& g, int slot, int p, Smem&
                        a.w.s13 + tile0 * chunks * kTileChunkScales + lane * 2, chunks, xp, acc,
                        [&] {
                          pdl_wait(waited);
-                         stamp(stamps, slot == g.max_routed ? kStampCount : kStampGemm1First);
+                         if (slot != g.max_routed) stamp(stamps, kStampGemm1First);
                          stamp(stamps, kStampGemm1LastStart);
                        });
   next.ask(counter(a.sync, kClaimed));
@@ -391,7 +391,8 @@ __device__ __forceinline__ void combine_tile(const Plan& g, int q) {
   }
 }
 
-// GEMM2 tile q (32 output rows) of a slot into part[slot]; the last of the tile's slots combines.
+// GEMM2 tile q (32 output rows) of a slot into the part rows of its tokens; the last of the
+// tile's slots combines.
 __device__ __forceinline__ void gemm2_item(const Plan& g, int order, int slot, int q, Smem& sm,
                                            bool& waited, bool& have, NextItem& next,
                                            unsigned long long* stamps) {
@@ -411,7 +412,7 @@ __device__ __forceinline__ void gemm2_item(const Plan& g, int order, int slot, i
                         [&] {
                           pdl_wait(waited);
                           block_wait_geq(counter(a.sync, kSlotDone0 + slot), uint32_t(g.p1));
-                          stamp(stamps, slot == g.max_routed ? kStampCount : kStampGemm2First);
+                          if (slot != g.max_routed) stamp(stamps, kStampGemm2First);
                           stamp(stamps, kStampGemm2LastStart);
                         });
     next.ask(counter(a.sync, kClaimed));
@@ -438,8 +439,8 @@ __device__ __forceinline__ void gemm2_item(const Plan& g, int order, int slot, i
   }
 }
 
-// kMinBlocks: blocks per SM the register allocation must allow: the decode GEMMs' 64-register cap,
-// 32 warps per SM (measured: 6 blocks of 80 registers, without spills, were slower on GLM-5).
+// kMinBlocks = 8: the decode GEMMs' 64-register cap, 32 warps per SM (measured: 6 blocks of 80
+// registers, without spills, were slower on GLM-5). kStamps: the profiled instantiation.
 template <bool kSoftmax, bool kStamps>
 __global__ void __launch_bounds__(kThreadsP, kMinBlocks) persistent_layer_kernel(const Plan g) {
   __shared__ Smem sm;
