@@ -617,7 +617,10 @@ CudaTokenPath cuda_token_path_from_env() {
     int v = 0;
     try {
       if (eq == std::string::npos) throw std::invalid_argument(item);
-      v = std::stoi(item.substr(eq + 1));
+      const std::string value = item.substr(eq + 1);
+      size_t used = 0;
+      v = std::stoi(value, &used);
+      if (used != value.size()) throw std::invalid_argument(item);
     } catch (const std::exception&) {
       TETRA_FAIL("TETRA_MOE_TOKEN_PATH: '", item, "' is not key=number");
     }

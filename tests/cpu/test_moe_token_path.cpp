@@ -1,0 +1,172 @@
+// The CUDA MoE layer's host-side settings, checked without a GPU: the TETRA_MOE_TOKEN_PATH
+// override (what the model's layers and `tetra bench moe` take for A/B runs) and the argument
+// checks that decide whether the persistent one-launch layer takes a layer.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+#include "core/error.h"
+#include "ops/moe/moe_layer_cuda.h"
+#include "ops/moe/persistent_layer.h"
+
+namespace tetra::moe {
+namespace {
+
+// Sets TETRA_MOE_TOKEN_PATH for one scope, then puts back what was there.
+class TokenPathEnv {
+ public:
+  explicit TokenPathEnv(const char* value) {
+    if (const char* old = std::getenv(kName)) old_ = old;
+    if (value)
+      setenv(kName, value, 1);
+    else
+      unsetenv(kName);
+  }
+  ~TokenPathEnv() {
+    if (old_)
+      setenv(kName, old_->c_str(), 1);
+    else
+      unsetenv(kName);
+  }
+
+ private:
+  static constexpr const char* kName = "TETRA_MOE_TOKEN_PATH";
+  std::optional<std::string> old_;
+};
+
+void expect_defaults(const CudaTokenPath& p) {
+  const CudaTokenPath d;
+  EXPECT_EQ(p.persistent_max_tokens, d.persistent_max_tokens);
+  EXPECT_EQ(p.fused_route_max_tokens, d.fused_route_max_tokens);
+  EXPECT_EQ(p.shared_slot_max_tokens, d.shared_slot_max_tokens);
+  EXPECT_EQ(p.shared_side_stream, d.shared_side_stream);
+  EXPECT_EQ(p.combine_pdl, d.combine_pdl);
+  EXPECT_EQ(p.token_path_pdl, d.token_path_pdl);
+}
+
+TEST(CudaTokenPathEnv, UnsetOrEmptyGivesTheDefaults) {
+  {
+    TokenPathEnv env(nullptr);
+    expect_defaults(cuda_token_path_from_env());
+  }
+  TokenPathEnv env("");
+  expect_defaults(cuda_token_path_from_env());
+}
+
+TEST(CudaTokenPathEnv, EachKeySetsItsField) {
+  TokenPathEnv env("persist=8,fused=4,slot=2,side=0,pdl=1,tpdl=1");
+  const CudaTokenPath p = cuda_token_path_from_env();
+  EXPECT_EQ(p.persistent_max_tokens, 8);
+  EXPECT_EQ(p.fused_route_max_tokens, 4);
+  EXPECT_EQ(p.shared_slot_max_tokens, 2);
+  EXPECT_FALSE(p.shared_side_stream);
+  EXPECT_TRUE(p.combine_pdl);
+  EXPECT_TRUE(p.token_path_pdl);
+  EXPECT_EQ(cuda_token_path_label(p), "persist<=8 fused<=4 slot<=2 side=0 pdl=1 tpdl=1");
+}
+
+TEST(CudaTokenPathEnv, KeysLeftOutKeepTheirDefaults) {
+  TokenPathEnv env("persist=3");
+  CudaTokenPath want;
+  want.persistent_max_tokens = 3;
+  const CudaTokenPath p = cuda_token_path_from_env();
+  EXPECT_EQ(p.persistent_max_tokens, 3);
+  EXPECT_EQ(p.fused_route_max_tokens, want.fused_route_max_tokens);
+  EXPECT_EQ(p.shared_side_stream, want.shared_side_stream);
+}
+
+TEST(CudaTokenPathEnv, OldTurnsEveryFusionOff) {
+  TokenPathEnv env("old");
+  const CudaTokenPath p = cuda_token_path_from_env();
+  EXPECT_EQ(p.persistent_max_tokens, 0);
+  EXPECT_EQ(p.fused_route_max_tokens, 0);
+  EXPECT_EQ(p.shared_slot_max_tokens, 0);
+  EXPECT_FALSE(p.shared_side_stream);
+  EXPECT_FALSE(p.combine_pdl);
+  EXPECT_FALSE(p.token_path_pdl);
+}
+
+TEST(CudaTokenPathEnv, MalformedValuesAreClearErrors) {
+  for (const char* bad : {"persist", "persist=", "persist=x", "persist=1x", "bogus=1",
+                          "persist=1,,fused=2", "=3", "persist=99999999999999999999"}) {
+    SCOPED_TRACE(bad);
+    TokenPathEnv env(bad);
+    try {
+      cuda_token_path_from_env();
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("TETRA_MOE_TOKEN_PATH"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A layer the persistent launch takes: GLM-4.5-Air's shape, one token. The pointers are never
+// dereferenced by the checks, only tested for null and alignment.
+cuda::PersistentLayer air_layer() {
+  alignas(16) static uint8_t arena[256];
+  auto* p16 = reinterpret_cast<uint16_t*>(arena);
+  auto* pf = reinterpret_cast<float*>(arena);
+  auto* pi = reinterpret_cast<int32_t*>(arena);
+  cuda::PersistentLayer a;
+  a.x = p16;
+  a.out = p16;
+  a.T = 1;
+  a.H = 4096;
+  a.I = 1408;
+  a.gate = p16;
+  a.router.num_experts = 128;
+  a.router.top_k = 8;
+  a.E = 128;
+  a.has_shared = true;
+  a.w.w13 = arena;
+  a.logits = pf;
+  a.ids = pi;
+  a.weights = pf;
+  a.pair_slot = pi;
+  a.slot_expert = pi;
+  a.slot_pair = pi;
+  a.num_routed = pi;
+  a.dropped = pi;
+  a.act = p16;
+  a.part = pf;
+  a.sync = reinterpret_cast<uint32_t*>(arena);
+  return a;
+}
+
+TEST(PersistentLayerArgs, TakesAStandardLayerAndSaysWhyNotOtherwise) {
+  EXPECT_EQ(cuda::persistent_layer_unsupported_reason(air_layer()), "");
+  auto reason = [](auto change) {
+    cuda::PersistentLayer a = air_layer();
+    change(a);
+    return cuda::persistent_layer_unsupported_reason(a);
+  };
+  EXPECT_NE(reason([](auto& a) { a.T = 0; }).find("1..8 tokens"), std::string::npos);
+  EXPECT_NE(reason([](auto& a) { a.T = 9; }).find("1..8 tokens"), std::string::npos);
+  EXPECT_NE(reason([](auto& a) { a.router.num_experts = 384; }).find("256 experts"),
+            std::string::npos);
+  EXPECT_NE(reason([](auto& a) { a.E = 129; }).find("256 experts"), std::string::npos);
+  EXPECT_NE(reason([](auto& a) {
+              a.T = 8;
+              a.router.top_k = 17;
+            }).find("pairs"),
+            std::string::npos);
+  EXPECT_NE(reason([](auto& a) { a.I = 1400; }).find("multiples of 64"), std::string::npos);
+  EXPECT_NE(reason([](auto& a) { a.x = a.x + 1; }).find("16-byte aligned"), std::string::npos);
+  EXPECT_NE(reason([](auto& a) { a.act = nullptr; }).find("missing"), std::string::npos);
+  EXPECT_NE(reason([](auto& a) { a.slot_pair = nullptr; }).find("missing"), std::string::npos);
+}
+
+TEST(PersistentLayerArgs, CounterSpaceGrowsWithTheLayer) {
+  const size_t one = cuda::persistent_sync_words(1, 8, 128, 4096);
+  EXPECT_GT(cuda::persistent_sync_words(8, 8, 128, 4096), one);  // more routed slots
+  EXPECT_GT(cuda::persistent_sync_words(1, 8, 128, 6144), one);  // more output tiles
+  // Routed slots are capped by the local experts: 4 or 8 tokens of top-8 over 16 experts alike.
+  EXPECT_EQ(cuda::persistent_sync_words(4, 8, 16, 4096), cuda::persistent_sync_words(8, 8, 16, 4096));
+  EXPECT_EQ(one % 32, 0u);  // whole 128-byte lines
+}
+
+}  // namespace
+}  // namespace tetra::moe
