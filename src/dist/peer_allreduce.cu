@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/cuda_check.h"
+#include "core/global_timer.cuh"
 #include "dist/one_shot_math.h"
 #include "dist/peer_allreduce.h"
 
@@ -28,12 +29,6 @@ __device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
-}
-
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 __device__ __forceinline__ uint16_t round_bf16(float x) {
@@ -130,12 +125,12 @@ __global__ void __launch_bounds__(1024)
     for (int q = 0; q < N; ++q)
       if (q != rank) store_release_sys(peers.flags[q] + b * kMaxPeerRanks + rank, epoch);
     const uint32_t* my_flags = peers.flags[rank] + b * kMaxPeerRanks;
-    const uint64_t start = global_ns();
+    const uint64_t start = global_timer_ns();
 #pragma unroll
     for (int q = 0; q < N; ++q) {
       if (q == rank) continue;
       while (!epoch_reached(load_acquire_sys(my_flags + q), epoch))
-        if (global_ns() - start > kWaitTimeoutNs) __trap();
+        if (global_timer_ns() - start > kWaitTimeoutNs) __trap();
     }
     counters[b] = epoch;
   }

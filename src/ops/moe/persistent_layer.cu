@@ -7,6 +7,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "core/global_timer.cuh"
 #include "core/kernel_launch.h"
 #include "ops/moe/bf16_device.cuh"
 #include "ops/moe/layout_device.cuh"
@@ -90,17 +91,12 @@ struct NextItem {
 
 // Profiling (PersistentLayer::stamps): globaltimer at a phase point, the earliest or latest
 // over the blocks that reach it (thread 0).
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 __device__ __forceinline__ void stamp(unsigned long long* stamps, int i) {
   if (stamps && threadIdx.x == 0) {
     if (i == kStampKernelStart || i == kStampGemm1First || i == kStampGemm2First)
-      atomicMin(stamps + i, global_ns());
+      atomicMin(stamps + i, static_cast<unsigned long long>(global_timer_ns()));
     else
-      atomicMax(stamps + i, global_ns());
+      atomicMax(stamps + i, static_cast<unsigned long long>(global_timer_ns()));
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "core/global_timer.cuh"
 #include "core/kernel_launch.h"
 #include "ops/moe/layout_device.cuh"
 #include "ops/moe/moe_ops_cuda.h"
@@ -49,15 +50,10 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src)
   const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem_src) : "memory");
 }
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 // stamps[i] = globaltimer, stamps[8 + i] = clock64 (thread 0 of this block, when profiling).
 __device__ __forceinline__ void stamp(unsigned long long* stamps, int i) {
   if (stamps && threadIdx.x == 0) {
-    stamps[i] = global_ns();
+    stamps[i] = global_timer_ns();
     stamps[8 + i] = static_cast<unsigned long long>(clock64());
   }
 }
