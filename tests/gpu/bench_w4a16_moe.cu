@@ -152,6 +152,7 @@ bool bench_one(const Shape& s, int tokens, const Variant& v, int iters, Result& 
     MoeGemmProblem p;
     p.num_experts = s.E, p.hidden = s.H, p.inter = s.I, p.total_rows = rows, p.num_slots = r.slots;
     p.gemm2_pdl = v.pdl;
+    p.x_wgmma_order = v.kernel == MoeKernel::kWgmma;  // timing only: x content does not matter
     MoeRows mr;
     mr.row_start = r.d_start, mr.row_count = r.d_count, mr.expert_ids = r.d_ids;
     const moe_detail::DecodeConfig* cfg = v.explicit_cfg ? &v.cfg : nullptr;
@@ -220,6 +221,7 @@ TEST(BenchW4a16Moe, Table) {
       {"classic n16 kw4", MoeKernel::kDecode, {.token_tiles = 2, .k_warps = 4}, true},
       {"tiled 1/SM", MoeKernel::kTiled, {.tiled_blocks_per_sm = 1}, true},
       {"tiled 2/SM", MoeKernel::kTiled, {.tiled_blocks_per_sm = 2}, true},
+      {"wgmma", MoeKernel::kWgmma, {}, true},
   };
 
   if (!full) {

@@ -13,6 +13,7 @@
 #include "core/cuda_check.h"
 #include "core/half.h"
 #include "moe/expert_weights.h"
+#include "moe/wgmma_order.h"
 #include "ops/moe/w4a16_launch.h"
 #include "ops/moe/w4a16_moe.h"
 #include "ops/moe/w4a16_weights.h"
@@ -289,9 +290,28 @@ void run_case(const Case& c, uint32_t seed) {
        {.k_warps = 2, .late_x = true, .chunks_per_batch = 8, .min_blocks_per_sm = 8}},
       {MoeKernel::kTiled, true, {.tiled_blocks_per_sm = 1}},  // tiled, one block per SM
       {MoeKernel::kTiled, false, {}},                       // tiled, two blocks per SM
+      {MoeKernel::kWgmma, false, {}},                       // warpgroup MMA (SM90a)
+  };
+  // The wgmma kernel reads x and act in wgmma order (moe/wgmma_order.h) and writes act so.
+  DevBuf<uint16_t> d_xw(size_t(x_rows) * H), d_act_in_w(size_t(total) * I);
+  ASSERT_EQ(moe_w4a16_to_wgmma_order(d_x.ptr(), x_rows, H, d_xw.ptr(), nullptr), cudaSuccess);
+  ASSERT_EQ(moe_w4a16_to_wgmma_order(d_act_in.ptr(), total, I, d_act_in_w.ptr(), nullptr), cudaSuccess);
+  auto natural_act = [&](std::vector<uint16_t> all) {  // act rows of a download_all() back in order
+    std::vector<uint16_t> row(static_cast<size_t>(I), 0);
+    for (int r = 0; r < total; ++r) {
+      uint16_t* a = all.data() + DevBuf<uint16_t>::kGuard + size_t(r) * I;
+      for (int n = 0; n < I; ++n) row[size_t(n)] = a[wgmma_order_column(n)];
+      std::copy(row.begin(), row.end(), a);
+    }
+    return all;
   };
   for (const Variant& v : variants) {
     const MoeKernel k = v.kernel;
+    const bool wg = k == MoeKernel::kWgmma;
+    p.x_wgmma_order = wg;
+    const uint16_t* x_in = wg ? d_xw.ptr() : d_x.ptr();
+    const uint16_t* act_in_dev = wg ? d_act_in_w.ptr() : d_act_in.ptr();
+    auto act_out = [&] { return wg ? natural_act(d_act.download_all()) : d_act.download_all(); };
     const moe_detail::DecodeConfig* cfg = v.explicit_cfg ? &v.cfg : nullptr;
     std::ostringstream label;
     label << moe_kernel_name(k);
@@ -300,16 +320,16 @@ void run_case(const Case& c, uint32_t seed) {
     SCOPED_TRACE(label.str());
     p.gemm2_pdl = v.pdl;
     d_act.poison();
-    ASSERT_EQ(moe_detail::gemm1_with(p, W.view(), rows, d_x.ptr(), d_act.ptr(), nullptr, k, cfg),
+    ASSERT_EQ(moe_detail::gemm1_with(p, W.view(), rows, x_in, d_act.ptr(), nullptr, k, cfg),
               cudaSuccess);
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
-    const Stats s1 = compare(d_act.download_all(), DevBuf<uint16_t>::kGuard, total, I, owned, ref1);
+    const Stats s1 = compare(act_out(), DevBuf<uint16_t>::kGuard, total, I, owned, ref1);
     EXPECT_EQ(s1.bad, 0u);
     EXPECT_EQ(s1.poison_lost, 0u);
     EXPECT_LE(s1.nmse, 1e-5) << "gemm1 " << p;
     {  // fixed summation order (no atomics): a second run is bit-identical
       const auto first = d_act.download_all();
-      ASSERT_EQ(moe_detail::gemm1_with(p, W.view(), rows, d_x.ptr(), d_act.ptr(), nullptr, k, cfg),
+      ASSERT_EQ(moe_detail::gemm1_with(p, W.view(), rows, x_in, d_act.ptr(), nullptr, k, cfg),
                 cudaSuccess);
       TETRA_CUDA_CHECK(cudaDeviceSynchronize());
       EXPECT_EQ(d_act.download_all(), first) << "gemm1 second run differs";
@@ -317,7 +337,7 @@ void run_case(const Case& c, uint32_t seed) {
 
     if (c.y_f32) {
       d_y32.poison();
-      ASSERT_EQ(moe_detail::gemm2_with(p, W.view(), rows, d_act_in.ptr(), d_y32.ptr(), true, nullptr,
+      ASSERT_EQ(moe_detail::gemm2_with(p, W.view(), rows, act_in_dev, d_y32.ptr(), true, nullptr,
                                        k, cfg),
                 cudaSuccess);
       TETRA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -327,7 +347,7 @@ void run_case(const Case& c, uint32_t seed) {
       EXPECT_LE(s2.nmse, 1e-5) << "gemm2 f32 " << p;
     } else {
       d_y16.poison();
-      ASSERT_EQ(moe_detail::gemm2_with(p, W.view(), rows, d_act_in.ptr(), d_y16.ptr(), false, nullptr,
+      ASSERT_EQ(moe_detail::gemm2_with(p, W.view(), rows, act_in_dev, d_y16.ptr(), false, nullptr,
                                        k, cfg),
                 cudaSuccess);
       TETRA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -387,6 +407,34 @@ TEST_F(W4a16Moe, UnsupportedSizeIsRefusedWithReason) {
   MoeWeightsDevice w;
   MoeRows rows;
   EXPECT_EQ(moe_w4a16_gemm1(p, w, rows, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+// The wgmma kernel needs x in its order: asked for explicitly without it, the launch is refused;
+// kAuto picks it only with the order and enough rows per expert.
+TEST_F(W4a16Moe, WgmmaKernelNeedsWgmmaOrder) {
+  std::mt19937 rng(9);
+  const HostLayer L = make_layer(2, 128, 64, rng, false);
+  const PackedMoeLayer P = pack_layer(L);
+  const MoeWeightsBuffer W(P);
+  DevBuf<int> d_start(2), d_count(2);
+  d_start.upload({0, 100});
+  d_count.upload({100, 100});
+  DevBuf<uint16_t> d_x(size_t(200) * 128), d_act(size_t(200) * 64);
+  MoeGemmProblem p;
+  p.num_experts = 2;
+  p.hidden = 128;
+  p.inter = 64;
+  p.total_rows = 200;
+  MoeRows rows;
+  rows.row_start = d_start.ptr();
+  rows.row_count = d_count.ptr();
+  EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kTiled);
+  EXPECT_EQ(moe_w4a16_gemm1(p, W.view(), rows, d_x.ptr(), d_act.ptr(), nullptr, MoeKernel::kWgmma),
+            cudaErrorInvalidValue);
+  p.x_wgmma_order = true;
+  EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kWgmma);
+  p.total_rows = 20;  // 10 rows per expert: the tiled kernel
+  EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kTiled);
 }
 
 }  // namespace

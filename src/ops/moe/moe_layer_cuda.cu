@@ -209,6 +209,7 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
       persist_sync_ = c.take<uint32_t>(persist_sync);
     }
     act_ = c.take<uint16_t>(rows_cap * I);
+    if (!routed_bf16_ && !routed_w4a4_) xw_ = c.take<uint16_t>(size_t(T) * H);
     y_ = c.take<float>(rows_cap * H);
     workspace_ = c.take<uint8_t>(workspace_bytes_);
   };
@@ -507,8 +508,18 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   const int experts = E + (shared_in_slot_ ? 1 : 0);
   const int total_rows = masked ? experts * max_tokens_ : pairs + (slot ? T : 0);
   const int hint = (pairs + num_slots - 1) / num_slots;
-  const MoeGemmProblem p =
-      gemm_problem(experts, H, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
+  MoeGemmProblem p = gemm_problem(experts, H, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
+  // Large batches run the wgmma kernel, which reads x in its order: reorder x once.
+  const uint16_t* x1 = x;
+  if (xw_ != nullptr) {
+    MoeGemmProblem pw = p;
+    pw.x_wgmma_order = true;
+    if (moe_pick_kernel(pw) == MoeKernel::kWgmma) {
+      check_launch(moe_w4a16_to_wgmma_order(x, T, H, xw_, stream), "wgmma order", name_);
+      p = pw;
+      x1 = xw_;
+    }
+  }
   // The routed GEMM2 prefetches its weights while the kernel before it (GEMM1, routed or shared)
   // finishes: it reads act_ only after griddepcontrol.wait, and nothing else it reads changes.
   MoeGemmProblem p2 = p;
@@ -548,7 +559,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   }
   check_launch(routed_bf16_   ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
                : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream)
-                              : moe_w4a16_gemm1(p, w_, rows, x, act_, stream),
+                              : moe_w4a16_gemm1(p, w_, rows, x1, act_, stream),
                "GEMM1", name_);
   if (own && !side) shared_gemm1(stream);
   mark(2);

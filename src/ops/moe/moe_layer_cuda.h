@@ -191,6 +191,7 @@ class CudaMoeLayer final : public MoeLayerRunner {
   int32_t* num_routed_ = nullptr;    // [1]
   uint32_t* persist_sync_ = nullptr; // [cuda::persistent_sync_words(..)] zero between launches
   uint16_t* act_ = nullptr;          // [rows_cap, I] bf16 (rows_cap includes the shared slot's)
+  uint16_t* xw_ = nullptr;           // [max_T, H] bf16: x in wgmma order (routed W4A16 only)
   float* y_ = nullptr;               // [rows_cap, H] f32
   uint16_t* act_sh_ = nullptr;       // [max_T, Is] bf16
   uint16_t* y_sh_ = nullptr;         // [max_T, H] bf16

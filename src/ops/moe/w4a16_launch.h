@@ -47,6 +47,7 @@ inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
 cudaError_t launch_tiled(const GroupedGemmArgs& a, int blocks_per_sm, cudaStream_t stream);
+cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream);  // w4a16_wgmma.cu
 
 // The public launchers with an explicit decode configuration (benchmarks sweep these).
 // decode_cfg == nullptr: the heuristic's choice.

@@ -22,6 +22,7 @@ const char* moe_kernel_name(MoeKernel k) {
     case MoeKernel::kAuto: return "auto";
     case MoeKernel::kDecode: return "decode";
     case MoeKernel::kTiled: return "tiled";
+    case MoeKernel::kWgmma: return "wgmma";
   }
   return "?";
 }
@@ -37,6 +38,9 @@ std::string moe_gemm_unsupported_reason(const MoeGemmProblem& p) {
 }
 
 namespace {
+
+// Rows per expert from which kAuto takes the wgmma kernel (when x is in its order).
+constexpr int kWgmmaMinRows = 64;
 
 int slots_of(const MoeGemmProblem& p) { return p.num_slots > 0 ? p.num_slots : p.num_experts; }
 
@@ -77,8 +81,10 @@ moe_detail::GroupedGemmArgs base_args(const MoeGemmProblem& p, const MoeRows& ro
 cudaError_t run(const MoeGemmProblem& p, const moe_detail::GroupedGemmArgs& a, MoeKernel kernel,
                 cudaStream_t stream, const moe_detail::DecodeConfig* cfg) {
   if (kernel == MoeKernel::kAuto) kernel = moe_pick_kernel(p);
+  if (kernel == MoeKernel::kWgmma && !p.x_wgmma_order) return cudaErrorInvalidValue;
   const moe_detail::DecodeConfig c = cfg ? *cfg : decode_config(p);
   if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, c.tiled_blocks_per_sm, stream);
+  if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream);
   return moe_detail::launch_decode(a, c, stream);
 }
 
@@ -87,8 +93,11 @@ cudaError_t run(const MoeGemmProblem& p, const moe_detail::GroupedGemmArgs& a, M
 MoeKernel moe_pick_kernel(const MoeGemmProblem& p) {
   // Up to ~8 rows per expert the weights dominate: stream them once (decode kernel). Above, the
   // tiled kernel reuses each dequantized fragment for up to 128 rows (measured: at 16 rows per
-  // expert the two tie on GLM-5; the tiled one wins on GLM-4.5-Air).
-  return rows_per_expert(p) <= 8 ? MoeKernel::kDecode : MoeKernel::kTiled;
+  // expert the two tie on GLM-5; the tiled one wins on GLM-4.5-Air); from kWgmmaMinRows rows
+  // per expert the wgmma kernel, when x comes in its order.
+  const int m = rows_per_expert(p);
+  if (m <= 8) return MoeKernel::kDecode;
+  return p.x_wgmma_order && m >= kWgmmaMinRows ? MoeKernel::kWgmma : MoeKernel::kTiled;
 }
 
 namespace moe_detail {

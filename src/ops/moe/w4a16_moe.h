@@ -6,9 +6,10 @@
 // contiguous layout (row_start = offsets) and the masked layout (row_start[e] = e * max_m,
 // row_count = masked_m) are this. GEMM1 may read x through a gather index (row -> source row).
 //
-// Two kernel families, picked by a heuristic on rows per expert (moe_pick_kernel in w4a16_moe.cu):
+// Three kernels, picked by a heuristic on rows per expert (moe_pick_kernel in w4a16_moe.cu):
 //   decode: weights stream straight into registers, k split over the warps of a block;
-//   tiled:  128 weight rows x 128 rows per block, cp.async multistage, mma.sync m16n8k16.
+//   tiled:  128 weight rows x 128 rows per block, cp.async multistage, mma.sync m16n8k16;
+//   wgmma:  the same tiles on warpgroup MMA (SM90a): A dequantized in registers, B from shared memory.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -31,10 +32,14 @@ struct MoeGemmProblem {
   // before its wait: the row mapping and weights (act is waited for). Decode kernel only; the
   // tiled kernel ignores it.
   bool gemm2_pdl = false;
+  // GEMM1's x is in wgmma order (moe/wgmma_order.h, moe_w4a16_to_wgmma_order): lets kAuto pick the
+  // wgmma kernel, which needs it. That kernel's GEMM1 then writes act in wgmma order and its GEMM2
+  // reads it so: run both GEMMs of a layer with the same problem and kernel.
+  bool x_wgmma_order = false;
 };
 std::ostream& operator<<(std::ostream& os, const MoeGemmProblem& p);
 
-enum class MoeKernel : int { kAuto = 0, kDecode = 1, kTiled = 2 };
+enum class MoeKernel : int { kAuto = 0, kDecode = 1, kTiled = 2, kWgmma = 3 };
 const char* moe_kernel_name(MoeKernel k);
 
 // Device pointers of one packed layer (see PackedMoeLayer for layouts).
@@ -61,6 +66,10 @@ std::string moe_gemm_unsupported_reason(const MoeGemmProblem& p);
 
 // Which kernel kAuto picks for this problem.
 MoeKernel moe_pick_kernel(const MoeGemmProblem& p);
+
+// out [rows, k] = x [rows, k] with every 64-column chunk in wgmma order (k % 64 == 0).
+cudaError_t moe_w4a16_to_wgmma_order(const uint16_t* x, int rows, int k, uint16_t* out,
+                                     cudaStream_t stream);
 
 // GEMM1 + SiLU*up. x: [.., H] bf16 rows (via gather if given); act: [total_rows, I] bf16.
 cudaError_t moe_w4a16_gemm1(const MoeGemmProblem& p, const MoeWeightsDevice& w,

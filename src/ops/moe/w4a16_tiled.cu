@@ -6,11 +6,11 @@
 // found in-kernel by a block scan over the experts' row counts (no host sync, graph-capturable);
 // grid.x walks the weight-row blocks so blocks sharing one token tile run together and the
 // activation tile is read from HBM once.
-#include <cub/block/block_scan.cuh>
 #include <cuda_runtime.h>
 
 #include "core/kernel_smem_attr.h"
 #include "ops/moe/w4a16_fragment.cuh"
+#include "ops/moe/w4a16_grid_rows.cuh"
 #include "ops/moe/w4a16_launch.h"
 
 namespace tetra::moe_detail {
@@ -32,38 +32,14 @@ static_assert(kRowsN * 8 == 4 * kThreads, "four activation cp.async per thread p
 template <bool GATED, bool OUT_F32, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kThreads, MIN_BLOCKS) moe_tiled_kernel(const GroupedGemmArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];  // [kStages][W | S | X]
-  using Scan = cub::BlockScan<int, kThreads>;
-  __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ int s_expert, s_tok0;
+  using Tile = GridRowTile<kThreads>;
+  __shared__ typename Tile::Shared tile_s;
 
   const int tid = threadIdx.x;
-  // ---- which (expert, token tile) is grid row blockIdx.y
-  if (tid == 0) s_expert = -1;
-  {
-    const int y = int(blockIdx.y);
-    int carry = 0;
-    for (int base = 0; base < a.num_slots; base += kThreads) {
-      const int s = base + tid;
-      int e = -1, n = 0;
-      if (s < a.num_slots) {
-        e = a.rows.expert_ids ? a.rows.expert_ids[s] : s;
-        if (e >= 0) n = (a.rows.row_count[e] + kRowsN - 1) / kRowsN;
-      }
-      int off, total;
-      Scan(scan_tmp).ExclusiveSum(n, off, total);
-      if (n > 0 && y >= carry + off && y < carry + off + n) {
-        s_expert = e;
-        s_tok0 = (y - carry - off) * kRowsN;
-      }
-      carry += total;
-      __syncthreads();  // scan_tmp reuse; also publishes s_expert
-      if (carry > y) break;
-    }
-  }
-  __syncthreads();
-  const int e = s_expert;
+  Tile::find<kRowsN>(a, int(blockIdx.y), tile_s);
+  const int e = tile_s.expert;
   if (e < 0) return;
-  const int tok0 = s_tok0;
+  const int tok0 = tile_s.tok0;
   const int cnt = a.rows.row_count[e];
   const int start = a.rows.row_start[e];
 

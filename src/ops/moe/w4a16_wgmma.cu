@@ -1,0 +1,315 @@
+// Large-M W4A16 MoE kernel on Hopper's warpgroup MMA (wgmma, sm_90a): a block computes 256 weight
+// rows x 128 rows (tokens) of one expert. Each of its 16 warps dequantizes its own 16-row weight
+// tile into registers (the wgmma A operand, in the mma.m16n8k16 fragment layout the packed weights
+// already have), and each warpgroup multiplies its 64 rows by the token tile that the tensor cores
+// read straight from shared memory (the B operand: one m64nNk16 per warpgroup and k-step), so no
+// warp spends instructions on B fragments, and 256 rows per token tile halve the activation bytes
+// per FLOP of the mma.sync tiled kernel (w4a16_tiled.cu), whose L2 traffic bounds it. N is the
+// token tile's width rounded up to 16/32/64/128: an expert's last tile is often short.
+//
+// Activations (x of GEMM1, act of GEMM2) are in wgmma order (moe/wgmma_order.h): 16-byte group g of
+// each 64-column chunk holds the columns wgmma reads as k group g, so a chunk of a token row is
+// 8 plain 16-byte copies. Shared memory holds kStages stages of two 64-k chunks (one block barrier
+// per 128 k); a chunk is the 16 tiles' weight and scale bytes and the 128 x 64 activations in
+// wgmma's K-major layout without swizzle, "core matrices" of 8 tokens x 16 bytes: group g of token
+// r at g * kGroupStride + 16 r (the 16-byte pad in the stride puts the 8 groups on different
+// banks). GEMM1 writes act in wgmma order for GEMM2.
+// Measured on the H200 (GLM-5, 4096 tokens, GEMM1 + GEMM2): 7.8 ms vs 9.9 ms for the tiled kernel;
+// bench/results/2026-11-30-moe-wgmma-h200.md has the steps that got there.
+#include <cuda_runtime.h>
+
+#include "core/kernel_smem_attr.h"
+#include "moe/wgmma_order.h"
+#include "ops/moe/w4a16_fragment.cuh"
+#include "ops/moe/w4a16_grid_rows.cuh"
+#include "ops/moe/w4a16_launch.h"
+
+namespace tetra::moe_detail {
+namespace {
+
+constexpr int kRowsN = 128;      // tokens per block: the wgmma N
+constexpr int kStages = 4;       // pipeline stages; loads run kStages - 1 stages ahead
+constexpr int kStageChunks = 2;  // 64-k chunks per stage: one block barrier per 128 k
+constexpr int kGroups = kChunkK / 8;                 // k groups of 8 per chunk
+constexpr int kGroupStride = kRowsN * 16 + 16;       // bytes from one k group to the next
+constexpr int kXBytes = ((kGroups - 1) * kGroupStride + kRowsN * 16 + 127) / 128 * 128;
+
+constexpr int kThreads = 512;    // four warpgroups; warp w owns weight tile w of the block
+constexpr int kTilesM = 16;      // 16-row weight tiles per block (256 rows)
+constexpr int kWBytes = kTilesM * kTileChunkBytes;   // 8192 per chunk
+constexpr int kSBytes = kTilesM * kTileChunkScales;  // 1024 per chunk
+constexpr int kChunkBytes = kWBytes + kSBytes + kXBytes;
+constexpr int kStageBytes = kStageChunks * kChunkBytes;
+constexpr int kSmemBytes = kStages * kStageBytes;
+constexpr int kXCopies = kRowsN * kGroups / kThreads;  // 16-byte activation copies per thread
+static_assert(kThreads == kTilesM * 32, "one weight cp.async per thread per stage");
+static_assert(kTilesM * kTileChunkScales <= kThreads * 16, "scales: one 16-byte copy per thread");
+static_assert((kWBytes + kSBytes) % 16 == 0 && kChunkBytes % 16 == 0, "16-byte aligned regions");
+
+// K-major B descriptor without swizzle: start address, then the byte distance between core
+// matrices along K (leading) and along N (stride), each >> 4.
+__device__ __forceinline__ uint64_t b_descriptor(uint32_t smem_addr) {
+  return uint64_t((smem_addr & 0x3FFFFu) >> 4) | (uint64_t(kGroupStride >> 4) << 16) |
+         (uint64_t(128 >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// d [N / 2] += A (this warp's 16 x 16 of the warpgroup's 64 x 16, registers) * B (16 x N, shared).
+// N: the token tile width actually computed (a block's last token tile of an expert is often short).
+template <int N>
+__device__ __forceinline__ void wgmma_m64nNk16(float (&d)[64], const uint32_t (&a)[4], uint64_t b);
+
+template <>
+__device__ __forceinline__ void wgmma_m64nNk16<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_m64nNk16<64>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_m64nNk16<32>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_m64nNk16<16>(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+}
+
+template <bool GATED, bool OUT_F32>
+__global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGemmArgs a) {
+  extern __shared__ __align__(128) uint8_t smem[];  // [kStages][W | S | X]
+  using Tile = GridRowTile<kThreads>;
+  __shared__ typename Tile::Shared tile_s;
+  __shared__ int s_src[kRowsN];  // [token] source row of x, -1 past the expert's rows
+
+  const int tid = threadIdx.x;
+  Tile::find<kRowsN>(a, int(blockIdx.y), tile_s);
+  const int e = tile_s.expert;
+  if (e < 0) return;
+  const int tok0 = tile_s.tok0;
+  const int cnt = a.rows.row_count[e];
+  const int start = a.rows.row_start[e];
+  if (tid < kRowsN) {
+    const int token = tok0 + tid;
+    s_src[tid] = token < cnt ? (a.rows.gather ? a.rows.gather[start + token] : start + token) : -1;
+  }
+
+  const int chunks = a.k / kChunkK;
+  const int tiles_total = a.n / 16;
+  const int tile0 = int(blockIdx.x) * kTilesM;
+  const uint8_t* wbase = a.w + size_t(e) * tiles_total * chunks * kTileChunkBytes;
+  const uint8_t* sbase = a.s + size_t(e) * tiles_total * chunks * kTileChunkScales;
+  const int warp = tid / 32, lane = tid % 32;
+
+  // ---- this thread's copy sources and targets
+  const int my_tile = tile0 + warp;  // weight copy: lane piece of tile `warp`
+  const bool w_ok = my_tile < tiles_total;
+  const uint8_t* wsrc = wbase + size_t(w_ok ? my_tile : 0) * chunks * kTileChunkBytes + lane * 16;
+  const int s_tile = tile0 + tid / 4;  // scale copy (tid < 4 * kTilesM): 16 B of one tile's 64
+  const bool s_ok = tid < 4 * kTilesM && s_tile < tiles_total;
+  const uint8_t* ssrc = sbase + size_t(s_ok ? s_tile : 0) * chunks * kTileChunkScales + (tid % 4) * 16;
+  __syncthreads();  // s_src
+
+  // One chunk's copies into its place (sub-chunk h of stage `stage`).
+  auto load_chunk = [&](int stage, int h, int c) {
+    uint8_t* ch = smem + stage * kStageBytes + h * kChunkBytes;
+    if (w_ok) cp_async_16(ch + tid * 16, wsrc + size_t(c) * kTileChunkBytes, 16);
+    if (s_ok) cp_async_16(ch + kWBytes + tid * 16, ssrc + size_t(c) * kTileChunkScales, 16);
+#pragma unroll
+    for (int q = 0; q < kXCopies; ++q) {  // group tid % 8 of token tid / 8 + 64 q
+      const int token = tid / 8 + (kThreads / 8) * q, group = tid % 8;
+      const int src = s_src[token];
+      cp_async_16(ch + kWBytes + kSBytes + group * kGroupStride + token * 16,
+                  a.x + size_t(src < 0 ? 0 : src) * a.k + c * kChunkK + 8 * group, src < 0 ? 0 : 16);
+    }
+  };
+  const int stages = (chunks + kStageChunks - 1) / kStageChunks;
+  auto load_stage = [&](int s) {
+#pragma unroll
+    for (int h = 0; h < kStageChunks; ++h)
+      if (s * kStageChunks + h < chunks) load_chunk(s % kStages, h, s * kStageChunks + h);
+  };
+
+  float acc[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < stages) load_stage(s);
+    cp_async_commit();
+  }
+  const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  // The main loop for a token tile computed N wide (N >= the tile's tokens; the rest of the
+  // 128-token tile is zeros that need no MMA).
+  auto main_loop = [&]<int N>() {
+    for (int s = 0; s < stages; ++s) {
+      cp_async_wait<kStages - 2>();
+      // The copies are generic-proxy writes; wgmma reads shared memory through the async proxy.
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      // Also: every warp is done with stage s - 1 (its wgmmas were waited for), which the loads
+      // below overwrite.
+      __syncthreads();
+      if (s + kStages - 1 < stages) load_stage(s + kStages - 1);
+      cp_async_commit();
+
+#pragma unroll
+      for (int h = 0; h < kStageChunks; ++h) {
+        if (s * kStageChunks + h >= chunks) break;
+        const uint32_t off = uint32_t((s % kStages) * kStageBytes + h * kChunkBytes);
+        const uint8_t* ch = smem + off;
+        const uint4 wa = *reinterpret_cast<const uint4*>(ch + warp * kTileChunkBytes + lane * 16);
+        const uint32_t sv =
+            *reinterpret_cast<const uint16_t*>(ch + kWBytes + warp * kTileChunkScales + lane * 2);
+        uint32_t sg, sg8;
+        scale_pair_to_bf16x2(sv, sg, sg8);
+        uint32_t A[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dequant_word(word_of(wa, j), sg, sg8, A[j]);
+        const uint32_t xs = smem_base + off + uint32_t(kWBytes + kSBytes);
+        uint64_t desc[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) desc[j] = b_descriptor(xs + 2 * j * kGroupStride);
+        wgmma_fence();  // A was just written by ordinary instructions
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wgmma_m64nNk16<N>(acc, A[j], desc[j]);
+        wgmma_commit();
+        // The wgmmas read A from registers, which the next chunk's dequant rewrites (wgmma with A
+        // in registers cannot overlap a write to them; the other warpgroups keep the tensor cores
+        // busy meanwhile).
+        wgmma_wait<0>();
+      }
+    }
+  };
+  const int tokens = min(kRowsN, cnt - tok0);
+  if (tokens > 64)
+    main_loop.template operator()<128>();
+  else if (tokens > 32)
+    main_loop.template operator()<64>();
+  else if (tokens > 16)
+    main_loop.template operator()<32>();
+  else
+    main_loop.template operator()<16>();
+  cp_async_wait<0>();
+
+  // ---- epilogue. acc[4 j + r]: weight row 16 * warp + g (+8 for r >= 2) of the block, token
+  // tok0 + 8 j + 2 t + (r & 1).
+  const int g = lane / 4, t = lane % 4;
+  if constexpr (GATED) {
+    // Tiles alternate gate / up: warp 2p holds gate rows of output pair p, warp 2p + 1 its up
+    // rows; the up warps hand their sums over through shared memory.
+    __syncthreads();  // every warp is past its last read of the pipeline stages
+    float* xchg = reinterpret_cast<float*>(smem);  // [kTilesM / 2][64][32]
+    if (warp % 2 == 1) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) xchg[((warp / 2) * 64 + i) * 32 + lane] = acc[i];
+    }
+    __syncthreads();
+    if (warp % 2 == 1 || !w_ok) return;
+    const float ag = a.alpha0[e], au = a.alpha1[e];
+    const int out_ld = a.n / 2;
+    uint16_t* out = static_cast<uint16_t*>(a.out);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
+      if (token < cnt) {
+        const int n = (my_tile / 2) * 16 + g + ((i & 3) >= 2 ? 8 : 0);
+        const float up = xchg[((warp / 2) * 64 + i) * 32 + lane];
+        // act is GEMM2's activation: stored in wgmma order.
+        out[size_t(start + token) * out_ld + wgmma_order_column(n)] =
+            f32_to_bf16_bits(silu(acc[i] * ag) * (up * au));
+      }
+    }
+  } else {
+    if (!w_ok) return;
+    const float ad = a.alpha0[e];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
+      if (token < cnt) {
+        const int n = my_tile * 16 + g + ((i & 3) >= 2 ? 8 : 0);
+        const size_t o = size_t(start + token) * a.n + n;
+        if constexpr (OUT_F32)
+          static_cast<float*>(a.out)[o] = acc[i] * ad;
+        else
+          static_cast<uint16_t*>(a.out)[o] = f32_to_bf16_bits(acc[i] * ad);
+      }
+    }
+  }
+}
+
+template <bool GATED, bool OUT_F32>
+cudaError_t launch_wgmma_t(const GroupedGemmArgs& a, cudaStream_t stream) {
+  const cudaError_t attr = ensure_max_dynamic_smem<moe_wgmma_kernel<GATED, OUT_F32>>(int(kSmemBytes));
+  if (attr != cudaSuccess) return attr;
+  const int col_blocks = (a.n + kTilesM * 16 - 1) / (kTilesM * 16);
+  const int row_blocks = (a.total_rows + kRowsN - 1) / kRowsN + a.num_slots;  // upper bound
+  const dim3 grid{unsigned(col_blocks), unsigned(row_blocks), 1u};
+  moe_wgmma_kernel<GATED, OUT_F32><<<grid, kThreads, kSmemBytes, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// grid (rows, ceil(k / 64 / 8)), block 256: warp w takes chunk 8 blockIdx.y + w of the row, lane u
+// its 4-byte unit u (columns 2u, 2u + 1).
+__global__ void __launch_bounds__(256) to_wgmma_order_kernel(const uint32_t* __restrict__ x, int k,
+                                                             uint32_t* __restrict__ out) {
+  const int chunk = int(blockIdx.y) * 8 + int(threadIdx.x) / 32, u = int(threadIdx.x) % 32;
+  if (chunk * kChunkK >= k) return;
+  const size_t base = (size_t(blockIdx.x) * k + size_t(chunk) * kChunkK) / 2;  // in units
+  out[base + wgmma_order_column(2 * u) / 2] = x[base + u];
+}
+
+}  // namespace
+
+cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream) {
+  if (a.num_slots <= 0 || a.n <= 0 || a.total_rows <= 0) return cudaSuccess;
+  if (a.gated) return launch_wgmma_t<true, false>(a, stream);
+  if (a.out_f32) return launch_wgmma_t<false, true>(a, stream);
+  return launch_wgmma_t<false, false>(a, stream);
+}
+
+}  // namespace tetra::moe_detail
+
+namespace tetra {
+
+cudaError_t moe_w4a16_to_wgmma_order(const uint16_t* x, int rows, int k, uint16_t* out,
+                                     cudaStream_t stream) {
+  if (rows < 0 || k <= 0 || k % kWgmmaOrderChunk != 0 || x == out) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  const unsigned chunk_groups = unsigned((k / kWgmmaOrderChunk + 7) / 8);
+  moe_detail::to_wgmma_order_kernel<<<dim3(unsigned(rows), chunk_groups), 256, 0, stream>>>(
+      reinterpret_cast<const uint32_t*>(x), k, reinterpret_cast<uint32_t*>(out));
+  return cudaGetLastError();
+}
+
+}  // namespace tetra
