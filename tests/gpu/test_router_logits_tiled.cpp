@@ -59,6 +59,28 @@ TEST(RouterLogitsTiled, BitIdenticalToCpu) {
   }
 }
 
+// More token tiles than one grid column holds (65535 x 4 tokens): the launch goes in pieces.
+TEST(RouterLogitsTiled, LongBatchInPieces) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd;
+  const int H = 8, E = 7, T = 65535 * 4 + 9;
+  std::vector<uint16_t> w(size_t(E) * H), xb(size_t(T) * H);  // [E, H], [T, H] bf16
+  for (uint16_t& v : w) v = float_to_bf16(0.02f * nd(rng));
+  for (uint16_t& v : xb) v = float_to_bf16(nd(rng));
+  std::vector<float> want(size_t(T) * E);  // [T, E]
+  moe::router_logits_cpu(xb.data(), w.data(), T, H, E, want.data());
+  GuardedDeviceArray<uint16_t> d_w(w), d_xb(xb);
+  GuardedDeviceArray<float> d_out(want.size());
+  d_out.poison();
+  ASSERT_EQ(moe::cuda::router_logits_tiled(d_xb.ptr(), DType::BF16, d_w.ptr(), T, H, E, d_out.ptr(),
+                                           nullptr),
+            cudaSuccess);
+  TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(same_bits(d_out.download(), want));
+  EXPECT_TRUE(d_out.guards_intact());
+}
+
 TEST(RouterLogitsTiled, NamesWhatItCannotTake) {
   alignas(16) static const uint16_t buf[64] = {};
   EXPECT_NE(moe::cuda::router_logits_tiled_unsupported_reason(buf, buf, 12).find("multiple of 8"),
