@@ -82,6 +82,7 @@ cudaError_t run(const MoeGemmProblem& p, const moe_detail::GroupedGemmArgs& a, M
                 cudaStream_t stream, const moe_detail::DecodeConfig* cfg) {
   if (kernel == MoeKernel::kAuto) kernel = moe_pick_kernel(p);
   if (kernel == MoeKernel::kWgmma && !p.x_wgmma_order) return cudaErrorInvalidValue;
+  if (kernel == MoeKernel::kWgmma && !moe_wgmma_available()) return cudaErrorInvalidDeviceFunction;
   const moe_detail::DecodeConfig c = cfg ? *cfg : decode_config(p);
   if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, c.tiled_blocks_per_sm, stream);
   if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream);
@@ -97,7 +98,17 @@ MoeKernel moe_pick_kernel(const MoeGemmProblem& p) {
   // per expert the wgmma kernel, when x comes in its order.
   const int m = rows_per_expert(p);
   if (m <= 8) return MoeKernel::kDecode;
-  return p.x_wgmma_order && m >= kWgmmaMinRows ? MoeKernel::kWgmma : MoeKernel::kTiled;
+  return p.x_wgmma_order && m >= kWgmmaMinRows && moe_wgmma_available() ? MoeKernel::kWgmma
+                                                                        : MoeKernel::kTiled;
+}
+
+bool moe_wgmma_available() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
 }
 
 namespace moe_detail {

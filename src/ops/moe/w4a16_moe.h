@@ -64,8 +64,10 @@ struct MoeRows {
 // Empty string when the launch can run, else why not (shape, sizes).
 std::string moe_gemm_unsupported_reason(const MoeGemmProblem& p);
 
-// Which kernel kAuto picks for this problem.
+// Which kernel kAuto picks for this problem (on the current device).
 MoeKernel moe_pick_kernel(const MoeGemmProblem& p);
+// Whether the wgmma kernel runs on the current device (SM 9.0; the build targets sm_90a).
+bool moe_wgmma_available();
 
 // out [rows, k] = x [rows, k] with every 64-column chunk in wgmma order (k % 64 == 0).
 cudaError_t moe_w4a16_to_wgmma_order(const uint16_t* x, int rows, int k, uint16_t* out,

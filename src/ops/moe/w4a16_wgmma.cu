@@ -24,6 +24,12 @@
 #include "ops/moe/w4a16_grid_rows.cuh"
 #include "ops/moe/w4a16_launch.h"
 
+// wgmma exists on sm_90a only: other targets (a build for 90a;100a;120a) get an empty kernel, and
+// the host picks this one only on SM 9.0 (moe_wgmma_available()).
+#if defined(__CUDA_ARCH__) && !(__CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+#define TETRA_NO_WGMMA 1
+#endif
+
 namespace tetra::moe_detail {
 namespace {
 
@@ -41,11 +47,12 @@ constexpr int kSBytes = kTilesM * kTileChunkScales;  // 1024 per chunk
 constexpr int kChunkBytes = kWBytes + kSBytes + kXBytes;
 constexpr int kStageBytes = kStageChunks * kChunkBytes;
 constexpr int kSmemBytes = kStages * kStageBytes;
-constexpr int kXCopies = kRowsN * kGroups / kThreads;  // 16-byte activation copies per thread
+[[maybe_unused]] constexpr int kXCopies = kRowsN * kGroups / kThreads;  // 16-byte activation copies per thread
 static_assert(kThreads == kTilesM * 32, "one weight cp.async per thread per stage");
 static_assert(kTilesM * kTileChunkScales <= kThreads * 16, "scales: one 16-byte copy per thread");
 static_assert((kWBytes + kSBytes) % 16 == 0 && kChunkBytes % 16 == 0, "16-byte aligned regions");
 
+#ifndef TETRA_NO_WGMMA
 // K-major B descriptor without swizzle: start address, then the byte distance between core
 // matrices along K (leading) and along N (stride), each >> 4.
 __device__ __forceinline__ uint64_t b_descriptor(uint32_t smem_addr) {
@@ -105,8 +112,13 @@ __device__ __forceinline__ void wgmma_m64nNk16<16>(float (&d)[64], const uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
 }
 
+#endif  // TETRA_NO_WGMMA
+
 template <bool GATED, bool OUT_F32>
 __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGemmArgs a) {
+#ifdef TETRA_NO_WGMMA
+  __trap();
+#else
   extern __shared__ __align__(128) uint8_t smem[];  // [kStages][W | S | X]
   using Tile = GridRowTile<kThreads>;
   __shared__ typename Tile::Shared tile_s;
@@ -266,6 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
       }
     }
   }
+#endif
 }
 
 template <bool GATED, bool OUT_F32>
