@@ -509,8 +509,10 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   const int total_rows = masked ? experts * max_tokens_ : pairs + (slot ? T : 0);
   const int hint = (pairs + num_slots - 1) / num_slots;
   MoeGemmProblem p = gemm_problem(experts, H, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
-  // Large batches run the wgmma kernel, which reads x in its order: reorder x once.
+  // Large batches run the wgmma kernel, which reads x in its order: reorder x once, and hand both
+  // routed GEMMs that kernel (its GEMM1 writes act in the order its GEMM2 reads).
   const uint16_t* x1 = x;
+  MoeKernel routed_kernel = MoeKernel::kAuto;
   if (xw_ != nullptr) {
     MoeGemmProblem pw = p;
     pw.x_wgmma_order = true;
@@ -518,6 +520,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
       check_launch(moe_w4a16_to_wgmma_order(x, T, H, xw_, stream), "wgmma order", name_);
       p = pw;
       x1 = xw_;
+      routed_kernel = MoeKernel::kWgmma;
     }
   }
   // The routed GEMM2 prefetches its weights while the kernel before it (GEMM1, routed or shared)
@@ -559,14 +562,14 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   }
   check_launch(routed_bf16_   ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
                : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream)
-                              : moe_w4a16_gemm1(p, w_, rows, x1, act_, stream),
+                              : moe_w4a16_gemm1(p, w_, rows, x1, act_, stream, routed_kernel),
                "GEMM1", name_);
   if (own && !side) shared_gemm1(stream);
   mark(2);
   // (W4A4: GEMM2's PDL follows the in-place act quantizer; it still waits before reading act.)
   check_launch(routed_bf16_   ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
                : routed_w4a4_ ? moe_w4a4_gemm2(p2, w4, rows, act_, y_, true, stream)
-                              : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream),
+                              : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream, routed_kernel),
                "GEMM2", name_);
   if (own && !side) shared_gemm2(stream);
   if (side) TETRA_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
