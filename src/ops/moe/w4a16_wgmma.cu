@@ -67,6 +67,33 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 
+// Shared-memory mbarriers (one phase per round of a pipeline buffer).
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(smem_u32(bar))
+               : "memory");
+}
+// Arrives when all of this thread's earlier cp.async copies have landed (counted in the init).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, int parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
 // d [N / 2] += A (this warp's 16 x 16 of the warpgroup's 64 x 16, registers) * B (16 x N, shared).
 // N: the token tile width actually computed (a block's last token tile of an expert is often short).
 template <int N>
@@ -176,29 +203,42 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < stages) load_stage(s);
-    cp_async_commit();
+  // Stage barriers instead of a block barrier per stage: full[b] completes when every thread's
+  // copies into buffer b have landed (cp.async arrive), empty[b] when every thread has finished
+  // the wgmmas that read it. A warp waits only for the stage it needs and, before refilling a
+  // buffer, for the slowest warp to leave it, so warps may drift apart by a stage (the four
+  // warpgroups' wgmmas queue on the tensor cores, and a barrier per stage made every warp wait
+  // for the last one: ncu's top stall).
+  __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
+  if (tid == 0) {
+    for (int b = 0; b < kStages; ++b) {
+      mbar_init(&full_bar[b], kThreads);
+      mbar_init(&empty_bar[b], kThreads);
+    }
   }
+  __syncthreads();
+  auto produce = [&](int s) {  // stage s into buffer s % kStages (round s / kStages)
+    const int b = s % kStages;
+    if (s >= kStages) mbar_wait(&empty_bar[b], ((s / kStages) - 1) & 1);
+    load_stage(s);
+    cp_async_arrive_noinc(&full_bar[b]);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s)
+    if (s < stages) produce(s);
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   // The main loop for a token tile computed N wide (N >= the tile's tokens; the rest of the
   // 128-token tile is zeros that need no MMA).
   auto main_loop = [&]<int N>() {
     for (int s = 0; s < stages; ++s) {
-      cp_async_wait<kStages - 2>();
+      const int b = s % kStages;
+      mbar_wait(&full_bar[b], (s / kStages) & 1);
       // The copies are generic-proxy writes; wgmma reads shared memory through the async proxy.
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      // Also: every warp is done with stage s - 1 (its wgmmas were waited for), which the loads
-      // below overwrite.
-      __syncthreads();
-      if (s + kStages - 1 < stages) load_stage(s + kStages - 1);
-      cp_async_commit();
-
 #pragma unroll
       for (int h = 0; h < kStageChunks; ++h) {
         if (s * kStageChunks + h >= chunks) break;
-        const uint32_t off = uint32_t((s % kStages) * kStageBytes + h * kChunkBytes);
+        const uint32_t off = uint32_t(b * kStageBytes + h * kChunkBytes);
         const uint8_t* ch = smem + off;
         const uint4 wa = *reinterpret_cast<const uint4*>(ch + warp * kTileChunkBytes + lane * 16);
         const uint32_t sv =
@@ -221,6 +261,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
         // busy meanwhile).
         wgmma_wait<0>();
       }
+      mbar_arrive(&empty_bar[b]);
+      // Refill the buffer stage s - 1 used, once every thread has left it.
+      if (s + kStages - 1 < stages) produce(s + kStages - 1);
     }
   };
   const int tokens = min(kRowsN, cnt - tok0);
