@@ -110,6 +110,19 @@ TEST_F(LinearCuda, Nvfp4MatchesCpu) {
       EXPECT_LE(nmse(dyf.download(), want_f, from_f32, from_f32, what), 1e-5) << what << " f32";
       EXPECT_TRUE(dy.guards_intact()) << what;
       EXPECT_TRUE(dyf.guards_intact()) << what;
+      if (M >= cuda::kNvfp4WgmmaMinRows) {  // the wgmma kernel (x reordered into scratch)
+        Dev<uint16_t> scratch(size_t(M) * s.k);
+        dy.poison();
+        dyf.poison();
+        sync_ok(cuda::linear_nvfp4(dw.view(), dx.ptr(), M, rows, dy.ptr(), DType::BF16, nullptr,
+                                   scratch.ptr()));
+        sync_ok(cuda::add_bias(dy.ptr(), false, M, s.n, dbias.ptr(), nullptr));
+        sync_ok(cuda::linear_nvfp4(dw.view(), dx.ptr(), M, rows, dyf.ptr(), DType::F32, nullptr,
+                                   scratch.ptr()));
+        EXPECT_LE(nmse(dy.download(), want, from_bf16, from_bf16, what), 1e-5) << what << " wgmma bf16";
+        EXPECT_LE(nmse(dyf.download(), want_f, from_f32, from_f32, what), 1e-5) << what << " wgmma f32";
+        EXPECT_TRUE(dy.guards_intact() && dyf.guards_intact() && scratch.guards_intact()) << what;
+      }
     }
 }
 

@@ -478,11 +478,19 @@ class CudaModelOps final : public CudaModelOpsApi {
     graphs_.clear();
     synchronize();
     weight_bytes_ = lm_head_->bytes() + embedding_.bytes();
+    int max_nvfp4_k = 0;  // widest NVFP4 linear input: the wgmma kernel's reordered-x scratch
     for (const DevLayer& L : layers_) {
       for (const auto* l : {L.q.get(), L.k.get(), L.v.get(), L.o.get(), L.gate_up.get(),
                             L.gate.get(), L.up.get(), L.down.get()})
-        if (l) weight_bytes_ += l->bytes();
+        if (l) {
+          weight_bytes_ += l->bytes();
+          if (l->nvfp4) max_nvfp4_k = std::max(max_nvfp4_k, l->k);
+        }
     }
+    if (lm_head_->nvfp4) max_nvfp4_k = std::max(max_nvfp4_k, lm_head_->k);
+    x_wgmma_ = lim.max_tokens >= lin::kNvfp4WgmmaMinRows && max_nvfp4_k > 0
+                   ? DeviceMem(size_t(lim.max_tokens) * size_t(max_nvfp4_k) * 2)
+                   : DeviceMem();
     weight_bytes_ += moe_bytes_;
   }
 
@@ -570,7 +578,8 @@ class CudaModelOps final : public CudaModelOpsApi {
       }
     }
     if (l.nvfp4)
-      ck(lin::linear_nvfp4(l.q.view(), x, M, *rows_, y, out_dtype, stream_));
+      ck(lin::linear_nvfp4(l.q.view(), x, M, *rows_, y, out_dtype, stream_,
+                           x_wgmma_.empty() ? nullptr : x_wgmma_.as<uint16_t>()));
     else
       bf16_.run(l.w.as<uint16_t>(), l.n, l.k, x, M, y, out_dtype, stream_);
     if (!l.bias.empty())
@@ -633,6 +642,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   DeviceMem dev_arrays_;  // StepArrays on the device
   void* host_ = nullptr;  // StepArrays, pinned
   cudaEvent_t staged_ = nullptr;
+  DeviceMem x_wgmma_;  // [max_tokens, widest NVFP4 input] bf16: x reordered for the wgmma kernel
   std::vector<float> host_logits_;  // [R, vocab] for the CPU sampler
   size_t weight_bytes_ = 0, moe_bytes_ = 0;
   bool split_decode_ = false;        // decode attention by split_decode_attention.h

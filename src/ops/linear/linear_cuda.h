@@ -79,9 +79,12 @@ class Nvfp4LinearBuffer {
 };
 
 // y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T. M <= rows.max_rows().
+// x_scratch: optional [M, K] bf16 device scratch; given it, from kNvfp4WgmmaMinRows rows on an
+// SM 9.0 GPU x is reordered there and the warpgroup-MMA kernel runs (ops/moe/w4a16_wgmma.cu).
+inline constexpr int kNvfp4WgmmaMinRows = 256;
 cudaError_t linear_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,
                          const RowCountTable& rows, void* y, DType out_dtype,
-                         cudaStream_t stream);
+                         cudaStream_t stream, uint16_t* x_scratch = nullptr);
 
 // act [M, I] bf16 = silu(x . gate^T) * (x . up^T); w gated (n = 2I).
 cudaError_t gate_up_silu_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,

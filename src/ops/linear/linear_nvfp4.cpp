@@ -150,13 +150,20 @@ moe_detail::GroupedGemmArgs args_of(const Nvfp4LinearDevice& w, const uint16_t* 
 
 cudaError_t linear_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,
                          const RowCountTable& rows, void* y, DType out_dtype,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, uint16_t* x_scratch) {
   TETRA_CHECK(!w.gated, "linear_nvfp4 takes a plain matrix; use gate_up_silu_nvfp4");
   TETRA_CHECK(out_dtype == DType::F32 || out_dtype == DType::BF16, "out dtype ",
               dtype_name(out_dtype));
   TETRA_CHECK(w.w && w.s && w.alpha, "NVFP4 linear without device data");
   moe_detail::GroupedGemmArgs a = args_of(w, x, M, rows, y);
   a.out_f32 = out_dtype == DType::F32;
+  // Large M: the wgmma kernel reads x in its order (a plain matrix's output stays in order).
+  if (x_scratch != nullptr && M >= kNvfp4WgmmaMinRows && moe_wgmma_available()) {
+    const cudaError_t e = moe_w4a16_to_wgmma_order(x, M, w.k, x_scratch, stream);
+    if (e != cudaSuccess) return e;
+    a.x = x_scratch;
+    return moe_detail::launch_wgmma(a, stream);
+  }
   return run_one_expert(a, M, stream);
 }
 
