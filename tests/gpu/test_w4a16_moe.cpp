@@ -433,7 +433,12 @@ TEST_F(W4a16Moe, WgmmaKernelNeedsWgmmaOrder) {
             cudaErrorInvalidValue);
   p.x_wgmma_order = true;
   EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kWgmma);
-  p.total_rows = 20;  // 10 rows per expert: the tiled kernel
+  p.total_rows = 18;  // 9 rows per expert: still the wgmma kernel
+  EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kWgmma);
+  p.total_rows = 16;  // 8 rows per expert: the decode kernel, whatever the order
+  EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kDecode);
+  p.x_wgmma_order = false;
+  p.total_rows = 18;
   EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kTiled);
 }
 

@@ -39,8 +39,11 @@ std::string moe_gemm_unsupported_reason(const MoeGemmProblem& p) {
 
 namespace {
 
-// Rows per expert from which kAuto takes the wgmma kernel (when x is in its order).
-constexpr int kWgmmaMinRows = 64;
+// Rows per expert from which kAuto takes the wgmma kernel (when x is in its order): wherever the
+// decode kernel stops. With per-stage mbarriers it beats the tiled kernel at every size measured,
+// 9 to 128 rows (H200: GLM-5 288 tokens = 9 rows 4277 -> 2926 us per layer, 1024 tokens 4845 ->
+// 3700, Air 144 tokens 1051 -> 771; bench/results/2026-11-30-moe-small-batch-h200.md).
+constexpr int kWgmmaMinRows = 9;
 
 int slots_of(const MoeGemmProblem& p) { return p.num_slots > 0 ? p.num_slots : p.num_experts; }
 
@@ -92,10 +95,9 @@ cudaError_t run(const MoeGemmProblem& p, const moe_detail::GroupedGemmArgs& a, M
 }  // namespace
 
 MoeKernel moe_pick_kernel(const MoeGemmProblem& p) {
-  // Up to ~8 rows per expert the weights dominate: stream them once (decode kernel). Above, the
-  // tiled kernel reuses each dequantized fragment for up to 128 rows (measured: at 16 rows per
-  // expert the two tie on GLM-5; the tiled one wins on GLM-4.5-Air); from kWgmmaMinRows rows
-  // per expert the wgmma kernel, when x comes in its order.
+  // Up to ~8 rows per expert the weights dominate: stream them once (decode kernel). Above, a
+  // kernel that reuses each dequantized fragment for up to 128 rows: wgmma when x comes in its
+  // order (the MoE layer reorders x when this picks it), else the mma.sync tiled kernel.
   const int m = rows_per_expert(p);
   if (m <= 8) return MoeKernel::kDecode;
   return p.x_wgmma_order && m >= kWgmmaMinRows && moe_wgmma_available() ? MoeKernel::kWgmma

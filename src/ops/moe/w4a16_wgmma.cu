@@ -1,21 +1,22 @@
-// Large-M W4A16 MoE kernel on Hopper's warpgroup MMA (wgmma, sm_90a): a block computes 256 weight
-// rows x 128 rows (tokens) of one expert. Each of its 16 warps dequantizes its own 16-row weight
-// tile into registers (the wgmma A operand, in the mma.m16n8k16 fragment layout the packed weights
-// already have), and each warpgroup multiplies its 64 rows by the token tile that the tensor cores
-// read straight from shared memory (the B operand: one m64nNk16 per warpgroup and k-step), so no
-// warp spends instructions on B fragments, and 256 rows per token tile halve the activation bytes
-// per FLOP of the mma.sync tiled kernel (w4a16_tiled.cu), whose L2 traffic bounds it. N is the
-// token tile's width rounded up to 16/32/64/128: an expert's last tile is often short.
+// W4A16 MoE kernel on Hopper's warpgroup MMA (wgmma, sm_90a) for more than 8 rows per expert: a
+// block computes 256 weight rows x a token tile of one expert (128 tokens; 32 in the narrow
+// shape, two blocks per SM, for experts with few rows). Each of its 16 warps dequantizes its own
+// 16-row weight tile into registers (the wgmma A operand, in the mma.m16n8k16 fragment layout the
+// packed weights already have), and each warpgroup multiplies its 64 rows by the token tile that
+// the tensor cores read straight from shared memory (the B operand: one m64nNk16 per warpgroup and
+// k-step), so no warp spends instructions on B fragments, and 256 rows per token tile halve the
+// activation bytes per FLOP of the mma.sync tiled kernel (w4a16_tiled.cu), whose L2 traffic bounds
+// it. N is the token tile's width rounded up to 16/32/64/128: an expert's last tile is often short.
 //
 // Activations (x of GEMM1, act of GEMM2) are in wgmma order (moe/wgmma_order.h): 16-byte group g of
 // each 64-column chunk holds the columns wgmma reads as k group g, so a chunk of a token row is
-// 8 plain 16-byte copies. Shared memory holds kStages stages of two 64-k chunks (one block barrier
-// per 128 k); a chunk is the 16 tiles' weight and scale bytes and the 128 x 64 activations in
-// wgmma's K-major layout without swizzle, "core matrices" of 8 tokens x 16 bytes: group g of token
-// r at g * kGroupStride + 16 r (the 16-byte pad in the stride puts the 8 groups on different
-// banks). GEMM1 writes act in wgmma order for GEMM2.
-// Measured on the H200 (GLM-5, 4096 tokens, GEMM1 + GEMM2): 7.8 ms vs 9.9 ms for the tiled kernel;
-// bench/results/2026-11-30-moe-wgmma-h200.md has the steps that got there.
+// 8 plain 16-byte copies. Shared memory holds kStages stages of two 64-k chunks, each stage with a
+// full and an empty mbarrier; a chunk is the 16 tiles' weight and scale bytes and the tokens x 64
+// activations in wgmma's K-major layout without swizzle, "core matrices" of 8 tokens x 16 bytes:
+// group g of token r at g * kGroupStride + 16 r (the 16-byte pad in the stride puts the 8 groups
+// on different banks). GEMM1 writes act in wgmma order for GEMM2.
+// Measured on the H200 (GLM-5, 4096 tokens, GEMM1 + GEMM2): 6.1-6.4 ms vs 9.9 ms for the tiled
+// kernel; bench/results/2026-11-30-moe-wgmma-h200.md and -moe-small-batch-h200.md have the steps.
 #include <cuda_runtime.h>
 
 #include "core/kernel_smem_attr.h"
@@ -33,28 +34,40 @@
 namespace tetra::moe_detail {
 namespace {
 
-constexpr int kRowsN = 128;      // tokens per block: the wgmma N
 constexpr int kStages = 4;       // pipeline stages; loads run kStages - 1 stages ahead
-constexpr int kStageChunks = 2;  // 64-k chunks per stage: one block barrier per 128 k
+constexpr int kStageChunks = 2;  // 64-k chunks per stage
 constexpr int kGroups = kChunkK / 8;                 // k groups of 8 per chunk
-constexpr int kGroupStride = kRowsN * 16 + 16;       // bytes from one k group to the next
-constexpr int kXBytes = ((kGroups - 1) * kGroupStride + kRowsN * 16 + 127) / 128 * 128;
 
 constexpr int kThreads = 512;    // four warpgroups; warp w owns weight tile w of the block
 constexpr int kTilesM = 16;      // 16-row weight tiles per block (256 rows)
 constexpr int kWBytes = kTilesM * kTileChunkBytes;   // 8192 per chunk
 constexpr int kSBytes = kTilesM * kTileChunkScales;  // 1024 per chunk
-constexpr int kChunkBytes = kWBytes + kSBytes + kXBytes;
-constexpr int kStageBytes = kStageChunks * kChunkBytes;
-constexpr int kSmemBytes = kStages * kStageBytes;
-[[maybe_unused]] constexpr int kXCopies = kRowsN * kGroups / kThreads;  // 16-byte activation copies per thread
 static_assert(kThreads == kTilesM * 32, "one weight cp.async per thread per stage");
 static_assert(kTilesM * kTileChunkScales <= kThreads * 16, "scales: one 16-byte copy per thread");
-static_assert((kWBytes + kSBytes) % 16 == 0 && kChunkBytes % 16 == 0, "16-byte aligned regions");
+
+// The block's token tile: kRowsN tokens (the largest wgmma N it runs). The wide shape (128)
+// runs one block per SM; the narrow one (32: experts with few rows) has a quarter of the
+// activation bytes per stage and fits two blocks per SM, twice the warpgroups to hide the
+// dequantize -> wgmma -> wait chain that bounds a small N.
+template <int kRowsN_>
+struct TokenTile {
+  static constexpr int kRowsN = kRowsN_;
+  static constexpr int kGroupStride = kRowsN * 16 + 16;  // bytes from one k group to the next
+  static constexpr int kXBytes = ((kGroups - 1) * kGroupStride + kRowsN * 16 + 127) / 128 * 128;
+  static constexpr int kChunkBytes = kWBytes + kSBytes + kXBytes;
+  static constexpr int kStageBytes = kStageChunks * kChunkBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes;
+  static constexpr int kBlocksPerSm = kRowsN <= 32 ? 2 : 1;
+  static constexpr int kAcc = kRowsN / 2;  // accumulator floats per thread at N = kRowsN
+  static_assert((kWBytes + kSBytes) % 16 == 0 && kChunkBytes % 16 == 0, "16-byte aligned regions");
+  static_assert(kRowsN * kGroups % kThreads == 0 || kRowsN * kGroups < kThreads, "x copies");
+  static_assert(kBlocksPerSm * kSmemBytes <= 227 * 1024, "blocks per SM fit shared memory");
+};
 
 #ifndef TETRA_NO_WGMMA
 // K-major B descriptor without swizzle: start address, then the byte distance between core
 // matrices along K (leading) and along N (stride), each >> 4.
+template <int kGroupStride>
 __device__ __forceinline__ uint64_t b_descriptor(uint32_t smem_addr) {
   return uint64_t((smem_addr & 0x3FFFFu) >> 4) | (uint64_t(kGroupStride >> 4) << 16) |
          (uint64_t(128 >> 4) << 32);
@@ -141,11 +154,15 @@ __device__ __forceinline__ void wgmma_m64nNk16<16>(float (&d)[64], const uint32_
 
 #endif  // TETRA_NO_WGMMA
 
-template <bool GATED, bool OUT_F32>
-__global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGemmArgs a) {
+template <int kRowsN, bool GATED, bool OUT_F32>
+__global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
+    moe_wgmma_kernel(const GroupedGemmArgs a) {
 #ifdef TETRA_NO_WGMMA
   __trap();
 #else
+  using TT = TokenTile<kRowsN>;
+  constexpr int kGroupStride = TT::kGroupStride, kChunkBytes = TT::kChunkBytes;
+  constexpr int kStageBytes = TT::kStageBytes, kAcc = TT::kAcc;
   extern __shared__ __align__(128) uint8_t smem[];  // [kStages][W | S | X]
   using Tile = GridRowTile<kThreads>;
   __shared__ typename Tile::Shared tile_s;
@@ -185,8 +202,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
     if (w_ok) cp_async_16(ch + tid * 16, wsrc + size_t(c) * kTileChunkBytes, 16);
     if (s_ok) cp_async_16(ch + kWBytes + tid * 16, ssrc + size_t(c) * kTileChunkScales, 16);
 #pragma unroll
-    for (int q = 0; q < kXCopies; ++q) {  // group tid % 8 of token tid / 8 + 64 q
+    for (int q = 0; q < (kRowsN * kGroups + kThreads - 1) / kThreads; ++q) {
+      // group tid % 8 of token tid / 8 + 64 q
       const int token = tid / 8 + (kThreads / 8) * q, group = tid % 8;
+      if (kRowsN * kGroups < kThreads && token >= kRowsN) break;
       const int src = s_src[token];
       cp_async_16(ch + kWBytes + kSBytes + group * kGroupStride + token * 16,
                   a.x + size_t(src < 0 ? 0 : src) * a.k + c * kChunkK + 8 * group, src < 0 ? 0 : 16);
@@ -199,9 +218,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
       if (s * kStageChunks + h < chunks) load_chunk(s % kStages, h, s * kStageChunks + h);
   };
 
-  float acc[64];
+  float acc[64];  // the first kAcc are used (N = kRowsN)
 #pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
 
   // Stage barriers instead of a block barrier per stage: full[b] completes when every thread's
   // copies into buffer b have landed (cp.async arrive), empty[b] when every thread has finished
@@ -251,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
         const uint32_t xs = smem_base + off + uint32_t(kWBytes + kSBytes);
         uint64_t desc[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) desc[j] = b_descriptor(xs + 2 * j * kGroupStride);
+        for (int j = 0; j < 4; ++j) desc[j] = b_descriptor<kGroupStride>(xs + 2 * j * kGroupStride);
         wgmma_fence();  // A was just written by ordinary instructions
 #pragma unroll
         for (int j = 0; j < 4; ++j) wgmma_m64nNk16<N>(acc, A[j], desc[j]);
@@ -267,10 +286,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
     }
   };
   const int tokens = min(kRowsN, cnt - tok0);
-  if (tokens > 64)
-    main_loop.template operator()<128>();
-  else if (tokens > 32)
-    main_loop.template operator()<64>();
+  if (kRowsN > 64 && tokens > 64)
+    main_loop.template operator()<kRowsN>();  // 128 (the wide tile only)
+  else if (kRowsN > 32 && tokens > 32)
+    main_loop.template operator()<(kRowsN > 64 ? 64 : kRowsN)>();
   else if (tokens > 16)
     main_loop.template operator()<32>();
   else
@@ -284,10 +303,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
     // Tiles alternate gate / up: warp 2p holds gate rows of output pair p, warp 2p + 1 its up
     // rows; the up warps hand their sums over through shared memory.
     __syncthreads();  // every warp is past its last read of the pipeline stages
-    float* xchg = reinterpret_cast<float*>(smem);  // [kTilesM / 2][64][32]
+    float* xchg = reinterpret_cast<float*>(smem);  // [kTilesM / 2][kAcc][32]
     if (warp % 2 == 1) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) xchg[((warp / 2) * 64 + i) * 32 + lane] = acc[i];
+      for (int i = 0; i < kAcc; ++i) xchg[((warp / 2) * kAcc + i) * 32 + lane] = acc[i];
     }
     __syncthreads();
     if (warp % 2 == 1 || !w_ok) return;
@@ -295,11 +314,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
     const int out_ld = a.n / 2;
     uint16_t* out = static_cast<uint16_t*>(a.out);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < kAcc; ++i) {
       const int token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
       if (token < cnt) {
         const int n = (my_tile / 2) * 16 + g + ((i & 3) >= 2 ? 8 : 0);
-        const float up = xchg[((warp / 2) * 64 + i) * 32 + lane];
+        const float up = xchg[((warp / 2) * kAcc + i) * 32 + lane];
         // act is GEMM2's activation: stored in wgmma order.
         out[size_t(start + token) * out_ld + wgmma_order_column(n)] =
             f32_to_bf16_bits(silu(acc[i] * ag) * (up * au));
@@ -309,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
     if (!w_ok) return;
     const float ad = a.alpha0[e];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < kAcc; ++i) {
       const int token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
       if (token < cnt) {
         const int n = my_tile * 16 + g + ((i & 3) >= 2 ? 8 : 0);
@@ -324,15 +343,23 @@ __global__ void __launch_bounds__(kThreads, 1) moe_wgmma_kernel(const GroupedGem
 #endif
 }
 
-template <bool GATED, bool OUT_F32>
+template <int kRowsN, bool GATED, bool OUT_F32>
 cudaError_t launch_wgmma_t(const GroupedGemmArgs& a, cudaStream_t stream) {
-  const cudaError_t attr = ensure_max_dynamic_smem<moe_wgmma_kernel<GATED, OUT_F32>>(int(kSmemBytes));
+  constexpr int kSmem = TokenTile<kRowsN>::kSmemBytes;
+  const cudaError_t attr = ensure_max_dynamic_smem<moe_wgmma_kernel<kRowsN, GATED, OUT_F32>>(kSmem);
   if (attr != cudaSuccess) return attr;
   const int col_blocks = (a.n + kTilesM * 16 - 1) / (kTilesM * 16);
   const int row_blocks = (a.total_rows + kRowsN - 1) / kRowsN + a.num_slots;  // upper bound
   const dim3 grid{unsigned(col_blocks), unsigned(row_blocks), 1u};
-  moe_wgmma_kernel<GATED, OUT_F32><<<grid, kThreads, kSmemBytes, stream>>>(a);
+  moe_wgmma_kernel<kRowsN, GATED, OUT_F32><<<grid, kThreads, kSmem, stream>>>(a);
   return cudaGetLastError();
+}
+
+template <int kRowsN>
+cudaError_t launch_wgmma_n(const GroupedGemmArgs& a, cudaStream_t stream) {
+  if (a.gated) return launch_wgmma_t<kRowsN, true, false>(a, stream);
+  if (a.out_f32) return launch_wgmma_t<kRowsN, false, true>(a, stream);
+  return launch_wgmma_t<kRowsN, false, false>(a, stream);
 }
 
 // grid (rows, ceil(k / 64 / 8)), block 256: warp w takes chunk 8 blockIdx.y + w of the row, lane u
@@ -349,9 +376,11 @@ __global__ void __launch_bounds__(256) to_wgmma_order_kernel(const uint32_t* __r
 
 cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream) {
   if (a.num_slots <= 0 || a.n <= 0 || a.total_rows <= 0) return cudaSuccess;
-  if (a.gated) return launch_wgmma_t<true, false>(a, stream);
-  if (a.out_f32) return launch_wgmma_t<false, true>(a, stream);
-  return launch_wgmma_t<false, false>(a, stream);
+  // Up to 32 rows per expert (on average over the slots) the narrow token tile: H200, GLM-5 layer
+  // at 9 / 16 rows per expert 2931 -> 2270 / 3103 -> 2513 us, a tie at 32 rows (GLM-5 +1.5%,
+  // Air -3%), and 26% slower at 64 (bench/results/2026-11-30-moe-small-batch-h200.md).
+  if (a.total_rows <= 32 * a.num_slots) return launch_wgmma_n<32>(a, stream);
+  return launch_wgmma_n<128>(a, stream);
 }
 
 }  // namespace tetra::moe_detail
