@@ -12,6 +12,7 @@
 #include "moe/expert_weights.h"
 #include "moe/w4a4_reference.h"
 #include "moe/w4a4_scales.h"
+#include "moe/wgmma_order.h"
 #include "moe_gemm_test_util.h"
 #include "ops/moe/w4a16_weights.h"
 #include "ops/moe/w4a4_moe.h"
@@ -128,13 +129,27 @@ void run_case(const Case& c, uint32_t seed) {
   const MoeGemmProblem p = make_problem(m, E, H, I);
   ASSERT_EQ(moe_gemm_unsupported_reason(p), "") << p;
 
-  for (MoeKernel k : {MoeKernel::kAuto, MoeKernel::kDecode, MoeKernel::kTiled}) {
+  // kWgmma keeps xq and act in wgmma order: act rows are put back in natural order to compare.
+  auto natural_rows = [&](std::vector<uint16_t> all) {
+    std::vector<uint16_t> row(static_cast<size_t>(I));
+    for (int r = 0; r < m.total; ++r) {
+      uint16_t* a = all.data() + DevBuf<uint16_t>::kGuard + size_t(r) * I;
+      for (int n = 0; n < I; ++n) row[size_t(n)] = a[wgmma_order_column(n)];
+      std::copy(row.begin(), row.end(), a);
+    }
+    return all;
+  };
+  DevBuf<uint16_t> d_act_in_w(size_t(m.total) * I);
+  std::vector<MoeKernel> kernels = {MoeKernel::kAuto, MoeKernel::kDecode, MoeKernel::kTiled};
+  if (moe_wgmma_available()) kernels.push_back(MoeKernel::kWgmma);
+  for (MoeKernel k : kernels) {
     SCOPED_TRACE(moe_kernel_name(k));
+    const bool wg = k == MoeKernel::kWgmma;
     d_act.poison();
     ASSERT_EQ(moe_w4a4_gemm1(p, w, rows, d_x.ptr(), d_xq.ptr(), d_act.ptr(), nullptr, k),
               cudaSuccess);
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<uint16_t> act_all = d_act.download_all();
+    const std::vector<uint16_t> act_all = wg ? natural_rows(d_act.download_all()) : d_act.download_all();
     const Stats s1 = compare(act_all, m.total, I, m.expert_of, ref1);
     EXPECT_EQ(s1.bad, 0u);
     EXPECT_EQ(s1.poison_lost, 0u);
@@ -143,14 +158,20 @@ void run_case(const Case& c, uint32_t seed) {
     // GEMM2 on its own input: quantize act_in in place on the GPU (unowned rows keep poison).
     d_act_in.poison();
     d_act_in.upload(act_in);
-    ASSERT_EQ(moe_w4a4_quantize_rows(p, no_gather, false, d_act_in.ptr(), I, ds.is2.ptr(),
-                                     d_act_in.ptr(), nullptr),
+    uint16_t* act_in_dev = d_act_in.ptr();
+    if (wg) {
+      ASSERT_EQ(moe_w4a16_to_wgmma_order(d_act_in.ptr(), m.total, I, d_act_in_w.ptr(), nullptr),
+                cudaSuccess);
+      act_in_dev = d_act_in_w.ptr();
+    }
+    ASSERT_EQ(moe_w4a4_quantize_rows(p, no_gather, false, act_in_dev, I, ds.is2.ptr(), act_in_dev,
+                                     nullptr, {wg, wg}),
               cudaSuccess);
     DevBuf<float>* y32 = &d_y32;
     DevBuf<uint16_t>* y16 = &d_y16;
     if (c.y_f32) y32->poison(); else y16->poison();
     void* y = c.y_f32 ? static_cast<void*>(y32->ptr()) : static_cast<void*>(y16->ptr());
-    ASSERT_EQ(moe_w4a4_gemm2(p, w, rows, d_act_in.ptr(), y, c.y_f32, nullptr, k), cudaSuccess);
+    ASSERT_EQ(moe_w4a4_gemm2(p, w, rows, act_in_dev, y, c.y_f32, nullptr, k), cudaSuccess);
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
     const Stats s2 = c.y_f32 ? compare(y32->download_all(), m.total, H, m.expert_of, ref2)
                              : compare(y16->download_all(), m.total, H, m.expert_of, ref2);
@@ -187,9 +208,12 @@ class W4a4Moe : public ::testing::Test {
 };
 
 // The quantizer alone: every bf16 it writes equals E2M1 * SF from the CPU quantize_activation.
-void check_quantizer(bool masked, bool gather, bool slots, bool in_place, uint32_t seed) {
+// wgmma: dst (and src when in place) rows in wgmma order; the values must be the same.
+void check_quantizer(bool masked, bool gather, bool slots, bool in_place, uint32_t seed,
+                     bool wgmma = false) {
   std::ostringstream label;
-  label << "masked=" << masked << " gather=" << gather << " slots=" << slots << " in_place=" << in_place;
+  label << "masked=" << masked << " gather=" << gather << " slots=" << slots << " in_place=" << in_place
+        << " wgmma=" << wgmma;
   SCOPED_TRACE(label.str());
   std::mt19937 rng(seed);
   const int E = 5, cols = 256;
@@ -213,17 +237,21 @@ void check_quantizer(bool masked, bool gather, bool slots, bool in_place, uint32
   DevRowMap dm(m);
   const MoeRows rows = dm.rows(m);
   const MoeGemmProblem p = make_problem(m, E, 64, 64);
+  auto pos = [&](int c) { return wgmma ? wgmma_order_column(c) : c; };  // column c's place in dst
   if (in_place) {  // dst starts as x (no gather in place) with poison in unowned rows
-    for (int r = 0; r < m.total; ++r)
-      if (m.expert_of[size_t(r)] >= 0)
-        TETRA_CUDA_CHECK(cudaMemcpy(d_dst.ptr() + size_t(r) * cols, &x[size_t(r) * cols],
-                                    cols * 2, cudaMemcpyHostToDevice));
+    std::vector<uint16_t> row(static_cast<size_t>(cols));
+    for (int r = 0; r < m.total; ++r) {
+      if (m.expert_of[size_t(r)] < 0) continue;
+      for (int c = 0; c < cols; ++c) row[size_t(pos(c))] = x[size_t(r) * cols + c];
+      TETRA_CUDA_CHECK(cudaMemcpy(d_dst.ptr() + size_t(r) * cols, row.data(), cols * 2,
+                                  cudaMemcpyHostToDevice));
+    }
     ASSERT_EQ(moe_w4a4_quantize_rows(p, rows, false, d_dst.ptr(), cols, d_scales.ptr(),
-                                     d_dst.ptr(), nullptr),
+                                     d_dst.ptr(), nullptr, {wgmma, wgmma}),
               cudaSuccess);
   } else {
     ASSERT_EQ(moe_w4a4_quantize_rows(p, rows, gather, d_x.ptr(), cols, d_scales.ptr(),
-                                     d_dst.ptr(), nullptr),
+                                     d_dst.ptr(), nullptr, {false, wgmma}),
               cudaSuccess);
   }
   TETRA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -242,7 +270,7 @@ void check_quantizer(bool masked, bool gather, bool slots, bool in_place, uint32
     const int src = (gather && !in_place) ? m.gather[size_t(r)] : r;
     moe::w4a4_quantize_rows_cpu(&x[size_t(src) * cols], 1, cols, scales[size_t(e)], want.data());
     for (int c = 0; c < cols; ++c) {
-      mismatches += g[c] != float_to_bf16(want[size_t(c)]);
+      mismatches += g[pos(c)] != float_to_bf16(want[size_t(c)]);
       nonzero += want[size_t(c)] != 0.0f;
     }
   }
@@ -256,6 +284,9 @@ TEST_F(W4a4Moe, QuantizerMatchesCpuBitForBit) {
   check_quantizer(true, true, true, false, 22);
   check_quantizer(false, true, false, false, 23);
   check_quantizer(true, false, true, true, 24);
+  // For the wgmma kernel: natural x -> xq in wgmma order, act quantized in place in that order.
+  check_quantizer(false, true, true, false, 25, true);
+  check_quantizer(true, false, false, true, 26, true);
 }
 
 TEST_F(W4a4Moe, Glm5ShapeSmallCounts) {

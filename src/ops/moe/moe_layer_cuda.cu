@@ -522,6 +522,10 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
       x1 = xw_;
       routed_kernel = MoeKernel::kWgmma;
     }
+  } else if (routed_w4a4_) {  // W4A4 quantizes x into its xq in wgmma order itself
+    MoeGemmProblem pw = p;
+    pw.x_wgmma_order = true;
+    if (moe_pick_kernel(pw) == MoeKernel::kWgmma) routed_kernel = MoeKernel::kWgmma;
   }
   // The routed GEMM2 prefetches its weights while the kernel before it (GEMM1, routed or shared)
   // finishes: it reads act_ only after griddepcontrol.wait, and nothing else it reads changes.
@@ -534,6 +538,14 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     sh.row_count = sh_rows_ + 1;
     ps = gemm_problem(1, H, Is_, T, 0, T);
   }
+  // The shared expert (T rows) takes the wgmma kernel too when the routed GEMMs do: W4A4 reorders
+  // while quantizing, W4A16 reads the reordered x (which exists when the routed experts are
+  // W4A16 too: not under W4A4 routed experts with a shared expert without input scales).
+  MoeKernel shared_kernel = MoeKernel::kAuto;
+  if (own && routed_kernel == MoeKernel::kWgmma && !shared_bf16_ && (shared_w4a4_ || x1 != x)) {
+    shared_kernel = MoeKernel::kWgmma;
+    ps.x_wgmma_order = !shared_w4a4_;
+  }
   // W4A4 weight sets: the packed weights plus the per-expert activation scales.
   MoeW4a4WeightsDevice w4{w_, in13_, in2_};
   MoeW4a4WeightsDevice ws4{ws_, nullptr, nullptr};
@@ -543,14 +555,14 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   }
   auto shared_gemm1 = [&](cudaStream_t s) {
     check_launch(shared_bf16_   ? moe_bf16_gemm1(ps, wsb_, sh, x, act_sh_, s)
-                 : shared_w4a4_ ? moe_w4a4_gemm1(ps, ws4, sh, x, xq_sh_, act_sh_, s)
-                                : moe_w4a16_gemm1(ps, ws_, sh, x, act_sh_, s),
+                 : shared_w4a4_ ? moe_w4a4_gemm1(ps, ws4, sh, x, xq_sh_, act_sh_, s, shared_kernel)
+                                : moe_w4a16_gemm1(ps, ws_, sh, x1, act_sh_, s, shared_kernel),
                  "shared GEMM1", name_);
   };
   auto shared_gemm2 = [&](cudaStream_t s) {
     check_launch(shared_bf16_   ? moe_bf16_gemm2(ps, wsb_, sh, act_sh_, y_sh_, false, s)
-                 : shared_w4a4_ ? moe_w4a4_gemm2(ps, ws4, sh, act_sh_, y_sh_, false, s)
-                                : moe_w4a16_gemm2(ps, ws_, sh, act_sh_, y_sh_, false, s),
+                 : shared_w4a4_ ? moe_w4a4_gemm2(ps, ws4, sh, act_sh_, y_sh_, false, s, shared_kernel)
+                                : moe_w4a16_gemm2(ps, ws_, sh, act_sh_, y_sh_, false, s, shared_kernel),
                  "shared GEMM2", name_);
   };
   if (side) {  // fork after the row bookkeeping (sh_rows_) is written
@@ -561,14 +573,14 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     TETRA_CUDA_CHECK(cudaEventRecord(join_, side_));
   }
   check_launch(routed_bf16_   ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
-               : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream)
+               : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream, routed_kernel)
                               : moe_w4a16_gemm1(p, w_, rows, x1, act_, stream, routed_kernel),
                "GEMM1", name_);
   if (own && !side) shared_gemm1(stream);
   mark(2);
   // (W4A4: GEMM2's PDL follows the in-place act quantizer; it still waits before reading act.)
   check_launch(routed_bf16_   ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
-               : routed_w4a4_ ? moe_w4a4_gemm2(p2, w4, rows, act_, y_, true, stream)
+               : routed_w4a4_ ? moe_w4a4_gemm2(p2, w4, rows, act_, y_, true, stream, routed_kernel)
                               : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream, routed_kernel),
                "GEMM2", name_);
   if (own && !side) shared_gemm2(stream);

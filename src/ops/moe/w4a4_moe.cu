@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "format/nvfp4.h"
+#include "moe/wgmma_order.h"
 
 namespace tetra {
 namespace {
@@ -13,11 +14,19 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kMaxBlocksPerSlot = 1024;  // grid-stride loop covers larger experts
 
+// The 4-byte unit of a row holding elements 2j, 2j + 1 of 16-element block b: 8b + j in natural
+// order; in wgmma order natural unit u of a 64-column chunk sits at 4 (u % 8) + u / 8.
+__device__ __forceinline__ int64_t block_unit(int b, int j, bool wgmma) {
+  static_assert(kWgmmaOrderChunk == 4 * nvfp4::kBlock, "four blocks per reordered chunk");
+  return wgmma ? 32 * (b / 4) + 4 * j + b % 4 : 8 * b + j;
+}
+
 // One thread per 16-element block: the shared NVFP4 math of format/nvfp4.h, written back as the
 // exact bf16 of E2M1 * SF.
 __global__ void __launch_bounds__(kThreads)
     quantize_rows_kernel(MoeRows rows, bool use_gather, const uint16_t* __restrict__ src,
-                         int cols, const float* __restrict__ input_scale, uint16_t* dst) {
+                         int cols, const float* __restrict__ input_scale, uint16_t* dst,
+                         QuantizeRowOrder order) {
   const int e = rows.expert_ids ? rows.expert_ids[blockIdx.y] : int(blockIdx.y);
   if (e < 0) return;
   const int count = rows.row_count[e];
@@ -33,9 +42,17 @@ __global__ void __launch_bounds__(kThreads)
     const int b = int(i % blocks_per_row);
     const int dst_row = start + r;
     const int src_row = use_gather ? rows.gather[dst_row] : dst_row;
-    const uint4* in = reinterpret_cast<const uint4*>(src + int64_t(src_row) * cols) + 2 * b;
-    const uint4 v0 = in[0], v1 = in[1];  // 16 bf16, element 2j in the low half of word j
-    const uint32_t words[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    uint32_t words[8];  // 16 bf16, element 2j in the low half of word j
+    if (order.src_wgmma) {
+      const uint32_t* in = reinterpret_cast<const uint32_t*>(src + int64_t(src_row) * cols);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) words[j] = in[block_unit(b, j, true)];
+    } else {
+      const uint4* in = reinterpret_cast<const uint4*>(src + int64_t(src_row) * cols) + 2 * b;
+      const uint4 v0 = in[0], v1 = in[1];
+      words[0] = v0.x, words[1] = v0.y, words[2] = v0.z, words[3] = v0.w;
+      words[4] = v1.x, words[5] = v1.y, words[6] = v1.z, words[7] = v1.w;
+    }
     float x[nvfp4::kBlock];
     float bamax = 0.0f;
 #pragma unroll
@@ -58,9 +75,15 @@ __global__ void __launch_bounds__(kThreads)
       const float hi = nvfp4::mul_rn(nvfp4::e2m1_to_float(q_hi), sf_f);
       out[j] = uint32_t(nvfp4::bf16_bits_rne(lo)) | (uint32_t(nvfp4::bf16_bits_rne(hi)) << 16);
     }
-    uint4* o = reinterpret_cast<uint4*>(dst + int64_t(dst_row) * cols) + 2 * b;
-    o[0] = make_uint4(out[0], out[1], out[2], out[3]);
-    o[1] = make_uint4(out[4], out[5], out[6], out[7]);
+    if (order.dst_wgmma) {
+      uint32_t* o = reinterpret_cast<uint32_t*>(dst + int64_t(dst_row) * cols);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) o[block_unit(b, j, true)] = out[j];
+    } else {
+      uint4* o = reinterpret_cast<uint4*>(dst + int64_t(dst_row) * cols) + 2 * b;
+      o[0] = make_uint4(out[0], out[1], out[2], out[3]);
+      o[1] = make_uint4(out[4], out[5], out[6], out[7]);
+    }
   }
 }
 
@@ -74,9 +97,13 @@ int slots_of(const MoeGemmProblem& p, const MoeRows& rows) {
 
 cudaError_t moe_w4a4_quantize_rows(const MoeGemmProblem& p, const MoeRows& rows, bool use_gather,
                                    const uint16_t* src, int cols, const float* input_scale,
-                                   uint16_t* dst, cudaStream_t stream) {
+                                   uint16_t* dst, cudaStream_t stream, QuantizeRowOrder order) {
   if (p.num_experts <= 0 || p.total_rows < 0 || cols <= 0 || cols % nvfp4::kBlock != 0)
     return cudaErrorInvalidValue;
+  if ((order.src_wgmma || order.dst_wgmma) && cols % kWgmmaOrderChunk != 0)
+    return cudaErrorInvalidValue;
+  // In place, each block's thread reads and writes the same units only if both sides agree.
+  if (src == dst && order.src_wgmma != order.dst_wgmma) return cudaErrorInvalidValue;
   if (p.total_rows == 0) return cudaSuccess;
   if (rows.row_start == nullptr || rows.row_count == nullptr || input_scale == nullptr ||
       src == nullptr || dst == nullptr || (use_gather && rows.gather == nullptr))
@@ -90,7 +117,7 @@ cudaError_t moe_w4a4_quantize_rows(const MoeGemmProblem& p, const MoeRows& rows,
   const int blocks = int(std::min<int64_t>((items + kThreads - 1) / kThreads, kMaxBlocksPerSlot));
   const dim3 grid{unsigned(blocks), unsigned(slots), 1u};
   quantize_rows_kernel<<<grid, kThreads, 0, stream>>>(rows, use_gather, src, cols, input_scale,
-                                                      dst);
+                                                      dst, order);
   return cudaGetLastError();
 }
 
@@ -101,21 +128,28 @@ cudaError_t moe_w4a4_gemm1(const MoeGemmProblem& p, const MoeW4a4WeightsDevice& 
       w.input_scale2 == nullptr)
     return cudaErrorInvalidValue;
   if (p.total_rows == 0) return cudaSuccess;
+  // kWgmma: xq is written in wgmma order, the GEMM writes act so, and act is quantized in it.
+  const bool wg = kernel == MoeKernel::kWgmma;
+  MoeGemmProblem pk = p;
+  pk.x_wgmma_order = wg;
   cudaError_t err = moe_w4a4_quantize_rows(p, rows, rows.gather != nullptr, x, p.hidden,
-                                           w.input_scale13, xq, stream);
+                                           w.input_scale13, xq, stream, {false, wg});
   if (err != cudaSuccess) return err;
   MoeRows in_place = rows;
   in_place.gather = nullptr;  // xq is already in row order
-  err = moe_w4a16_gemm1(p, w.w, in_place, xq, act, stream, kernel);
+  err = moe_w4a16_gemm1(pk, w.w, in_place, xq, act, stream, kernel);
   if (err != cudaSuccess) return err;
-  return moe_w4a4_quantize_rows(p, in_place, false, act, p.inter, w.input_scale2, act, stream);
+  return moe_w4a4_quantize_rows(p, in_place, false, act, p.inter, w.input_scale2, act, stream,
+                                {wg, wg});
 }
 
 cudaError_t moe_w4a4_gemm2(const MoeGemmProblem& p, const MoeW4a4WeightsDevice& w,
                            const MoeRows& rows, const uint16_t* act, void* y, bool y_f32,
                            cudaStream_t stream, MoeKernel kernel) {
   if (w.input_scale2 == nullptr) return cudaErrorInvalidValue;
-  return moe_w4a16_gemm2(p, w.w, rows, act, y, y_f32, stream, kernel);
+  MoeGemmProblem pk = p;
+  pk.x_wgmma_order = kernel == MoeKernel::kWgmma;  // act as moe_w4a4_gemm1 left it
+  return moe_w4a16_gemm2(pk, w.w, rows, act, y, y_f32, stream, kernel);
 }
 
 }  // namespace tetra

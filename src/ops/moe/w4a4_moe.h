@@ -20,6 +20,9 @@
 //                   (what a fused Blackwell GEMM1 epilogue emits), unscaled.
 //   moe_w4a4_gemm2: W4A16 GEMM2 on that act.
 // Rows of the masked layout past an expert's count are neither read nor written.
+// With MoeKernel::kWgmma (given to both GEMMs) the warpgroup-MMA kernel runs: xq and act are then
+// kept in wgmma order (moe/wgmma_order.h; x itself stays natural) and the quantizer finds each
+// 16-element block's members through that permutation.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -40,12 +43,19 @@ struct MoeW4a4WeightsDevice {
 // NVFP4(src[gather ? gather[row_start[e] + r] : row_start[e] + r], input_scale[e]).
 //   src: [.., cols] bf16, dst: [total_rows, cols] bf16 (may equal src when gather is null);
 //   cols % 16 == 0. `gather` of `rows` is honoured only when use_gather is true.
+//   order: whether src / dst rows are in wgmma order (the values of a block are the same).
+struct QuantizeRowOrder {
+  bool src_wgmma = false;
+  bool dst_wgmma = false;
+};
 cudaError_t moe_w4a4_quantize_rows(const MoeGemmProblem& p, const MoeRows& rows, bool use_gather,
                                    const uint16_t* src, int cols, const float* input_scale,
-                                   uint16_t* dst, cudaStream_t stream);
+                                   uint16_t* dst, cudaStream_t stream,
+                                   QuantizeRowOrder order = {});
 
 // GEMM1 + SiLU*up + quantization of act for GEMM2. x: [.., H] bf16 (via rows.gather);
-// xq: workspace [total_rows, H] bf16; act: [total_rows, I] bf16 unscaled NVFP4 values.
+// xq: workspace [total_rows, H] bf16; act: [total_rows, I] bf16 unscaled NVFP4 values (both in
+// wgmma order when kernel is kWgmma).
 cudaError_t moe_w4a4_gemm1(const MoeGemmProblem& p, const MoeW4a4WeightsDevice& w,
                            const MoeRows& rows, const uint16_t* x, uint16_t* xq, uint16_t* act,
                            cudaStream_t stream, MoeKernel kernel = MoeKernel::kAuto);
