@@ -22,4 +22,11 @@ TETRA_HD constexpr int wgmma_order_column(int e) {
   return c * kWgmmaOrderChunk + 2 * (4 * (u % 8) + u / 8) + (e & 1);
 }
 
+// The 4-byte unit (bf16 pair) of a wgmma-ordered row that holds elements 2j and 2j + 1 of the
+// row's 16-element block b (natural columns 16b + 2j, +1): what an NVFP4 block quantizer reads
+// and writes when the row is in wgmma order.
+TETRA_HD constexpr int wgmma_order_block_unit(int b, int j) {
+  return (wgmma_order_column(16 * b + 2 * j)) / 2;
+}
+
 }  // namespace tetra

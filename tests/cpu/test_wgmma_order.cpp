@@ -36,5 +36,20 @@ TEST(WgmmaOrder, IsAPermutationOfEachChunk) {
   for (int u = 0; u < 32; ++u) EXPECT_EQ(wgmma_order_column(2 * u) / 8, u % 8) << u;
 }
 
+// An NVFP4 block's pairs in wgmma order: unit j of block b holds natural columns 16b + 2j, +1,
+// and the units of the four blocks of a chunk tile the chunk (stride 4 units apart).
+TEST(WgmmaOrder, BlockUnitsHoldTheBlocksPairs) {
+  std::vector<int> hits(32 * 3, 0);
+  for (int b = 0; b < 4 * 3; ++b)
+    for (int j = 0; j < 8; ++j) {
+      const int u = wgmma_order_block_unit(b, j);
+      EXPECT_EQ(2 * u, wgmma_order_column(16 * b + 2 * j)) << b << " " << j;
+      EXPECT_EQ(2 * u + 1, wgmma_order_column(16 * b + 2 * j + 1)) << b << " " << j;
+      EXPECT_EQ(u, 32 * (b / 4) + 4 * j + b % 4) << b << " " << j;
+      ++hits[size_t(u)];
+    }
+  for (int u = 0; u < 32 * 3; ++u) EXPECT_EQ(hits[size_t(u)], 1) << u;
+}
+
 }  // namespace
 }  // namespace tetra

@@ -14,12 +14,6 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kMaxBlocksPerSlot = 1024;  // grid-stride loop covers larger experts
 
-// The 4-byte unit of a row holding elements 2j, 2j + 1 of 16-element block b: 8b + j in natural
-// order; in wgmma order natural unit u of a 64-column chunk sits at 4 (u % 8) + u / 8.
-__device__ __forceinline__ int64_t block_unit(int b, int j, bool wgmma) {
-  static_assert(kWgmmaOrderChunk == 4 * nvfp4::kBlock, "four blocks per reordered chunk");
-  return wgmma ? 32 * (b / 4) + 4 * j + b % 4 : 8 * b + j;
-}
 
 // One thread per 16-element block: the shared NVFP4 math of format/nvfp4.h, written back as the
 // exact bf16 of E2M1 * SF.
@@ -46,7 +40,7 @@ __global__ void __launch_bounds__(kThreads)
     if (order.src_wgmma) {
       const uint32_t* in = reinterpret_cast<const uint32_t*>(src + int64_t(src_row) * cols);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) words[j] = in[block_unit(b, j, true)];
+      for (int j = 0; j < 8; ++j) words[j] = in[wgmma_order_block_unit(b, j)];
     } else {
       const uint4* in = reinterpret_cast<const uint4*>(src + int64_t(src_row) * cols) + 2 * b;
       const uint4 v0 = in[0], v1 = in[1];
@@ -78,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
     if (order.dst_wgmma) {
       uint32_t* o = reinterpret_cast<uint32_t*>(dst + int64_t(dst_row) * cols);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) o[block_unit(b, j, true)] = out[j];
+      for (int j = 0; j < 8; ++j) o[wgmma_order_block_unit(b, j)] = out[j];
     } else {
       uint4* o = reinterpret_cast<uint4*>(dst + int64_t(dst_row) * cols) + 2 * b;
       o[0] = make_uint4(out[0], out[1], out[2], out[3]);
