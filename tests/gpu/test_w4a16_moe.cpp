@@ -13,10 +13,10 @@
 #include "core/cuda_check.h"
 #include "core/half.h"
 #include "moe/expert_weights.h"
-#include "moe/wgmma_order.h"
 #include "ops/moe/w4a16_launch.h"
 #include "ops/moe/w4a16_moe.h"
 #include "ops/moe/w4a16_weights.h"
+#include "wgmma_order_rows.h"
 
 namespace tetra {
 namespace {
@@ -297,13 +297,7 @@ void run_case(const Case& c, uint32_t seed) {
   ASSERT_EQ(moe_w4a16_to_wgmma_order(d_x.ptr(), x_rows, H, d_xw.ptr(), nullptr), cudaSuccess);
   ASSERT_EQ(moe_w4a16_to_wgmma_order(d_act_in.ptr(), total, I, d_act_in_w.ptr(), nullptr), cudaSuccess);
   auto natural_act = [&](std::vector<uint16_t> all) {  // act rows of a download_all() back in order
-    std::vector<uint16_t> row(static_cast<size_t>(I), 0);
-    for (int r = 0; r < total; ++r) {
-      uint16_t* a = all.data() + DevBuf<uint16_t>::kGuard + size_t(r) * I;
-      for (int n = 0; n < I; ++n) row[size_t(n)] = a[wgmma_order_column(n)];
-      std::copy(row.begin(), row.end(), a);
-    }
-    return all;
+    return test::rows_from_wgmma_order(std::move(all), DevBuf<uint16_t>::kGuard, total, I);
   };
   for (const Variant& v : variants) {
     const MoeKernel k = v.kernel;

@@ -16,6 +16,7 @@
 #include "moe_gemm_test_util.h"
 #include "ops/moe/w4a16_weights.h"
 #include "ops/moe/w4a4_moe.h"
+#include "wgmma_order_rows.h"
 
 namespace tetra {
 namespace {
@@ -131,13 +132,7 @@ void run_case(const Case& c, uint32_t seed) {
 
   // kWgmma keeps xq and act in wgmma order: act rows are put back in natural order to compare.
   auto natural_rows = [&](std::vector<uint16_t> all) {
-    std::vector<uint16_t> row(static_cast<size_t>(I));
-    for (int r = 0; r < m.total; ++r) {
-      uint16_t* a = all.data() + DevBuf<uint16_t>::kGuard + size_t(r) * I;
-      for (int n = 0; n < I; ++n) row[size_t(n)] = a[wgmma_order_column(n)];
-      std::copy(row.begin(), row.end(), a);
-    }
-    return all;
+    return test::rows_from_wgmma_order(std::move(all), DevBuf<uint16_t>::kGuard, m.total, I);
   };
   DevBuf<uint16_t> d_act_in_w(size_t(m.total) * I);
   std::vector<MoeKernel> kernels = {MoeKernel::kAuto, MoeKernel::kDecode, MoeKernel::kTiled};
