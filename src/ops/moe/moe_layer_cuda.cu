@@ -387,6 +387,23 @@ size_t CudaMoeLayer::shared_bytes() const {
          packed_weight_bytes(H_, Is_) + packed_scale_bytes(H_, Is_);
 }
 
+int CudaMoeLayer::shared_weight_ranges(const void* ptrs[4], size_t bytes[4]) const {
+  if (Is_ == 0) return 0;
+  if (shared_bf16_) {
+    ptrs[0] = wsb_.w13, bytes[0] = size_t(2) * Is_ * H_ * 2;
+    ptrs[1] = wsb_.w2, bytes[1] = size_t(Is_) * H_ * 2;
+    return 2;
+  }
+  // Expert E_ of the routed set (same format and width) or expert 0 of its own set.
+  const tetra::MoeWeightsDevice& w = shared_in_slot_ ? w_ : ws_;
+  const size_t e = shared_in_slot_ ? size_t(E_) : 0;
+  bytes[0] = packed_weight_bytes(2 * Is_, H_), bytes[1] = packed_scale_bytes(2 * Is_, H_);
+  bytes[2] = packed_weight_bytes(H_, Is_), bytes[3] = packed_scale_bytes(H_, Is_);
+  ptrs[0] = w.w13 + e * bytes[0], ptrs[1] = w.s13 + e * bytes[1];
+  ptrs[2] = w.w2 + e * bytes[2], ptrs[3] = w.s2 + e * bytes[3];
+  return 4;
+}
+
 int CudaMoeLayer::dropped_pairs() const {
   int32_t d = 0;
   TETRA_CUDA_CHECK(cudaMemcpy(&d, dropped_, 4, cudaMemcpyDeviceToHost));
@@ -466,6 +483,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     a.rows = prep;
     a.counter = counter_;
     a.pdl = path_.token_path_pdl;
+    static_assert(cuda::SmallTokenPath::kMaxWarm >= 4);
+    if (path_.warm_shared) shared_weight_ranges(a.warm, a.warm_bytes);
     check_launch(cuda::small_token_path(a, T, stream), "small token path", name_);
   } else {
     const bool tiled = T >= cuda::kRouterTiledMinTokens &&
@@ -663,8 +682,11 @@ CudaTokenPath cuda_token_path_from_env() {
       p.combine_pdl = v != 0;
     } else if (key == "tpdl") {
       p.token_path_pdl = v != 0;
+    } else if (key == "warm") {
+      p.warm_shared = v != 0;
     } else {
-      TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key, "' (persist, fused, slot, side, pdl, tpdl)");
+      TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key,
+                 "' (persist, fused, slot, side, pdl, tpdl, warm)");
     }
   }
   return p;
@@ -674,7 +696,7 @@ std::string cuda_token_path_label(const CudaTokenPath& p) {
   std::ostringstream os;
   os << "persist<=" << p.persistent_max_tokens << " fused<=" << p.fused_route_max_tokens << " slot<=" << p.shared_slot_max_tokens
      << " side=" << int(p.shared_side_stream) << " pdl=" << int(p.combine_pdl)
-     << " tpdl=" << int(p.token_path_pdl);
+     << " tpdl=" << int(p.token_path_pdl) << " warm=" << int(p.warm_shared);
   return os.str();
 }
 

@@ -58,13 +58,16 @@ struct CudaTokenPath {
   // overlap the tail of the kernel before it; it waits for that kernel before reading x).
   // Measured: no difference at 1 token on GLM-5 (81.3-81.7 us either way), so off.
   bool token_path_pdl = false;
+  // The one-launch token path asks the L2 for the shared expert's weights while it routes
+  // (SmallTokenPath::warm), so the shared expert's GEMM rows read them from L2.
+  bool warm_shared = true;
 };
 
-// The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1"
+// The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1,warm=0|1"
 // applied (keys optional; "old" = every fusion off), for A/B measurements: the model's layers and
 // `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
 CudaTokenPath cuda_token_path_from_env();
-// The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0" (for reports).
+// The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1" (for reports).
 std::string cuda_token_path_label(const CudaTokenPath& p);
 
 // For the benchmark: a layer of the given shape with random NVFP4 weights generated on the GPU
@@ -126,6 +129,9 @@ class CudaMoeLayer final : public MoeLayerRunner {
   }
 
  private:
+  // The shared expert's weights (packed + scales, or bf16), GEMM1's then GEMM2's, as
+  // [ptrs[i], ptrs[i] + bytes[i]); returns how many (0 without a shared expert, at most 4).
+  int shared_weight_ranges(const void* ptrs[4], size_t bytes[4]) const;
   // E: local experts; E_global_, begin_, routed_bf16_, shared_bf16_ are set before.
   void allocate(int E, int H, int I, int Is, bool has_bias);
   void create_streams();

@@ -59,6 +59,13 @@ struct SmallTokenPath {
   // Programmatic dependent launch (the tiny kernel only): its gate-row loads overlap the previous
   // kernel's tail; it reads x and writes its outputs only after that kernel is complete.
   bool pdl = false;
+  // Weights the next kernels read whatever the routing (the shared expert): the tiny kernel's
+  // blocks ask the L2 for an equal share of them each (cp.async.bulk.prefetch.L2) before they
+  // start on the logits, so they arrive while routing leaves HBM idle. A hint: no result
+  // depends on it; the general kernel ignores it. Empty ranges are skipped.
+  static constexpr int kMaxWarm = 4;
+  const void* warm[kMaxWarm] = {};
+  size_t warm_bytes[kMaxWarm] = {};
 };
 
 // Largest T the one-launch path takes (T*top_k pairs must fit the one-block layout builder).

@@ -62,6 +62,23 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
 }
 
+// Block b of n asks the L2 for its share of [p, p + bytes), widened to 16-byte boundaries (the
+// bulk prefetch's granule; cudaMalloc'd buffers are 256-byte aligned), in pieces of 32 KB.
+__device__ void warm_l2_share(const void* p, size_t bytes, int b, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bytes == 0) return;
+  const uint64_t lo = reinterpret_cast<uint64_t>(p) & ~uint64_t(15);
+  const uint64_t hi = (reinterpret_cast<uint64_t>(p) + bytes + 15) & ~uint64_t(15);
+  const uint64_t share = ((hi - lo + n - 1) / n + 15) & ~uint64_t(15);
+  const uint64_t end = min(hi, lo + share * (b + 1));
+  constexpr uint64_t kPiece = 32 << 10;
+  for (uint64_t at = lo + share * b; at < end; at += kPiece)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at),
+                 "r"(uint32_t(min(kPiece, end - at)))
+                 : "memory");
+#endif
+}
+
 template <bool kSoftmax, int kPerLane>
 __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const TinyArgs g) {
   extern __shared__ __align__(16) char smem[];
@@ -79,6 +96,8 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   stamp(stamps, 0);
   for (int i = threadIdx.x; i < ne * H8; i += kTinyThreads)
     cp_async16(ws + size_t(i) * 8, gsrc + size_t(i) * 8);
+  if (threadIdx.x < SmallTokenPath::kMaxWarm)
+    warm_l2_share(a.warm[threadIdx.x], a.warm_bytes[threadIdx.x], blockIdx.x, gridDim.x);
   // Every block keeps a copy of the bias: the last one routes without another trip to memory.
   float* bias_s = reinterpret_cast<float*>(smem + (g.bias_off < 0 ? 0 : g.bias_off));  // [Eg]
   if (g.bias_off >= 0)
