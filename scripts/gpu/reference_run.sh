@@ -3,6 +3,7 @@
 # and nvfp4, cpu and cuda backends, against transformers) and routing_evidence.py (why the
 # random-router variants miss 2e-2), side by side, logs and tables under OUT.
 # usage: scripts/gpu/reference_run.sh TETRA_BINARY OUT_DIR [PER_SCRIPT_TIMEOUT_S]
+# LENGTHS=1,5,17,300 (say) sets compare_hf.py's prompt lengths (default 1,5,17,40).
 set -u
 tetra=$(realpath "$1")
 out=$2
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/../../tests/reference"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$out/versions.txt" 2>&1
 # Each python takes part of the cores; tetra's cpu backend uses its own threads.
 OMP_NUM_THREADS=6 timeout "$limit" python3 compare_hf.py --tetra "$tetra" --work /tmp/ref-cmp \
-  --backends cpu,cuda --decode-steps 64 > "$out/compare_hf.log" 2>&1 &
+  --backends cpu,cuda --decode-steps 64 --lengths "${LENGTHS:-1,5,17,40}" > "$out/compare_hf.log" 2>&1 &
 cmp_pid=$!
 OMP_NUM_THREADS=6 timeout "$limit" python3 routing_evidence.py --tetra "$tetra" --work /tmp/ref-ev \
   --backends cpu,cuda --decode-steps 64 --out "$out/routing_evidence.md" \

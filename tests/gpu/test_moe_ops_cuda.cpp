@@ -555,7 +555,8 @@ TEST(MoeOpsCuda, GraphCapturedTokenPathReplaysCorrectly) {
 // (softmax), an expert-parallel block, > 256 experts, a hidden size off the vector path. Ties:
 // `dup` copies every third gate row (and bias) to the next expert, so their logits and keys tie
 // exactly; `hot` scales some gate rows so that their sigmoid saturates to 1.0f. T = 1..16 take
-// the tiny kernel (token_path_tiny.h), T = 100 with top-8 the general one.
+// the tiny kernel (token_path_tiny.h), T = 100 with top-8 the general one. The tiny kernel also
+// gets L2 warm-up hints (SmallTokenPath::warm), which must not change a bit.
 TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -669,6 +670,12 @@ TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
         a.dropped = o1.dropped.get();
         a.rows = prep_of(o1);
         a.counter = counter.get();
+        // L2 warm-up hints (the layer passes its shared expert's weights) over ranges that start
+        // and end off the 16-byte granule, one left empty: they must change nothing.
+        a.warm[0] = reinterpret_cast<const uint8_t*>(d_gate.get()) + 3;
+        a.warm_bytes[0] = size_t(E) * H * 2 - 5;
+        a.warm[2] = d_x.get();
+        a.warm_bytes[2] = size_t(T) * H * 2;
         // Which kernel runs: the tiny one whenever the pairs fit one thread each and H the
         // vector loads (so both kernels are exercised by these cases).
         EXPECT_EQ(cuda::detail::tiny_token_path_fits(a, T),
