@@ -555,8 +555,10 @@ TEST(MoeOpsCuda, GraphCapturedTokenPathReplaysCorrectly) {
 // (softmax), an expert-parallel block, > 256 experts, a hidden size off the vector path. Ties:
 // `dup` copies every third gate row (and bias) to the next expert, so their logits and keys tie
 // exactly; `hot` scales some gate rows so that their sigmoid saturates to 1.0f. T = 1..16 take
-// the tiny kernel (token_path_tiny.h), T = 100 with top-8 the general one. The tiny kernel also
-// gets L2 warm-up hints (SmallTokenPath::warm), which must not change a bit.
+// the tiny kernel (token_path_tiny.h), T = 100 with top-8 the general one. At few tokens the tiny
+// kernel computes sigmoid scores, keys and group keys block-wide before routing (every sigmoid
+// case at T < 16). The tiny kernel also gets L2 warm-up hints (SmallTokenPath::warm), which must
+// not change a bit.
 TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
   SKIP_WITHOUT_GPU();
   struct Case {
@@ -575,6 +577,9 @@ TEST(MoeOpsCuda, SmallTokenPathEqualsTheSeparateOps) {
       {{Scoring::Sigmoid, 256, 8, 8, 4, true, true, 2.5f}, 512, 64, 64, true},  // EP rank 1 of 4
       {{Scoring::Sigmoid, 512, 8, 8, 4, true, true, 1.0f}, 256, 0, 512, true},
       {{Scoring::Softmax, 384, 8, 1, 1, false, true, 1.0f}, 128, 128, 256, false, true},
+      // Groups narrower than a warp (12 experts) and an odd group count (5 of 32).
+      {{Scoring::Sigmoid, 96, 6, 8, 3, true, true, 1.0f}, 256, 0, 96, true},
+      {{Scoring::Sigmoid, 160, 8, 5, 2, true, true, 2.5f}, 512, 0, 160, false, true},
   };
   std::mt19937 rng(77);
   for (const Case& c : cases) {

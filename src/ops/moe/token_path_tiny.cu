@@ -31,6 +31,7 @@ struct TinyArgs {
   int G = 0;            // experts per block in the logits phase
   int TC = 0;           // tokens per shared-memory chunk in the logits phase
   int route_warps = 0;  // warps of the last block routing tokens
+  bool scored = false;  // sigmoid scores, keys and group keys first computed by the whole block
   int bias_off = -1;    // byte offset of every block's shared copy of the bias, -1: read global
   // Profiling only (tiny_token_path_profiled): phase stamps, see there.
   unsigned long long* stamps = nullptr;
@@ -44,6 +45,10 @@ __host__ __device__ inline size_t tail_route_offset(int El) {
 }
 size_t tail_bytes(int El, int Eg, int route_warps) {
   return tail_route_offset(El) + size_t(route_warps) * Eg * sizeof(float);
+}
+// The scored routing's tail: keys and scores [T, Eg] f32, group keys [T, 32] u32.
+size_t tail_bytes_scored(int El, int Eg, int T) {
+  return tail_route_offset(El) + size_t(T) * (size_t(2) * Eg + 32) * 4;
 }
 
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
@@ -148,7 +153,34 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   for (int e = threadIdx.x; e < El; e += kTinyThreads) count[e] = 0;
   for (int i = threadIdx.x; i < kWarpsT * El / 4; i += kTinyThreads)
     reinterpret_cast<uint32_t*>(tally)[i] = 0;  // El * kWarpsT bytes: a multiple of 4
-  if (warp < g.route_warps) {
+  if (!kSoftmax && g.scored) {
+    // Few tokens: one warp per token would run E/32 sigmoids and (grouped routing) n_group/32
+    // group visits one after another; the whole block computes them first instead.
+    float* keys = sel_s;                                             // [T, Eg]
+    float* scores = keys + size_t(T) * Eg;                           // [T, Eg]
+    uint32_t* group_keys = reinterpret_cast<uint32_t*>(scores + size_t(T) * Eg);  // [T, 32]
+    for (int i = threadIdx.x; i < T * Eg; i += kTinyThreads) {
+      const float sc = math::sigmoid_f32(__ldcg(a.logits + i));
+      scores[i] = sc;
+      keys[i] = score_selection_key(sc, bias, i % Eg);
+    }
+    __syncthreads();
+    const int ng = a.router.n_group;
+    if (ng != 1) {
+      const int group_size = Eg / ng;
+      for (int q = warp; q < T * ng; q += kWarpsT) {
+        const int t = q / ng, grp = q - t * ng;
+        const uint32_t gk = group_order_key_warp(keys + size_t(t) * Eg + grp * group_size,
+                                                 group_size, lane);
+        if (lane == 0) group_keys[t * 32 + grp] = gk;
+      }
+      __syncthreads();
+    }
+    for (int t = warp; t < T; t += kWarpsT)
+      route_token_scored<kPerLane>(scores + size_t(t) * Eg, keys + size_t(t) * Eg,
+                                   group_keys + t * 32, a.router, ids_s + t * K, wts_s + t * K,
+                                   lane);
+  } else if (warp < g.route_warps) {
     float* sel = sel_s + size_t(warp) * Eg;
     for (int t = warp; t < T; t += g.route_warps) {
       route_token_regs<kSoftmax, kPerLane>(a.logits + size_t(t) * Eg, bias, a.router, sel,
@@ -323,7 +355,13 @@ cudaError_t launch_tiny(const SmallTokenPath& a, int T, cudaStream_t stream,
   g.TC = int(std::min<size_t>(T, (size_t(limit) - size_t(g.G) * row_bytes) / row_bytes));
   g.route_warps = std::min(T, kWarpsT);
   while (g.route_warps > 1 && tail_bytes(El, Eg, g.route_warps) > size_t(limit)) --g.route_warps;
-  size_t smem = std::max(size_t(g.G + g.TC) * row_bytes, tail_bytes(El, Eg, g.route_warps));
+  const bool softmax = a.router.scoring == Scoring::Softmax;
+  // Block-wide scores when each thread then has fewer sigmoids than a routing lane would.
+  g.scored = !softmax && a.router.n_group <= 32 &&
+             (T * Eg + kTinyThreads - 1) / kTinyThreads < (Eg + 31) / 32 &&
+             tail_bytes_scored(El, Eg, T) <= size_t(limit);
+  const size_t tail = g.scored ? tail_bytes_scored(El, Eg, T) : tail_bytes(El, Eg, g.route_warps);
+  size_t smem = std::max(size_t(g.G + g.TC) * row_bytes, tail);
   smem = (smem + 15) / 16 * 16;
   if (a.bias && aligned16(a.bias) && Eg % 4 == 0 && smem + size_t(Eg) * 4 <= size_t(limit)) {
     g.bias_off = int(smem);  // past both phases' shared memory: never overwritten
@@ -331,7 +369,6 @@ cudaError_t launch_tiny(const SmallTokenPath& a, int T, cudaStream_t stream,
   }
   g.stamps = stamps;
   const int blocks = (Eg + g.G - 1) / g.G;
-  const bool softmax = a.router.scoring == Scoring::Softmax;
   const bool narrow = Eg <= 32 * 8;
   const KernelLaunch launch(dim3(blocks), dim3(kTinyThreads), stream, a.pdl, smem);
   if (softmax && narrow) return launch(tiny_token_path_kernel<true, 8>, g);
