@@ -3,7 +3,9 @@
 //  - logits: one block per few experts on every SM; all of a block's gate rows and token rows
 //    are copied to shared memory at once (cp.async, every load in flight), then one warp per
 //    (token, expert) runs router_dot from shared memory (the same code, the same bits);
-//  - the last block routes with one warp per token (scores in registers, redux argmax), then
+//  - the last block routes with one warp per token (scores in registers, redux argmax; at few
+//    tokens with sigmoid scoring the whole block first computes the scores, selection keys and
+//    group keys, which one warp would otherwise run as long serial chains), then
 //    builds the layout and the row bookkeeping in shared memory: one thread per pair, ranks by
 //    __match_any_sync and per-warp tallies, one packed block scan for offsets and active slots,
 //    the dropped count by __syncthreads_count. Nothing is read back from global memory.
