@@ -45,6 +45,7 @@ void expect_defaults(const CudaTokenPath& p) {
   EXPECT_EQ(p.shared_side_stream, d.shared_side_stream);
   EXPECT_EQ(p.combine_pdl, d.combine_pdl);
   EXPECT_EQ(p.token_path_pdl, d.token_path_pdl);
+  EXPECT_EQ(p.warm_shared, d.warm_shared);
 }
 
 TEST(CudaTokenPathEnv, UnsetOrEmptyGivesTheDefaults) {
@@ -57,7 +58,7 @@ TEST(CudaTokenPathEnv, UnsetOrEmptyGivesTheDefaults) {
 }
 
 TEST(CudaTokenPathEnv, EachKeySetsItsField) {
-  TokenPathEnv env("persist=8,fused=4,slot=2,side=0,pdl=1,tpdl=1");
+  TokenPathEnv env("persist=8,fused=4,slot=2,side=0,pdl=1,tpdl=1,warm=0");
   const CudaTokenPath p = cuda_token_path_from_env();
   EXPECT_EQ(p.persistent_max_tokens, 8);
   EXPECT_EQ(p.fused_route_max_tokens, 4);
@@ -65,7 +66,8 @@ TEST(CudaTokenPathEnv, EachKeySetsItsField) {
   EXPECT_FALSE(p.shared_side_stream);
   EXPECT_TRUE(p.combine_pdl);
   EXPECT_TRUE(p.token_path_pdl);
-  EXPECT_EQ(cuda_token_path_label(p), "persist<=8 fused<=4 slot<=2 side=0 pdl=1 tpdl=1");
+  EXPECT_FALSE(p.warm_shared);
+  EXPECT_EQ(cuda_token_path_label(p), "persist<=8 fused<=4 slot<=2 side=0 pdl=1 tpdl=1 warm=0");
 }
 
 TEST(CudaTokenPathEnv, KeysLeftOutKeepTheirDefaults) {
