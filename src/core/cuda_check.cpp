@@ -13,18 +13,50 @@ bool cuda_available() {
   return count > 0;
 }
 
-int current_device_sm_count() {
-  static std::atomic<int> cache[64] = {};  // per device ordinal; 0 = not read yet
-  int dev = 0;
-  TETRA_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 0 && dev < 64) {
+namespace {
+
+// cache[dev] (0 = not read yet) or, the first time, read() stored there when it is > 0.
+template <typename Read>
+int read_once(std::atomic<int> (&cache)[64], int dev, Read read) {
+  const bool cached = dev >= 0 && dev < 64;
+  if (cached) {
     const int c = cache[dev].load(std::memory_order_relaxed);
     if (c > 0) return c;
   }
-  int sms = 0;
-  TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  if (dev >= 0 && dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
-  return sms;
+  const int v = read();
+  if (cached && v > 0) cache[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
+
+}  // namespace
+
+int current_device_sm_count() {
+  static std::atomic<int> cache[64] = {};  // per device ordinal
+  int dev = 0;
+  TETRA_CUDA_CHECK(cudaGetDevice(&dev));
+  return read_once(cache, dev, [dev] {
+    int sms = 0;
+    TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
+  });
+}
+
+int current_device_compute_capability() {
+  static std::atomic<int> cache[64] = {};  // per device ordinal
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return read_once(cache, dev, [dev] {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return major * 10 + minor;
+  });
 }
 
 }  // namespace tetra

@@ -19,4 +19,7 @@ bool cuda_available();
 // Multiprocessors of the current device, read once per device (launch shapes ask on every
 // launch); throws tetra::Error when CUDA cannot say.
 int current_device_sm_count();
+// Compute capability of the current device as major * 10 + minor (90 = SM 9.0), read once per
+// device (kernel choices ask on every launch); 0 when there is no usable device. Never throws.
+int current_device_compute_capability();
 }  // namespace tetra

@@ -26,7 +26,7 @@ TETRA_HD constexpr int wgmma_order_column(int e) {
 // row's 16-element block b (natural columns 16b + 2j, +1): what an NVFP4 block quantizer reads
 // and writes when the row is in wgmma order.
 TETRA_HD constexpr int wgmma_order_block_unit(int b, int j) {
-  return (wgmma_order_column(16 * b + 2 * j)) / 2;
+  return wgmma_order_column(16 * b + 2 * j) / 2;
 }
 
 }  // namespace tetra

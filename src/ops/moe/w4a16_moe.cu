@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "core/cuda_check.h"
 #include "core/error.h"
 
 #include "moe/expert_weights.h"
@@ -104,14 +105,7 @@ MoeKernel moe_pick_kernel(const MoeGemmProblem& p) {
                                                                         : MoeKernel::kTiled;
 }
 
-bool moe_wgmma_available() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
-}
+bool moe_wgmma_available() { return current_device_compute_capability() == 90; }
 
 namespace moe_detail {
 cudaError_t gemm1_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const MoeRows& rows,

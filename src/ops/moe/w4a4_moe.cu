@@ -14,7 +14,6 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kMaxBlocksPerSlot = 1024;  // grid-stride loop covers larger experts
 
-
 // One thread per 16-element block: the shared NVFP4 math of format/nvfp4.h, written back as the
 // exact bf16 of E2M1 * SF.
 __global__ void __launch_bounds__(kThreads)
