@@ -80,26 +80,8 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.0f;
 
-    // One chunk's 4 k-steps x 2 tiles x NT token tiles of MMAs.
     auto compute_chunk = [&](const uint4 (&w)[2], const uint32_t (&sc)[2], const uint4 (&xv)[NT][2]) {
-      uint32_t sg[2], sg8[2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) scale_pair_to_bf16x2(sc[mt], sg[mt], sg8[mt]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          uint32_t A[4];
-          dequant_word(word_of(w[mt], j), sg[mt], sg8[mt], A);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const uint4& xh = xv[nt][j >> 1];  // k 16t+8*(j/2) .. +7
-            const uint32_t b0 = (j & 1) ? xh.z : xh.x;
-            const uint32_t b1 = (j & 1) ? xh.w : xh.y;
-            mma_bf16_16816(acc[mt][nt], A, b0, b1);
-          }
-        }
-      }
+      mma_chunk_pair<NT>(acc, w, sc, xv);
     };
     auto load_x = [&](int c, uint4 (&xv)[NT][2]) {
 #pragma unroll

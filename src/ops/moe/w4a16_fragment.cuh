@@ -54,6 +54,30 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], const uint32_t a[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// One 64-k chunk of a pair of 16-row tiles times NT 8-row activation tiles: 4 k-steps x 2 tiles x
+// NT MMAs. w / sc: the lane's 16 weight bytes and scale byte pair of each tile; xv: the lane's
+// activations of each token tile, k 16 (lane % 4) .. +15 of the chunk (the fragment order).
+template <int NT>
+__device__ __forceinline__ void mma_chunk_pair(float (&acc)[2][NT][4], const uint4 (&w)[2],
+                                               const uint32_t (&sc)[2], const uint4 (&xv)[NT][2]) {
+  uint32_t sg[2], sg8[2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) scale_pair_to_bf16x2(sc[mt], sg[mt], sg8[mt]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      uint32_t A[4];
+      dequant_word(word_of(w[mt], j), sg[mt], sg8[mt], A);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint4& xh = xv[nt][j >> 1];  // k 16t+8*(j/2) .. +7
+        mma_bf16_16816(acc[mt][nt], A, (j & 1) ? xh.z : xh.x, (j & 1) ? xh.w : xh.y);
+      }
+    }
+  }
+}
+
 // Weight stream: read once, keep out of L1.
 __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
   uint4 v;

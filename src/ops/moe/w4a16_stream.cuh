@@ -40,6 +40,7 @@
 
 #include "core/cuda_check.h"
 #include "core/kernel_launch.h"
+#include "ops/moe/mbarrier.cuh"
 #include "ops/moe/w4a16_fragment.cuh"
 
 namespace tetra::moe_detail {
@@ -55,48 +56,6 @@ constexpr int stream_smem_bytes(int stages) {
 // Diagnostic modes for the benchmark: 0 = the GEMV; 1 = stream only (no activation loads, no
 // math: the ring's own rate); 2 = no activation loads (math on constant activations).
 enum StreamMode { kStreamFull = 0, kStreamCopyOnly = 1, kStreamNoX = 2 };
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// One arrival that also announces `bytes` of bulk copies completing on this barrier.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// Waits until the phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  const uint32_t b = smem_u32(bar);
-  while (!mbar_try_wait(b, parity)) {
-  }
-}
-// 1-D bulk copy global -> shared (16-B aligned addresses, size a multiple of 16).
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
-                                              uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-
 
 // C consumer warps + 1 producer warp, J chunks per consumer warp per stage. stages: ring depth
 // (dynamic shared memory sized by stream_smem_bytes<C, J>(stages)). 16 consumer warps are meant
