@@ -216,6 +216,7 @@ TEST(BenchW4a16Moe, Table) {
       {"late n8 kw4 u4 b4", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 4}, true},
       {"late n8 kw4 u4 b5", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 5}, true},
       {"late n8 kw4 u4 b6", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 6}, true},
+      {"late n8 kw4 u2 b8+pdl", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 8}, true, true},
       {"late n8 kw4 u2 b8", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 8}, true},
       {"late n8 kw2 u8 b8", MoeKernel::kDecode, {.k_warps = 2, .late_x = true, .chunks_per_batch = 8, .min_blocks_per_sm = 8}, true},
       {"classic n16 kw4", MoeKernel::kDecode, {.token_tiles = 2, .k_warps = 4}, true},
