@@ -110,6 +110,13 @@ std::string check_report_text(const CheckResult& r) {
   if (!r.split_detail.empty()) os << "         " << r.split_detail << "\n";
   os << "memory:  " << memory_line(w, r.target) << " (KV cache: one sequence of "
      << kMinimalKvTokens << " tokens, bf16)\n";
+  if (r.runtime_reasons.empty()) {
+    os << "runtime: generate, serve and bench decode run this model\n";
+  } else {
+    os << "runtime: generate, serve and bench decode cannot run this model (the rows below are "
+          "about its MoE layers, as tetra bench moe runs them):\n";
+    for (const std::string& s : r.runtime_reasons) os << "  - " << s << "\n";
+  }
   if (!r.shared.empty()) {
     os << "shared problems (every GPU backend):\n";
     for (const std::string& s : r.shared) os << "  - " << s << "\n";
@@ -210,6 +217,7 @@ nlohmann::json check_report_json(const CheckResult& r, int exit_code) {
     mem["fits_gpu"] = fit.fits();
   }
   j["memory"] = mem;
+  j["runtime"] = {{"runs_model", r.runtime_reasons.empty()}, {"reasons", r.runtime_reasons}};
   j["shared_reasons"] = r.shared;
   j["backends"] = nlohmann::json::array();
   for (const Verdict& v : r.verdicts) {

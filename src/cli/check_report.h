@@ -21,6 +21,10 @@ struct CheckResult {
   bool can_run = false;                 // the requested backend (or auto's pick) can run
   bool show_declarations = false;       // --backend all: print what each backend declares
   std::string split_detail;             // what each GPU holds (dist::split_summary), may be empty
+  // Why the model runtime (generate, serve, bench decode) cannot run the whole model, on any
+  // backend or on the CUDA one ("cuda backend: ..."); empty when it can. Informational: the
+  // verdicts and the exit code are about the MoE backends.
+  std::vector<std::string> runtime_reasons;
 };
 
 std::string check_report_text(const CheckResult& r);

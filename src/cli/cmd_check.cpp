@@ -16,6 +16,8 @@
 #include "dist/rank_threads.h"
 #include "format/model_config.h"
 #include "format/quant_config.h"
+#include "model/cuda/cuda_model_ops.h"
+#include "model/model_weights.h"
 #include "moe/backend_select.h"
 
 namespace tetra::cli {
@@ -67,6 +69,10 @@ int run_check(const CheckOptions& o) {
   if (o.gpu == "auto" && target.gpu)
     if (auto p = dist::gpu_count_problem(plan, dist::visible_gpu_count())) problems.push_back(*p);
   r.split_detail = dist::split_summary(cfg, plan);
+  r.runtime_reasons = model::runtime_unsupported_reasons(cfg);
+  if (target.gpu && r.runtime_reasons.empty())  // the CUDA limits assume a runnable architecture
+    for (const std::string& why : model::cuda::cuda_model_unsupported_reasons(cfg))
+      r.runtime_reasons.push_back("cuda backend: " + why);
   r.requested = o.backend;
   r.show_declarations = o.backend == "all";
   if (o.backend == "auto" || o.backend == "all") {

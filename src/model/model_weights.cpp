@@ -119,17 +119,24 @@ class Loader {
 
 }  // namespace
 
-void check_runtime_supports(const ModelConfig& c, const std::string& source_label) {
+std::vector<std::string> runtime_unsupported_reasons(const ModelConfig& c) {
+  std::vector<std::string> why;
   if (c.attention == AttentionKind::MLA)
-    TETRA_FAIL(source_label, ": ", arch_hf_name(c.arch),
-               " uses MLA attention, which the Tetra model runtime does not run yet; runnable "
-               "architectures: Glm4MoeForCausalLM, Qwen3MoeForCausalLM");
+    why.push_back(str(arch_hf_name(c.arch),
+                      " uses MLA attention, which the Tetra model runtime does not run yet; runnable "
+                      "architectures: Glm4MoeForCausalLM, Qwen3MoeForCausalLM"));
   if (c.rope.type != "default")
-    TETRA_FAIL(source_label, ": RoPE type '", c.rope.type,
-               "' is not implemented in the model runtime (only 'default')");
+    why.push_back(str("RoPE type '", c.rope.type,
+                      "' is not implemented in the model runtime (only 'default')"));
   if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
-    TETRA_FAIL(source_label, ": num_attention_heads (", c.num_attention_heads,
-               ") must be a multiple of num_key_value_heads (", c.num_key_value_heads, ")");
+    why.push_back(str("num_attention_heads (", c.num_attention_heads,
+                      ") must be a multiple of num_key_value_heads (", c.num_key_value_heads, ")"));
+  return why;
+}
+
+void check_runtime_supports(const ModelConfig& c, const std::string& source_label) {
+  const std::vector<std::string> why = runtime_unsupported_reasons(c);
+  if (!why.empty()) TETRA_FAIL(source_label, ": ", why.front());
 }
 
 ModelWeights ModelWeights::load(const Checkpoint& ck) {

@@ -85,7 +85,11 @@ struct ModelWeights {
   static ModelWeights load(const Checkpoint& ckpt);
 };
 
-// Refuses architectures the model runtime cannot run, with the reason (MLA attention).
+// Why the model runtime (generate, serve, bench decode) cannot run this configuration on any
+// backend (MLA attention, RoPE scaling, head counts); empty when it can.
+std::vector<std::string> runtime_unsupported_reasons(const ModelConfig& config);
+// Refuses architectures the model runtime cannot run with the first of those reasons, prefixed by
+// source_label.
 void check_runtime_supports(const ModelConfig& config, const std::string& source_label);
 
 }  // namespace tetra::model

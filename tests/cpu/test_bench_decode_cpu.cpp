@@ -7,6 +7,7 @@
 #include "cli_runner.h"
 #include "core/error.h"
 #include "format/presets.h"
+#include "model/cuda/cuda_model_ops.h"
 
 namespace tetra::bench {
 namespace {
@@ -56,6 +57,23 @@ TEST(DecodeBenchShapes, Qwen3Bf16) {
 
 TEST(DecodeBenchShapes, MlaRefused) {
   EXPECT_THROW(shape_only_weights(preset_config("glm5"), true), Error);
+}
+
+// What the CUDA model backend says it cannot run (prepare() refuses with the first reason, before
+// it looks for a GPU; `tetra check` prints them all).
+TEST(DecodeBenchShapes, CudaBackendLimits) {
+  ModelConfig c = preset_config("tiny-glm4.5-air");
+  EXPECT_TRUE(model::cuda::cuda_model_unsupported_reasons(c).empty());
+  c.head_dim = 96;
+  const std::vector<std::string> why = model::cuda::cuda_model_unsupported_reasons(c);
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_NE(why[0].find("head_dim 96"), std::string::npos) << why[0];
+  c.head_dim = 128;
+  c.num_key_value_heads = 2;
+  c.num_attention_heads = 34;  // 17 query heads per kv head
+  const std::vector<std::string> gqa = model::cuda::cuda_model_unsupported_reasons(c);
+  ASSERT_EQ(gqa.size(), 1u);
+  EXPECT_NE(gqa[0].find("17 query heads per kv head"), std::string::npos) << gqa[0];
 }
 
 TEST(DecodeBenchCli, ArgumentErrors) {

@@ -82,6 +82,38 @@ TEST(CliCheck, TooBigForOneGpuExitsNonZero) {
   EXPECT_TRUE(contains(eight.out, "auto: cuda-w4a16")) << eight.out;
 }
 
+// The runtime line: whether generate/serve/bench decode run the whole model, apart from the MoE
+// verdicts (which keep the exit code).
+TEST(CliCheck, SaysWhetherTheModelRuntimeRunsTheModel) {
+  const RunResult air = run_tetra("check --preset glm4.5-air --gpu h200 --json");
+  ASSERT_EQ(air.code, 0) << air.out;
+  const nlohmann::json ja = nlohmann::json::parse(air.out);
+  EXPECT_EQ(ja["runtime"]["runs_model"], true);
+  EXPECT_TRUE(ja["runtime"]["reasons"].empty());
+
+  const RunResult mla = run_tetra("check --preset glm5 --gpu h200 --tp 8 --ep 8");
+  EXPECT_EQ(mla.code, 0) << mla.out;  // its MoE layers run
+  EXPECT_TRUE(contains(mla.out, "runtime: generate, serve and bench decode cannot run this model"))
+      << mla.out;
+  EXPECT_TRUE(contains(mla.out, "uses MLA attention")) << mla.out;
+  EXPECT_FALSE(contains(mla.out, "cuda backend: head_dim")) << mla.out;
+
+  // A GQA model whose head_dim the CUDA attention kernels lack: refused for the cuda backend
+  // only when a GPU is the target.
+  ModelConfig c = preset_config("tiny-glm4.5-air");
+  c.head_dim = 32;
+  const fs::path dir = fs::temp_directory_path() / ("tetra_check_hd32_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << model_config_to_json(c).dump(2);
+  const RunResult gpu = run_tetra("check --model " + dir.string() + " --gpu h100 --json");
+  const nlohmann::json jg = nlohmann::json::parse(gpu.out);
+  EXPECT_EQ(jg["runtime"]["runs_model"], false) << gpu.out;
+  ASSERT_EQ(jg["runtime"]["reasons"].size(), 1u) << gpu.out;
+  EXPECT_TRUE(contains(jg["runtime"]["reasons"][0].get<std::string>(), "cuda backend: head_dim 32"))
+      << gpu.out;
+  fs::remove_all(dir);
+}
+
 TEST(CliCheck, JsonParsesAndAgreesWithTheExitCode) {
   const RunResult r = run_tetra("check --preset glm4.5-air --gpu h200 --json");
   ASSERT_EQ(r.code, 0) << r.out;

@@ -25,7 +25,9 @@
 
 #include "logit_row_errors.h"
 #include "model_twin.h"
+#include "bench/decode_bench.h"
 #include "core/cuda_check.h"
+#include "core/error.h"
 #include "format/checkpoint.h"
 #include "format/presets.h"
 #include "model/cuda/cuda_model_ops.h"
@@ -123,6 +125,25 @@ TEST_P(ModelCuda, GraphReplayEqualsEager) {
   auto out = t.run(t.decode({2}, {7}));
   ASSERT_EQ(out[0], out[1]) << "single-sequence decode";
   EXPECT_EQ(g->graphs_captured(), 2);
+}
+
+// A head_dim the CUDA attention kernels lack is refused at prepare, before anything is uploaded,
+// with the reason `tetra check` prints.
+TEST(ModelCudaLimits, UnsupportedHeadDimRefusedAtPrepare) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  ModelConfig c = preset_config("tiny-glm4.5-air");
+  c.head_dim = 96;
+  const ModelWeights w = bench::shape_only_weights(c, true);
+  OpsLimits lim;
+  lim.max_tokens = lim.max_seqs = lim.kv_num_blocks = lim.max_blocks_per_seq = 4;
+  auto ops = cuda::make_cuda_model_ops_api();
+  try {
+    ops->prepare_random(w, lim, 1);
+    ADD_FAILURE() << "prepare_random accepted head_dim 96";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot run this model: head_dim 96"), std::string::npos)
+        << e.what();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -385,6 +385,8 @@ class CudaModelOps final : public CudaModelOpsApi {
   enum class Mode { Eager, Capture, Replay };
 
   void setup(const ModelWeights& w, const OpsLimits& lim, bool random, uint64_t seed) {
+    const std::vector<std::string> why = cuda_model_unsupported_reasons(w.config);
+    if (!why.empty()) TETRA_FAIL("the cuda model backend cannot run this model: ", why.front());
     if (!cuda_available()) TETRA_FAIL("the cuda model backend needs a CUDA GPU; none is usable here");
     TETRA_CHECK(lim.max_tokens > 0 && lim.max_seqs > 0 && lim.kv_block_size > 0 &&
                     lim.kv_num_blocks > 0 && lim.max_blocks_per_seq > 0,
@@ -661,6 +663,18 @@ std::unique_ptr<ModelOps> make_cuda_ops() { return std::make_unique<CudaModelOps
 const ModelOpsRegistration kRegistration{"cuda", &make_cuda_ops};
 
 }  // namespace
+
+std::vector<std::string> cuda_model_unsupported_reasons(const ModelConfig& c) {
+  std::vector<std::string> why;
+  // The prefill (ops/attention/attention_prefill.cu) and both decode kernels are built for these.
+  if (c.head_dim != 64 && c.head_dim != 128)
+    why.push_back(str("head_dim ", c.head_dim,
+                      ": the CUDA prefill and decode attention kernels take 64 or 128"));
+  if (c.num_key_value_heads > 0 && c.num_attention_heads / c.num_key_value_heads > 16)
+    why.push_back(str(c.num_attention_heads / c.num_key_value_heads,
+                      " query heads per kv head: the CUDA decode attention takes at most 16"));
+  return why;
+}
 
 std::unique_ptr<CudaModelOpsApi> make_cuda_model_ops_api() {
   return std::make_unique<CudaModelOps>();

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/model_ops.h"
 
@@ -55,6 +56,11 @@ class CudaModelOpsApi : public ModelOps {
 };
 
 std::unique_ptr<CudaModelOpsApi> make_cuda_model_ops_api();
+
+// Why this backend cannot run a model of this configuration (its attention kernels take head_dim
+// 64 or 128 and at most 16 query heads per kv head in decode); empty when it can. prepare()
+// refuses with the first reason before uploading anything; `tetra check` lists them all.
+std::vector<std::string> cuda_model_unsupported_reasons(const ModelConfig& config);
 
 // Forces the registration object into a binary that links tetra_lib (static archive).
 void link_cuda_model_ops();
