@@ -5,6 +5,8 @@
 
 #include "core/error.h"
 #include "format/model_size.h"
+#include "model/cuda/cuda_model_ops.h"
+#include "model/model_weights.h"
 
 namespace tetra {
 namespace {
@@ -92,6 +94,12 @@ nlohmann::json inspect_report(const Checkpoint& ck) {
                            {"by_kind", active},
                            {"note", "batch 1: all non-expert weights, top_k routed experts per MoE "
                                     "layer, full lm_head; KV cache read not included"}};
+  // Whether generate/serve run this model, on any backend and on the CUDA one (the reasons the
+  // runtime refuses with; `tetra check` prints the same).
+  const std::vector<std::string> why = model::runtime_unsupported_reasons(c);
+  r["runtime"] = {{"reasons", why},
+                  {"cuda_reasons", why.empty() ? model::cuda::cuda_model_unsupported_reasons(c)
+                                               : std::vector<std::string>{}}};
   r["problems"] = ck.problems();
   return r;
 }
@@ -108,6 +116,19 @@ std::string format_inspect_report(const nlohmann::json& r) {
   const auto& a = r["attention"];
   os << "  attention     " << a["kind"].get<std::string>() << ", " << a["heads"] << " heads, "
      << a["kv_heads"] << " kv heads, head_dim " << a["head_dim"] << "\n";
+  const auto& rt = r["runtime"];
+  os << "  runtime       ";
+  if (!rt["reasons"].empty()) {
+    os << "generate/serve cannot run it: " << rt["reasons"][0].get<std::string>();
+    for (size_t i = 1; i < rt["reasons"].size(); ++i) os << "; " << rt["reasons"][i].get<std::string>();
+  } else if (!rt["cuda_reasons"].empty()) {
+    os << "generate/serve run it on cpu, not on cuda: " << rt["cuda_reasons"][0].get<std::string>();
+    for (size_t i = 1; i < rt["cuda_reasons"].size(); ++i)
+      os << "; " << rt["cuda_reasons"][i].get<std::string>();
+  } else {
+    os << "generate/serve run it (cpu and cuda)";
+  }
+  os << "\n";
   const auto& e = r["experts"];
   os << "  experts       " << e["routed"] << " routed (top-" << e["top_k"] << ", width "
      << e["moe_intermediate"] << ") + " << e["shared"] << " shared\n";

@@ -139,6 +139,11 @@ TEST_F(Pipeline, InspectReportsFp4ModulesAndActiveBytes) {
   const auto text = run_tetra("inspect " + fp4().string());
   EXPECT_EQ(text.code, 0);
   EXPECT_NE(text.output.find("active/token"), std::string::npos) << text.output;
+  // GLM-5 is MLA: inspect says the runtime cannot run it, with the runtime's own reason.
+  ASSERT_EQ(j["runtime"]["reasons"].size(), 1u) << j["runtime"].dump();
+  EXPECT_NE(j["runtime"]["reasons"][0].get<std::string>().find("MLA attention"), std::string::npos);
+  EXPECT_NE(text.output.find("runtime       generate/serve cannot run it"), std::string::npos)
+      << text.output;
 }
 
 TEST_F(Pipeline, ExcludeKeepsModulesHighPrecisionAndRecordsThem) {
