@@ -111,7 +111,8 @@ std::string check_report_text(const CheckResult& r) {
   os << "memory:  " << memory_line(w, r.target) << " (KV cache: one sequence of "
      << kMinimalKvTokens << " tokens, bf16)\n";
   if (r.runtime_reasons.empty()) {
-    os << "runtime: generate, serve and bench decode run this model\n";
+    os << "runtime: generate, serve and bench decode support this model (on a GPU, where a "
+          "backend below can run)\n";
   } else {
     os << "runtime: generate, serve and bench decode cannot run this model (the rows below are "
           "about its MoE layers, as tetra bench moe runs them):\n";

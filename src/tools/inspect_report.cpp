@@ -126,7 +126,7 @@ std::string format_inspect_report(const nlohmann::json& r) {
     for (size_t i = 1; i < rt["cuda_reasons"].size(); ++i)
       os << "; " << rt["cuda_reasons"][i].get<std::string>();
   } else {
-    os << "generate/serve run it (cpu and cuda)";
+    os << "generate/serve support it (cpu; cuda where its MoE backend runs, see tetra check)";
   }
   os << "\n";
   const auto& e = r["experts"];
