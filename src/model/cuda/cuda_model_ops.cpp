@@ -666,11 +666,11 @@ const ModelOpsRegistration kRegistration{"cuda", &make_cuda_ops};
 
 std::vector<std::string> cuda_model_unsupported_reasons(const ModelConfig& c) {
   std::vector<std::string> why;
-  // The prefill (ops/attention/attention_prefill.cu) and both decode kernels are built for these.
-  if (c.head_dim != 64 && c.head_dim != 128)
+  namespace att = ::tetra::ops::cuda;  // the attention kernels' own statement of their limits
+  if (!att::attention_head_dim_supported(int(c.head_dim)))
     why.push_back(str("head_dim ", c.head_dim,
                       ": the CUDA prefill and decode attention kernels take 64 or 128"));
-  if (c.num_key_value_heads > 0 && c.num_attention_heads / c.num_key_value_heads > 16)
+  if (c.num_key_value_heads > 0 && c.num_attention_heads / c.num_key_value_heads > att::kDecodeMaxGroup)
     why.push_back(str(c.num_attention_heads / c.num_key_value_heads,
                       " query heads per kv head: the CUDA decode attention takes at most 16"));
   return why;

@@ -12,6 +12,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/kernel_smem_attr.h"
+#include "ops/attention/attention_cuda.h"
 
 namespace tetra::model::cuda {
 namespace {
@@ -23,7 +24,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 64;                 // tokens staged at once: 16 per warp
 constexpr int kWarpTokens = kChunk / kWarps;
 constexpr int kStages = 3;                 // chunks in flight per block
-constexpr int kMaxGroup = 16;              // query heads per kv head: the MMA's M side
+constexpr int kMaxGroup = ops::cuda::kDecodeMaxGroup;  // query heads per kv head: the MMA's M side
 constexpr int kSplitAlign = 16;            // split ranges start on a warp's 16 tokens
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -451,7 +452,7 @@ cudaError_t launch_split_decode(const SplitArgs& a, int splits, int num_seqs, cu
 }  // namespace
 
 std::string split_decode_unsupported_reason(const ops::AttentionShape& s) {
-  if (s.head_dim != 64 && s.head_dim != 128)
+  if (!ops::cuda::attention_head_dim_supported(s.head_dim))
     return str("head_dim ", s.head_dim, " (the split decode kernel takes 64 or 128)");
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) return "bad head counts";
   if (s.n_heads / s.n_kv_heads > kMaxGroup)

@@ -14,6 +14,13 @@
 
 namespace tetra::ops::cuda {
 
+// What the model runtime's attention kernels are built for: head_dim of prefill and both decode
+// kernels, and query heads per kv head in decode (the decode MMA's M side).
+inline constexpr bool attention_head_dim_supported(int head_dim) {
+  return head_dim == 64 || head_dim == 128;
+}
+inline constexpr int kDecodeMaxGroup = 16;
+
 // Causal varlen prefill, flash-attention style on tensor cores (mma.sync m16n8k16 bf16, fp32
 // accumulation, online softmax; P is rounded to bf16 for the P.V product as FlashAttention does).
 //   q [T, n_heads, head_dim], k/v [T, n_kv_heads, head_dim] (strides per shape),

@@ -208,10 +208,10 @@ cudaError_t paged_decode_attention(const uint16_t* q, const PagedKv& kv, int num
                                    const AttentionShape& s, void* workspace,
                                    size_t workspace_bytes, uint16_t* out, cudaStream_t stream) {
   check_attention_shape(s);
-  TETRA_CHECK(s.head_dim == 64 || s.head_dim == 128, "paged decode: head_dim ", s.head_dim,
+  TETRA_CHECK(attention_head_dim_supported(s.head_dim), "paged decode: head_dim ", s.head_dim,
               " unsupported (64 or 128)");
   const int group = s.n_heads / s.n_kv_heads;
-  TETRA_CHECK(group <= 16, "paged decode: GQA ratio ", group, " unsupported (at most 16)");
+  TETRA_CHECK(group <= kDecodeMaxGroup, "paged decode: GQA ratio ", group, " unsupported (at most 16)");
   TETRA_CHECK(kv.block_size > 0 && kv.num_blocks > 0 && kv.max_blocks_per_seq > 0,
               "paged decode: block_size ", kv.block_size, " num_blocks ", kv.num_blocks,
               " max_blocks_per_seq ", kv.max_blocks_per_seq);

@@ -279,7 +279,7 @@ cudaError_t prefill_attention(const uint16_t* q, const uint16_t* k, const uint16
                               const int32_t* cu_seqlens, int num_seqs, int max_seqlen,
                               const AttentionShape& s, uint16_t* out, cudaStream_t stream) {
   check_attention_shape(s);
-  TETRA_CHECK(s.head_dim == 64 || s.head_dim == 128, "prefill attention: head_dim ", s.head_dim,
+  TETRA_CHECK(attention_head_dim_supported(s.head_dim), "prefill attention: head_dim ", s.head_dim,
               " unsupported (64 or 128)");
   TETRA_CHECK(num_seqs >= 0 && max_seqlen >= 0, "prefill attention: num_seqs ", num_seqs,
               " max_seqlen ", max_seqlen);

@@ -80,9 +80,6 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0.0f;
 
-    auto compute_chunk = [&](const uint4 (&w)[2], const uint32_t (&sc)[2], const uint4 (&xv)[NT][2]) {
-      mma_chunk_pair<NT>(acc, w, sc, xv);
-    };
     auto load_x = [&](int c, uint4 (&xv)[NT][2]) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
@@ -97,7 +94,7 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
         if (c + u < c_end) {
           uint4 xv[NT][2];
           load_x(c + u, xv);
-          compute_chunk(wv[u], sv[u], xv);
+          mma_chunk_pair<NT>(acc, wv[u], sv[u], xv);
         }
       }
     };
@@ -120,7 +117,7 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
           if (c + u < c_end) load_x(c + u, xv[u]);
 #pragma unroll
         for (int u = 0; u < U; ++u)
-          if (c + u < c_end) compute_chunk(wv[u], sv[u], xv[u]);
+          if (c + u < c_end) mma_chunk_pair<NT>(acc, wv[u], sv[u], xv[u]);
       }
     }
 
