@@ -1,4 +1,5 @@
-// Shared-memory mbarriers and 1-D bulk copies (SM90) for the weight-streaming kernels.
+// Shared-memory mbarriers, cp.async arrivals and 1-D bulk copies (SM90) for the pipelined MoE
+// and streaming kernels.
 #pragma once
 #include <cstdint>
 
@@ -18,6 +19,10 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+// Arrives when all of this thread's earlier cp.async copies have landed (counted in the init).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
