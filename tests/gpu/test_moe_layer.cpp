@@ -347,7 +347,7 @@ TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
 // on both layouts and around each threshold: the one-launch token path (forced up to 99 tokens)
 // against the separate launches, the shared expert as a slot of the routed GEMMs (also forced up
 // to 99 tokens: several passes over its rows) against its own launches, serial or on the side
-// stream, and the combine with and without PDL. An EP block too. The side stream runs the same
+// stream, the combine and the token path with and without PDL. An EP block too. The side stream runs the same
 // kernels as the serial launches: bit-equal. (The shared slot may pick another GEMM kernel than
 // the shared expert's own launch, so it is held to the cpu tolerance, not to bits.)
 TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
@@ -357,6 +357,7 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   old_path.shared_slot_max_tokens = 0;
   old_path.shared_side_stream = false;
   old_path.combine_pdl = false;
+  old_path.token_path_pdl = false;
   moe::CudaTokenPath all_fused;  // everything fused up to 99 tokens
   all_fused.persistent_max_tokens = 0;  // the launches' fusions (the one-launch layer: below)
   all_fused.fused_route_max_tokens = 99;
@@ -366,9 +367,11 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   side_only.shared_side_stream = true;
   moe::CudaTokenPath cold;  // the default without the token path's L2 warm-up (a hint only)
   cold.warm_shared = false;
+  moe::CudaTokenPath plain_launch;  // the default with the token path launched without PDL
+  plain_launch.token_path_pdl = false;
   const std::vector<std::pair<std::string, moe::CudaTokenPath>> paths = {
-      {"default", moe::CudaTokenPath{}}, {"no L2 warm-up", cold}, {"old", old_path},
-      {"all fused", all_fused}, {"side stream", side_only}};
+      {"default", moe::CudaTokenPath{}}, {"no L2 warm-up", cold}, {"token path no PDL", plain_launch},
+      {"old", old_path}, {"all fused", all_fused}, {"side stream", side_only}};
   const RouterParams glm = preset_router("glm5", 16);
   RouterParams soft;
   soft.scoring = moe::Scoring::Softmax;
@@ -399,7 +402,8 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
       auto cpu = moe::make_moe_layer(w, o);
       for (TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked}) {
         SCOPED_TRACE(layout == TokenLayout::Masked ? "masked" : "contiguous");
-        // The real shape is slow to build and check on the CPU: the first three paths only.
+        // The real shape is slow to build and check on the CPU: the first three paths only
+        // (default, no warm-up, no PDL for the token path).
         const size_t n_paths = c.H > 1024 ? 3 : paths.size();
         std::vector<std::unique_ptr<moe::CudaMoeLayer>> gpus;
         for (size_t i = 0; i < n_paths; ++i)
@@ -434,7 +438,8 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
                         i > 0 && got == outs[0] ? " (bits of default)" : "");
           }
           EXPECT_EQ(outs[1], outs[0]) << "the L2 warm-up changed the result";
-          if (outs.size() == paths.size()) EXPECT_EQ(outs[4], outs[2]) << "side stream vs serial";
+          EXPECT_EQ(outs[2], outs[0]) << "the token path's PDL launch changed the result";
+          if (outs.size() == paths.size()) EXPECT_EQ(outs[5], outs[3]) << "side stream vs serial";
         }
       }
     }

@@ -56,8 +56,11 @@ struct CudaTokenPath {
   bool combine_pdl = false;
   // The one-launch token path as a programmatic dependent launch (its router-weight loads
   // overlap the tail of the kernel before it; it waits for that kernel before reading x).
-  // Measured: no difference at 1 token on GLM-5 (81.3-81.7 us either way), so off.
-  bool token_path_pdl = false;
+  // Measured on the H200: no difference for a lone layer at 1 token on GLM-5 (81.3-81.7 us
+  // either way), but in the decode step, where the add + RMSNorm before it is a one-block
+  // kernel, GLM-4.5-Air batch 1 went 4184-4199 -> 4087-4094 us per token (three rounds,
+  // bench/results/2026-11-30-session12-h200.md), so on.
+  bool token_path_pdl = true;
   // The one-launch token path asks the L2 for the shared expert's weights while it routes
   // (SmallTokenPath::warm), so the shared expert's GEMM rows read them from L2.
   bool warm_shared = true;
