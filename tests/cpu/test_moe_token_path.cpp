@@ -58,16 +58,16 @@ TEST(CudaTokenPathEnv, UnsetOrEmptyGivesTheDefaults) {
 }
 
 TEST(CudaTokenPathEnv, EachKeySetsItsField) {
-  TokenPathEnv env("persist=8,fused=4,slot=2,side=0,pdl=1,tpdl=0,warm=0");
+  TokenPathEnv env("persist=8,fused=4,slot=2,side=0,pdl=0,tpdl=0,warm=0");
   const CudaTokenPath p = cuda_token_path_from_env();
   EXPECT_EQ(p.persistent_max_tokens, 8);
   EXPECT_EQ(p.fused_route_max_tokens, 4);
   EXPECT_EQ(p.shared_slot_max_tokens, 2);
   EXPECT_FALSE(p.shared_side_stream);
-  EXPECT_TRUE(p.combine_pdl);
+  EXPECT_FALSE(p.combine_pdl);     // on by default
   EXPECT_FALSE(p.token_path_pdl);  // on by default
   EXPECT_FALSE(p.warm_shared);
-  EXPECT_EQ(cuda_token_path_label(p), "persist<=8 fused<=4 slot<=2 side=0 pdl=1 tpdl=0 warm=0");
+  EXPECT_EQ(cuda_token_path_label(p), "persist<=8 fused<=4 slot<=2 side=0 pdl=0 tpdl=0 warm=0");
 }
 
 TEST(CudaTokenPathEnv, KeysLeftOutKeepTheirDefaults) {

@@ -367,10 +367,11 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   side_only.shared_side_stream = true;
   moe::CudaTokenPath cold;  // the default without the token path's L2 warm-up (a hint only)
   cold.warm_shared = false;
-  moe::CudaTokenPath plain_launch;  // the default with the token path launched without PDL
+  moe::CudaTokenPath plain_launch;  // the default with the token path and combine without PDL
   plain_launch.token_path_pdl = false;
+  plain_launch.combine_pdl = false;
   const std::vector<std::pair<std::string, moe::CudaTokenPath>> paths = {
-      {"default", moe::CudaTokenPath{}}, {"no L2 warm-up", cold}, {"token path no PDL", plain_launch},
+      {"default", moe::CudaTokenPath{}}, {"no L2 warm-up", cold}, {"no PDL launches", plain_launch},
       {"old", old_path}, {"all fused", all_fused}, {"side stream", side_only}};
   const RouterParams glm = preset_router("glm5", 16);
   RouterParams soft;
@@ -403,7 +404,7 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
       for (TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked}) {
         SCOPED_TRACE(layout == TokenLayout::Masked ? "masked" : "contiguous");
         // The real shape is slow to build and check on the CPU: the first three paths only
-        // (default, no warm-up, no PDL for the token path).
+        // (default, no warm-up, no PDL for the token path and the combine).
         const size_t n_paths = c.H > 1024 ? 3 : paths.size();
         std::vector<std::unique_ptr<moe::CudaMoeLayer>> gpus;
         for (size_t i = 0; i < n_paths; ++i)
@@ -438,7 +439,7 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
                         i > 0 && got == outs[0] ? " (bits of default)" : "");
           }
           EXPECT_EQ(outs[1], outs[0]) << "the L2 warm-up changed the result";
-          EXPECT_EQ(outs[2], outs[0]) << "the token path's PDL launch changed the result";
+          EXPECT_EQ(outs[2], outs[0]) << "the PDL launches changed the result";
           if (outs.size() == paths.size()) EXPECT_EQ(outs[5], outs[3]) << "side stream vs serial";
         }
       }

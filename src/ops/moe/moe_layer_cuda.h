@@ -52,8 +52,10 @@ struct CudaTokenPath {
   // Measured: -10% at 16 tokens on GLM-5 (723 -> 627..653 us), -2% at 64.
   bool shared_side_stream = true;
   // The combine as a programmatic dependent launch of the routed GEMM2 (when it follows it).
-  // Measured: no difference at 1 token (95.4 vs 95.6 us), so off.
-  bool combine_pdl = false;
+  // Measured: no difference for a lone layer at 1 token (95.4 vs 95.6 us); in the decode step
+  // (GLM-4.5-Air batch 1) 4087-4114 -> 4066-4090 us per token in three paired rounds
+  // (bench/results/2026-11-30-session12-h200.md), so on.
+  bool combine_pdl = true;
   // The one-launch token path as a programmatic dependent launch (its router-weight loads
   // overlap the tail of the kernel before it; it waits for that kernel before reading x).
   // Measured on the H200: no difference for a lone layer at 1 token on GLM-5 (81.3-81.7 us
