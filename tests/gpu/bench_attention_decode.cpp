@@ -1,6 +1,7 @@
 // Split paged decode attention (model/cuda/split_decode_attention.h) at the GLM-4.5-Air shape
-// (96 query heads, 8 kv heads, head_dim 128, 16-token cache blocks): batch 1, 8, 64 at contexts
-// 1024, 4096, 8192 (each sequence holds context + 1 tokens: the prefill plus the new one).
+// (96 query heads, 8 kv heads, head_dim 128, 16-token cache blocks): batch 1 at contexts 128 to
+// 8192, batch 8 and 64 at 1024, 4096, 8192 (each sequence holds context + 1 tokens: the prefill
+// plus the new one). "(model)" marks the split count the model's decode step picks there.
 // Each row is a CUDA graph of 32 back-to-back launches (as the model's step graph launches it),
 // rotating over enough cache copies (>= 512 MB together) that every launch reads HBM, not L2.
 // Prints us per launch, GB/s of the K and V bytes a launch must read and the share of 4.46 TB/s
@@ -67,7 +68,8 @@ TEST(BenchAttentionDecode, Glm45AirShape) {
   }
   std::printf("\n| batch | context | splits | us | GB/s | %% of 4.46 TB/s |\n|---|---|---|---|---|---|\n");
   for (int batch : {1, 8, 64}) {
-    for (int context : {1024, 4096, 8192}) {
+    for (int context : batch == 1 ? std::vector<int>{128, 256, 512, 1024, 2048, 4096, 8192}
+                                  : std::vector<int>{1024, 4096, 8192}) {
       const int len = context + 1;
       const int mb = (len + kBlock - 1) / kBlock;  // blocks per sequence
       const size_t cache_elems = size_t(batch) * mb * kBlock * kKvHeads * kDim;  // per K or V
@@ -106,8 +108,11 @@ TEST(BenchAttentionDecode, Glm45AirShape) {
         EXPECT_TRUE(std::isfinite(us) && us > 0.0);
         const double gbs = bytes / us / 1e3;
         const int shown = splits == 0 ? model::cuda::split_decode_auto_splits(batch, shape) : splits;
-        std::printf("| %d | %d | %s%d | %.2f | %.0f | %.0f%% |\n", batch, context,
-                    splits == 0 ? "auto: " : "", shown, us, gbs, 100.0 * gbs / kPeakGBs);
+        const int model_pick = model::cuda::split_decode_auto_splits(batch, shape, context + 1);
+        // "model": the count the model's decode step picks with the context known.
+        std::printf("| %d | %d | %s%d%s | %.2f | %.0f | %.0f%% |\n", batch, context,
+                    splits == 0 ? "auto: " : "", shown,
+                    splits == model_pick ? " (model)" : "", us, gbs, 100.0 * gbs / kPeakGBs);
         std::fflush(stdout);
         launch(0, nullptr);
         TETRA_CUDA_CHECK(cudaDeviceSynchronize());

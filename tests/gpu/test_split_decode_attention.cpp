@@ -9,6 +9,7 @@
 // PredecessorWrites::QAndNewKvRow (cache reads before the PDL wait, the row of position len - 1
 // after it) must give the same bits as the default on every shape, and be right when a real
 // RoPE + KV write kernel writes q and that row right before it on the stream.
+// The automatic split count grows with the context and stays a power of two.
 // test_split_decode_attention_pdl.cu holds the race test with a deliberately slow writer.
 #include <gtest/gtest.h>
 
@@ -172,6 +173,30 @@ TEST(SplitDecodeAttention, NewRowModeAfterRopeKvWrite) {
     }
   }
   TETRA_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// The split count the model picks from the longest context: never more than without a length,
+// never fewer for a longer context, one split for a one-token context, and the count without a
+// length once the context is long (at batch 1, GLM-4.5-Air's heads).
+TEST(SplitDecodeAttention, AutoSplitsGrowWithTheContext) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  ops::AttentionShape sh;
+  sh.n_heads = 96;
+  sh.n_kv_heads = 8;
+  sh.head_dim = 128;
+  for (int seqs : {1, 3, 8, 64}) {
+    const int unknown = split_decode_auto_splits(seqs, sh);
+    int prev = 0;
+    for (int len = 1; len <= 16384; len *= 2) {
+      const int n = split_decode_auto_splits(seqs, sh, len);
+      EXPECT_GE(n, prev) << seqs << " seqs, len " << len;
+      EXPECT_LE(n, unknown) << seqs << " seqs, len " << len;
+      EXPECT_EQ(n & (n - 1), 0) << "a power of two";
+      prev = n;
+    }
+    EXPECT_EQ(split_decode_auto_splits(seqs, sh, 1), 1);
+    EXPECT_EQ(prev, unknown) << seqs << " seqs at 16384 tokens";
+  }
 }
 
 TEST(SplitDecodeAttention, RefusesUnsupportedShapes) {

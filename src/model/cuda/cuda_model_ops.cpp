@@ -191,14 +191,24 @@ class CudaModelOps final : public CudaModelOpsApi {
     max_seqlen_ = 0;
     for (int s = 0; s < S_; ++s)
       max_seqlen_ = std::max(max_seqlen_, step.cu_seqlens[s + 1] - step.cu_seqlens[s]);
+    // Decode attention splits for this step's longest context; graphs are kept per (bucket,
+    // splits), so a context crossing a split threshold captures one more graph (at most five
+    // per bucket) instead of replaying a split count chosen for another length.
+    attn_splits_ = 0;
+    if (split_decode_ && step.kind == StepKind::Decode) {
+      int max_len = 0;
+      for (int s = 0; s < S_; ++s) max_len = std::max(max_len, step.seq_lens[size_t(s)]);
+      attn_splits_ = split_decode_auto_splits(S_run, attn_, max_len);
+    }
     if (bucket > 0) {
-      auto it = graphs_.find(bucket);
+      const int key = bucket * (kMaxSplits + 1) + attn_splits_;
+      auto it = graphs_.find(key);
       if (it != graphs_.end()) {
         mode_ = Mode::Replay;
         replay_ = it->second;
       } else {
         mode_ = Mode::Capture;
-        capture_bucket_ = bucket;
+        capture_key_ = key;
         TETRA_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       }
     }
@@ -288,7 +298,7 @@ class CudaModelOps final : public CudaModelOpsApi {
     if (skip()) return;
     const ops::PagedKv kv = paged_kv(layer);
     if (split_decode_)
-      ck(split_decode_attention(buf(q), kv, S_run_, attn_, buf(out), stream_, 0,
+      ck(split_decode_attention(buf(q), kv, S_run_, attn_, buf(out), stream_, attn_splits_,
                                 PredecessorWrites::QAndNewKvRow));
     else
       ck(ops::cuda::paged_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(),
@@ -342,7 +352,7 @@ class CudaModelOps final : public CudaModelOpsApi {
       const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
       cudaGraphDestroy(g);
       TETRA_CUDA_CHECK(e);
-      graphs_[capture_bucket_] = exec;
+      graphs_[capture_key_] = exec;
       TETRA_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
       mode_ = Mode::Eager;
     }
@@ -654,9 +664,10 @@ class CudaModelOps final : public CudaModelOpsApi {
   const StepBatch* step_ = nullptr;
   int T_ = 0, S_ = 0, R_ = 0, S_run_ = 0, R_run_ = 0, max_seqlen_ = 0;
   Mode mode_ = Mode::Eager;
-  int capture_bucket_ = 0;
+  int capture_key_ = 0;
+  int attn_splits_ = 0;  // decode steps: split_decode_auto_splits for the longest sequence
   cudaGraphExec_t replay_ = nullptr;
-  std::map<int, cudaGraphExec_t> graphs_;  // bucket -> decode step graph
+  std::map<int, cudaGraphExec_t> graphs_;  // bucket * (kMaxSplits + 1) + splits -> step graph
 };
 
 std::unique_ptr<ModelOps> make_cuda_ops() { return std::make_unique<CudaModelOps>(); }

@@ -463,15 +463,20 @@ std::string split_decode_unsupported_reason(const ops::AttentionShape& s) {
 }
 
 
-int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s) {
+int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s, int max_len) {
   const int sms = current_device_sm_count();
-  // Double the splits while the blocks stay within one per multiprocessor. Measured on the H200
-  // (GLM-4.5-Air, contexts 1024..8192): the best split count was 16 at batch 1 (8 at 1024
-  // tokens, 7% faster), 2 at batch 8 and 1 at batch 64, as this rule picks: past one block per
-  // SM, splitting adds merge work but no more bandwidth.
+  // Double the splits while the blocks stay within one per multiprocessor: measured on the H200
+  // (GLM-4.5-Air, contexts 1024..8192) the best count was 2 at batch 8 and 1 at batch 64, as this
+  // picks: past one block per SM, splitting adds merge work but no more bandwidth. At batch 1 the
+  // best count grows with the context, about as sqrt(len / 8): 4 splits at 128 and 256 tokens
+  // (5.9 / 6.9 us, 7.6 / 7.7 with 16), 8 at 512 and 1024 (7.9 / 9.2 us, 8.1 / 9.4 with 16), 16
+  // from 2048 (bench/results/2026-11-30-session12-h200.md): shorter splits merge more partials
+  // than they save in reading.
   const int64_t pairs = int64_t(std::max(num_seqs, 1)) * std::max(s.n_kv_heads, 1);
   int splits = 1;
-  while (splits < kMaxSplits && pairs * splits * 2 <= sms) splits *= 2;
+  while (splits < kMaxSplits && pairs * splits * 2 <= sms &&
+         (max_len <= 0 || int64_t(8) * (2 * splits) * (2 * splits) <= max_len))
+    splits *= 2;
   return splits;
 }
 

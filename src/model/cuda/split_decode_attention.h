@@ -38,8 +38,10 @@ inline constexpr int kMaxSplits = 16;  // the largest (non-portable) cluster on 
 // Why this shape cannot run here ("" when it can): head_dim 64 or 128, group <= 16, 16-byte rows.
 std::string split_decode_unsupported_reason(const ops::AttentionShape& s);
 
-// Splits per (sequence, kv head) that the op picks for num_seqs sequences on the current GPU.
-int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s);
+// Splits per (sequence, kv head) that the op picks for num_seqs sequences on the current GPU:
+// doubled while the blocks stay within one per multiprocessor and, given max_len (the longest
+// sequence, 0: unknown), while 8 * splits^2 <= max_len (see the .cu for the measurements).
+int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s, int max_len = 0);
 
 // What the kernel launched right before the attention on `stream` (its PDL predecessor) may
 // still be writing while the attention starts.
