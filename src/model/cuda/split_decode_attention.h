@@ -11,11 +11,13 @@
 // running softmax over its 16 tokens of every chunk, so a chunk needs no exchange between warps.
 // At the end the warps' partials are merged in shared memory and the cluster's blocks merge
 // theirs through distributed shared memory: no workspace and no second launch.
-// Why: at batch 1 (GLM-4.5-Air, 1025 tokens) the 8 kv heads alone give 8 blocks; 16 splits give
-// 128 blocks with ~32 KB each in flight, so the KV read is one HBM round trip. At batch 64 the
-// 512 (sequence, kv head) pairs already fill the GPU and one split each needs no merge.
-// The launch shape depends only on num_seqs and the head counts, never on the device-side
-// seq_lens, so it can be captured in a CUDA graph.
+// Why: at batch 1 (GLM-4.5-Air, 1025 tokens) the 8 kv heads alone give 8 blocks; 8 splits give
+// 64 blocks with ~64 KB each in flight, so the KV read is one HBM round trip (the count grows with
+// the context: split_decode_auto_splits). At batch 64 the 512 (sequence, kv head) pairs already
+// fill the GPU and one split each needs no merge.
+// The launch shape depends on num_seqs, the head counts and the split count the caller passes
+// (from host-side lengths), never on the device-side seq_lens, so it can be captured in a CUDA
+// graph; a graph replays correctly at any length, only less fast past its count's range.
 // Launched as a programmatic dependent (PDL) of the kernel before it. With
 // PredecessorWrites::QAndNewKvRow the kernel reads seq_lens and the block tables and starts the
 // copies of its first three chunks before waiting for that kernel, leaving out only the row of
