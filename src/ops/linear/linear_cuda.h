@@ -111,10 +111,12 @@ std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_out
 // registers. Auto: Stream when the tiles fit one per block of its grid (long k: o_proj), else
 // Batched.
 enum class Nvfp4GemvKernel { Auto, Batched, Stream };
-// Stream kernel shape (benchmarks sweep it; null = these defaults, measured best for o_proj).
+// Stream kernel shape (benchmarks sweep it; null = these defaults, measured best for o_proj:
+// 4 stages rather than 5 took the GLM-4.5-Air batch-1 decode step 4041-4059 -> 4026-4033 us,
+// bench/results/2026-11-30-session12-h200.md).
 struct Nvfp4GemvStreamConfig {
   int consumer_warps = 16;  // 4 or 8 (chunks_per_warp 2), 16 (chunks_per_warp 1)
-  int stages = 5;           // ring depth
+  int stages = 4;           // ring depth
   int blocks_per_sm = 2;    // grid = min(tiles, SMs * this)
   int chunks_per_warp = 1;  // chunks (independent MMA chains) per warp per stage: 1 (16 warps),
                             // 2 or 4 (4 or 8 warps); a stage holds warps * this chunks
