@@ -347,8 +347,8 @@ TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
 // on both layouts and around each threshold: the one-launch token path (forced up to 99 tokens)
 // against the separate launches, the shared expert as a slot of the routed GEMMs (also forced up
 // to 99 tokens: several passes over its rows) against its own launches, serial or on the side
-// stream, the combine and the token path with and without PDL. An EP block too. The side stream runs the same
-// kernels as the serial launches: bit-equal. (The shared slot may pick another GEMM kernel than
+// stream, the combine and the token path with and without PDL. An EP block too. The side stream
+// runs the same kernels as the serial launches: bit-equal. (The shared slot may pick another GEMM kernel than
 // the shared expert's own launch, so it is held to the cpu tolerance, not to bits.)
 TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   moe::CudaTokenPath old_path;  // the launches before the fused path: all off

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -201,7 +202,7 @@ class CudaModelOps final : public CudaModelOpsApi {
       attn_splits_ = split_decode_auto_splits(S_run, attn_, max_len);
     }
     if (bucket > 0) {
-      const int key = bucket * (kMaxSplits + 1) + attn_splits_;
+      const GraphKey key{bucket, attn_splits_};
       auto it = graphs_.find(key);
       if (it != graphs_.end()) {
         mode_ = Mode::Replay;
@@ -664,10 +665,11 @@ class CudaModelOps final : public CudaModelOpsApi {
   const StepBatch* step_ = nullptr;
   int T_ = 0, S_ = 0, R_ = 0, S_run_ = 0, R_run_ = 0, max_seqlen_ = 0;
   Mode mode_ = Mode::Eager;
-  int capture_key_ = 0;
+  using GraphKey = std::pair<int, int>;  // (batch bucket, decode attention splits)
+  GraphKey capture_key_{};
   int attn_splits_ = 0;  // decode steps: split_decode_auto_splits for the longest sequence
   cudaGraphExec_t replay_ = nullptr;
-  std::map<int, cudaGraphExec_t> graphs_;  // bucket * (kMaxSplits + 1) + splits -> step graph
+  std::map<GraphKey, cudaGraphExec_t> graphs_;  // decode step graphs
 };
 
 std::unique_ptr<ModelOps> make_cuda_ops() { return std::make_unique<CudaModelOps>(); }
