@@ -20,10 +20,12 @@ namespace {
 // U: chunks per load batch. LATE: activations are read from L1 right before their MMA instead of
 // with the weights (frees U*NT*8 registers). MINB: blocks per SM the register allocation must
 // allow (0: no cap); without a cap the compiler hoists the late loads back up and spends the
-// saved registers.
-template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32>
+// saved registers. DIAG: a DecodeDiag mode (benchmarks only).
+template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32,
+          int DIAG = kDecodeFull>
 __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
     moe_decode_kernel(const GroupedGemmArgs a) {
+  static_assert(DIAG == kDecodeFull || (LATE && NT == 1), "diagnostics: the late n8 kernel only");
   const int slot = blockIdx.y;
   const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
   if (e < 0) return;
@@ -92,9 +94,27 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         if (c + u < c_end) {
-          uint4 xv[NT][2];
-          load_x(c + u, xv);
-          mma_chunk_pair<NT>(acc, wv[u], sv[u], xv);
+          if constexpr (DIAG == kDecodeLoadsOnly) {
+            acc[0][0][0] += __uint_as_float(wv[u][0].x ^ wv[u][0].y ^ wv[u][0].z ^ wv[u][0].w ^
+                                            wv[u][1].x ^ wv[u][1].y ^ wv[u][1].z ^ wv[u][1].w ^
+                                            sv[u][0] ^ sv[u][1]) * 0.0f;
+          } else if constexpr (DIAG == kDecodeNoDequant) {
+            uint4 xv[NT][2];
+            load_x(c + u, xv);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+              for (int mt = 0; mt < 2; ++mt) {
+                const uint32_t wd = word_of(wv[u][mt], j) ^ sv[u][mt];
+                const uint32_t A[4] = {wd, wd, wd, wd};
+                mma_bf16_16816(acc[mt][0], A, (j & 1) ? xv[0][j >> 1].z : xv[0][j >> 1].x,
+                               (j & 1) ? xv[0][j >> 1].w : xv[0][j >> 1].y);
+              }
+          } else {
+            uint4 xv[NT][2];
+            load_x(c + u, xv);
+            mma_chunk_pair<NT>(acc, wv[u], sv[u], xv);
+          }
         }
       }
     };
@@ -171,15 +191,15 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
   }
 }
 
-template <int NT, int KW, int U, bool LATE, int MINB>
+template <int NT, int KW, int U, bool LATE, int MINB, int DIAG = kDecodeFull>
 cudaError_t launch_variant(const GroupedGemmArgs& a, cudaStream_t stream) {
   const dim3 grid{unsigned(a.n / 32), unsigned(a.num_slots), 1u};
   const dim3 block(KW * 32);
   // a.pdl: programmatic dependent launch (the kernel waits before reading activations).
   const KernelLaunch launch(grid, block, stream, a.pdl);
-  if (a.gated) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, true, false>, a);
-  if (a.out_f32) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, true>, a);
-  return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, false>, a);
+  if (a.gated) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, DIAG>, a);
+  if (a.out_f32) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, DIAG>, a);
+  return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, DIAG>, a);
 }
 
 // The original register-streaming shape (U = 4, activations with the weights), every NT.
@@ -200,7 +220,15 @@ constexpr int key(int nt, int kw, int u, int minb) { return ((nt * 16 + kw) * 16
 cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStream_t stream) {
   if (c.k_warps <= 0) return cudaErrorInvalidValue;
   const int minb = c.min_blocks_per_sm > 0 ? c.min_blocks_per_sm : 16 / c.k_warps;
-  switch (key(c.token_tiles, c.k_warps, c.chunks_per_batch, minb)) {
+  const int k = key(c.token_tiles, c.k_warps, c.chunks_per_batch, minb);
+  if (c.diag == kDecodeLoadsOnly && k == key(1, 4, 2, 8))
+    return launch_variant<1, 4, 2, true, 8, kDecodeLoadsOnly>(a, stream);
+  if (c.diag == kDecodeLoadsOnly && k == key(1, 4, 8, 4))
+    return launch_variant<1, 4, 8, true, 4, kDecodeLoadsOnly>(a, stream);
+  if (c.diag == kDecodeNoDequant && k == key(1, 4, 2, 8))
+    return launch_variant<1, 4, 2, true, 8, kDecodeNoDequant>(a, stream);
+  if (c.diag != kDecodeFull) return cudaErrorInvalidValue;
+  switch (k) {
     case key(1, 4, 4, 4): return launch_variant<1, 4, 4, true, 4>(a, stream);
     case key(1, 4, 4, 5): return launch_variant<1, 4, 4, true, 5>(a, stream);
     case key(1, 4, 4, 6): return launch_variant<1, 4, 4, true, 6>(a, stream);

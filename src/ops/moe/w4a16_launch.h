@@ -29,6 +29,15 @@ struct GroupedGemmArgs {
   bool pdl = false;                // launch as a programmatic dependent (see MoeGemmProblem)
 };
 
+// Diagnostic modes of the late decode kernel, to place its time (tests/gpu/bench_w4a16_moe):
+// the same grid, blocks and weight loads, with less work per chunk. Instantiated for the default
+// configuration (n8 kw4 u2 b8) and, loads only, for a 4x deeper queue (u8 b4).
+enum DecodeDiag {
+  kDecodeFull = 0,
+  kDecodeLoadsOnly = 1,  // weight and scale loads kept live by an XOR: no activations, no math
+  kDecodeNoDequant = 2,  // activation loads and MMAs on the raw words: no dequantize, no scale
+};
+
 struct DecodeConfig {
   int token_tiles = 1;  // n8 tiles of tokens per pass (1, 2 or 4)
   int k_warps = 4;      // warps splitting k inside a block (4 or 8)
@@ -38,6 +47,7 @@ struct DecodeConfig {
   bool late_x = false;
   int chunks_per_batch = 4;     // late_x: 64-k chunks per warp load batch
   int min_blocks_per_sm = 0;    // late_x: register cap for this many blocks per SM (0: 16 / k_warps)
+  int diag = 0;                 // late_x: a DecodeDiag mode (benchmarks only; results meaningless)
 };
 inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
   os << "decode(n" << 8 * c.token_tiles << ",kw" << c.k_warps;
