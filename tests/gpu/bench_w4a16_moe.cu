@@ -98,6 +98,7 @@ struct Variant {
   moe_detail::DecodeConfig cfg;
   bool explicit_cfg;
   bool pdl = false;  // GEMM2 as a programmatic dependent of GEMM1: no event between them
+  bool pair = false;  // both GEMMs as one launch (moe_w4a16_gemm_pair), timed together
 };
 
 struct Result {
@@ -111,6 +112,12 @@ double median(std::vector<double> v) {
 
 // Returns false when an output was not finite (a broken kernel must not produce a table row).
 bool bench_one(const Shape& s, int tokens, const Variant& v, int iters, Result& res, bool print) {
+  if (v.pair) {  // the pair launch takes decode sizes only
+    MoeGemmProblem p;
+    p.num_experts = s.E, p.hidden = s.H, p.inter = s.I, p.total_rows = tokens * s.topk;
+    p.num_slots = std::min(s.E, tokens * s.topk);
+    if (!moe_gemm_pair_fits(p, p)) return true;
+  }
   const size_t w13 = packed_weight_bytes(2 * s.I, s.H), s13 = packed_scale_bytes(2 * s.I, s.H);
   const size_t w2 = packed_weight_bytes(s.H, s.I), s2 = packed_scale_bytes(s.H, s.I);
   uint8_t *d_w13, *d_s13, *d_w2, *d_s2;
@@ -144,7 +151,10 @@ bool bench_one(const Shape& s, int tokens, const Variant& v, int iters, Result& 
   std::vector<Routing> R;
   for (int i = 0; i < kSets; ++i) R.push_back(make_routing(s, tokens, rng));
 
-  cudaEvent_t ev[3];
+  uint32_t* d_done = nullptr;  // the pair launch's counters, zero between launches
+  TETRA_CUDA_CHECK(cudaMalloc(&d_done, 2 * size_t(s.E) * sizeof(uint32_t)));
+  TETRA_CUDA_CHECK(cudaMemset(d_done, 0, 2 * size_t(s.E) * sizeof(uint32_t)));
+    cudaEvent_t ev[3];
   for (auto& e : ev) TETRA_CUDA_CHECK(cudaEventCreate(&e));
   std::vector<double> t1, t2;
   const int warm = 3;
@@ -158,13 +168,19 @@ bool bench_one(const Shape& s, int tokens, const Variant& v, int iters, Result& 
     mr.row_start = r.d_start, mr.row_count = r.d_count, mr.expert_ids = r.d_ids;
     const moe_detail::DecodeConfig* cfg = v.explicit_cfg ? &v.cfg : nullptr;
     TETRA_CUDA_CHECK(cudaEventRecord(ev[0]));
-    TETRA_CUDA_CHECK(moe_detail::gemm1_with(p, w, mr, d_x, d_act, nullptr, v.kernel, cfg));
-    if (!v.pdl) TETRA_CUDA_CHECK(cudaEventRecord(ev[1]));
-    TETRA_CUDA_CHECK(moe_detail::gemm2_with(p, w, mr, d_act, d_y, true, nullptr, v.kernel, cfg));
+    if (v.pair) {
+      MoeGemmProblem p2 = p;
+      p2.gemm2_pdl = true;
+      TETRA_CUDA_CHECK(moe_w4a16_gemm_pair(p, p2, w, mr, d_x, d_act, d_y, d_done, nullptr));
+    } else {
+      TETRA_CUDA_CHECK(moe_detail::gemm1_with(p, w, mr, d_x, d_act, nullptr, v.kernel, cfg));
+      if (!v.pdl) TETRA_CUDA_CHECK(cudaEventRecord(ev[1]));
+      TETRA_CUDA_CHECK(moe_detail::gemm2_with(p, w, mr, d_act, d_y, true, nullptr, v.kernel, cfg));
+    }
     TETRA_CUDA_CHECK(cudaEventRecord(ev[2]));
     TETRA_CUDA_CHECK(cudaEventSynchronize(ev[2]));
     float a = 0, b;
-    if (v.pdl) {
+    if (v.pdl || v.pair) {
       TETRA_CUDA_CHECK(cudaEventElapsedTime(&b, ev[0], ev[2]));  // both GEMMs, reported as gemm2
     } else {
       TETRA_CUDA_CHECK(cudaEventElapsedTime(&a, ev[0], ev[1]));
@@ -200,6 +216,7 @@ bool bench_one(const Shape& s, int tokens, const Variant& v, int iters, Result& 
 
   for (auto& r : R) cudaFree(r.d_start), cudaFree(r.d_count), cudaFree(r.d_ids);
   for (auto& e : ev) cudaEventDestroy(e);
+  cudaFree(d_done);
   cudaFree(d_x), cudaFree(d_act), cudaFree(d_y);
   cudaFree(d_w13), cudaFree(d_s13), cudaFree(d_w2), cudaFree(d_s2), cudaFree(d_alpha);
   return finite;
@@ -219,6 +236,7 @@ TEST(BenchW4a16Moe, Table) {
       {"late n8 kw4 u4 b6", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 6}, true},
       {"late n8 kw4 u2 b8+pdl", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 8}, true, true},
       {"late n8 kw4 u2 b8", MoeKernel::kDecode, {.late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 8}, true},
+      {"pair", MoeKernel::kAuto, {}, false, false, true},
       {"late n8 kw2 u8 b8", MoeKernel::kDecode, {.k_warps = 2, .late_x = true, .chunks_per_batch = 8, .min_blocks_per_sm = 8}, true},
       // Diagnostics (moe_detail::DecodeDiag): the default kernel's loads alone, without the
       // dequantize, and the loads alone with 4x the bytes in flight per SM (u8, 4 blocks/SM).

@@ -358,6 +358,7 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   old_path.shared_side_stream = false;
   old_path.combine_pdl = false;
   old_path.token_path_pdl = false;
+  old_path.gemm_pair = 0;
   moe::CudaTokenPath all_fused;  // everything fused up to 99 tokens
   all_fused.persistent_max_tokens = 0;  // the launches' fusions (the one-launch layer: below)
   all_fused.fused_route_max_tokens = 99;
@@ -367,9 +368,10 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   side_only.shared_side_stream = true;
   moe::CudaTokenPath cold;  // the default without the token path's L2 warm-up (a hint only)
   cold.warm_shared = false;
-  moe::CudaTokenPath plain_launch;  // the default with the token path and combine without PDL
-  plain_launch.token_path_pdl = false;
+  moe::CudaTokenPath plain_launch;  // the default with the token path and combine without PDL,
+  plain_launch.token_path_pdl = false;  // and the routed GEMMs as one launch
   plain_launch.combine_pdl = false;
+  plain_launch.gemm_pair = 2;
   const std::vector<std::pair<std::string, moe::CudaTokenPath>> paths = {
       {"default", moe::CudaTokenPath{}}, {"no L2 warm-up", cold}, {"no PDL launches", plain_launch},
       {"old", old_path}, {"all fused", all_fused}, {"side stream", side_only}};
@@ -439,7 +441,7 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
                         i > 0 && got == outs[0] ? " (bits of default)" : "");
           }
           EXPECT_EQ(outs[1], outs[0]) << "the L2 warm-up changed the result";
-          EXPECT_EQ(outs[2], outs[0]) << "the PDL launches changed the result";
+          EXPECT_EQ(outs[2], outs[0]) << "the PDL launches or the GEMM pair changed the result";
           if (outs.size() == paths.size()) EXPECT_EQ(outs[5], outs[3]) << "side stream vs serial";
         }
       }

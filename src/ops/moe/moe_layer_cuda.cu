@@ -203,6 +203,7 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
     slots_ = c.take<int32_t>(Ew);
     dropped_ = c.take<int32_t>(1);
     counter_ = c.take<uint32_t>(1);
+    pair_done_ = c.take<uint32_t>(2 * size_t(Ew));
     if (persist_T_ > 0) {
       slot_pair_ = c.take<int32_t>(size_t(std::min(E, persist_T_ * K)) * persist_T_);
       num_routed_ = c.take<int32_t>(1);
@@ -222,6 +223,7 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   if (workspace_bytes_ == 0) workspace_ = nullptr;
   TETRA_CUDA_CHECK(cudaMemset(dropped_, 0, sizeof(int32_t)));
   TETRA_CUDA_CHECK(cudaMemset(counter_, 0, sizeof(uint32_t)));
+  TETRA_CUDA_CHECK(cudaMemset(pair_done_, 0, 2 * size_t(Ew) * sizeof(uint32_t)));
   if (persist_sync_) TETRA_CUDA_CHECK(cudaMemset(persist_sync_, 0, persist_sync * sizeof(uint32_t)));
   TETRA_CUDA_CHECK(cudaMemset(row_token_, 0, rows_cap * sizeof(int32_t)));  // any valid token
   if (layout_ == TokenLayout::Masked) {
@@ -591,18 +593,30 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     shared_gemm2(side_);
     TETRA_CUDA_CHECK(cudaEventRecord(join_, side_));
   }
-  check_launch(routed_bf16_   ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
-               : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream, routed_kernel)
-                              : moe_w4a16_gemm1(p, w_, rows, x1, act_, stream, routed_kernel),
-               "GEMM1", name_);
-  if (own && !side) shared_gemm1(stream);
-  mark(2);
-  // (W4A4: GEMM2's PDL follows the in-place act quantizer; it still waits before reading act.)
-  check_launch(routed_bf16_   ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
-               : routed_w4a4_ ? moe_w4a4_gemm2(p2, w4, rows, act_, y_, true, stream, routed_kernel)
-                              : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream, routed_kernel),
-               "GEMM2", name_);
-  if (own && !side) shared_gemm2(stream);
+  // Routed GEMMs as one launch where GEMM1 spills into a second wave (moe_gemm_pair_preferred);
+  // not with marks (the benchmark times the GEMMs apart).
+  const int active_slots = std::min(E, T * K) + (slot ? 1 : 0);
+  const bool pair = !routed_bf16_ && !routed_w4a4_ && !own && !marks &&
+                    routed_kernel == MoeKernel::kAuto && moe_gemm_pair_fits(p, p2) &&
+                    (path_.gemm_pair == 2 ||
+                     (path_.gemm_pair == 1 && moe_gemm_pair_preferred(p, active_slots)));
+  if (pair) {
+    check_launch(moe_w4a16_gemm_pair(p, p2, w_, rows, x1, act_, y_, pair_done_, stream),
+                 "GEMM1 + GEMM2", name_);
+  } else {
+    check_launch(routed_bf16_   ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
+                 : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream, routed_kernel)
+                                : moe_w4a16_gemm1(p, w_, rows, x1, act_, stream, routed_kernel),
+                 "GEMM1", name_);
+    if (own && !side) shared_gemm1(stream);
+    mark(2);
+    // (W4A4: GEMM2's PDL follows the in-place act quantizer; it still waits before reading act.)
+    check_launch(routed_bf16_   ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
+                 : routed_w4a4_ ? moe_w4a4_gemm2(p2, w4, rows, act_, y_, true, stream, routed_kernel)
+                                : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream, routed_kernel),
+                 "GEMM2", name_);
+    if (own && !side) shared_gemm2(stream);
+  }
   if (side) TETRA_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
   mark(3);
   cuda::CombineOptions co;
@@ -684,9 +698,11 @@ CudaTokenPath cuda_token_path_from_env() {
       p.token_path_pdl = v != 0;
     } else if (key == "warm") {
       p.warm_shared = v != 0;
+    } else if (key == "pair") {
+      p.gemm_pair = v;
     } else {
       TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key,
-                 "' (persist, fused, slot, side, pdl, tpdl, warm)");
+                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair)");
     }
   }
   return p;
@@ -696,7 +712,8 @@ std::string cuda_token_path_label(const CudaTokenPath& p) {
   std::ostringstream os;
   os << "persist<=" << p.persistent_max_tokens << " fused<=" << p.fused_route_max_tokens << " slot<=" << p.shared_slot_max_tokens
      << " side=" << int(p.shared_side_stream) << " pdl=" << int(p.combine_pdl)
-     << " tpdl=" << int(p.token_path_pdl) << " warm=" << int(p.warm_shared);
+     << " tpdl=" << int(p.token_path_pdl) << " warm=" << int(p.warm_shared)
+     << " pair=" << p.gemm_pair;
   return os.str();
 }
 

@@ -66,6 +66,10 @@ struct CudaTokenPath {
   // The one-launch token path asks the L2 for the shared expert's weights while it routes
   // (SmallTokenPath::warm), so the shared expert's GEMM rows read them from L2.
   bool warm_shared = true;
+  // Routed W4A16 GEMM1 and GEMM2 on the decode kernel as one launch, GEMM2 waiting per expert
+  // (moe_w4a16_gemm_pair), when the shared expert is absent or a slot: 0 never, 1 where
+  // moe_gemm_pair_preferred says it pays, 2 whenever it fits.
+  int gemm_pair = 1;
 };
 
 // The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1,warm=0|1"
@@ -192,6 +196,7 @@ class CudaMoeLayer final : public MoeLayerRunner {
   int32_t* slots_ = nullptr;         // [E (+1)] active experts first, then -1 (then the shared slot)
   int32_t* dropped_ = nullptr;       // [1]
   uint32_t* counter_ = nullptr;      // [1] the small token path's block counter (zero between launches)
+  uint32_t* pair_done_ = nullptr;    // [2 * slots] moe_w4a16_gemm_pair's counters (zero between launches)
   int32_t* sh_rows_ = nullptr;       // [2] shared problem: row_start 0, row_count T
   // The persistent layer's own bookkeeping (its rows are act_ / y_), for up to persist_T_ tokens.
   int persist_T_ = 0;

@@ -7,6 +7,8 @@
 // default at <= 8 rows per expert) reads activations from L1 just before their MMA and caps
 // registers so 8 blocks (32 warps) fit per SM: at 1..64 tokens more warps with 2 chunks each beat
 // fewer warps with 4-8 chunks each (bench/moe_kernels/RESULTS.md).
+// The pair kernel runs GEMM1 and GEMM2 of that configuration as one grid, GEMM2's blocks waiting
+// per expert on counters instead of for the whole GEMM1 grid (moe_w4a16_gemm_pair).
 #include <cuda_runtime.h>
 
 #include "core/kernel_launch.h"
@@ -21,16 +23,19 @@ namespace {
 // with the weights (frees U*NT*8 registers). MINB: blocks per SM the register allocation must
 // allow (0: no cap); without a cap the compiler hoists the late loads back up and spends the
 // saved registers. DIAG: a DecodeDiag mode (benchmarks only).
-template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32,
-          int DIAG = kDecodeFull>
-__global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
-    moe_decode_kernel(const GroupedGemmArgs a) {
+// One block's work: tile pair `pair` of slot `slot`. wait_x() runs in every warp before its first
+// activation read (griddepcontrol.wait as a programmatic dependent; a per-expert counter in the
+// pair kernel). XWEAK: activations written earlier in the same grid, read by weak loads (the
+// read-only path may not see them). Returns false when the slot has no rows (nothing written).
+template <int NT, int KW, int U, bool LATE, bool GATED, bool OUT_F32, int DIAG, bool XWEAK,
+          class WaitX>
+__device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair, int slot,
+                                             WaitX wait_x) {
   static_assert(DIAG == kDecodeFull || (LATE && NT == 1), "diagnostics: the late n8 kernel only");
-  const int slot = blockIdx.y;
   const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
-  if (e < 0) return;
+  if (e < 0) return false;
   const int cnt = a.rows.row_count[e];
-  if (cnt <= 0) return;
+  if (cnt <= 0) return false;
   const int start = a.rows.row_start[e];
   // The expert's alphas (constants) are loaded now, not after the k reduction: the epilogue then
   // starts without another memory round trip.
@@ -42,7 +47,7 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
   const int chunks = a.k / kChunkK;
   const int c_begin = warp * chunks / KW, c_end = (warp + 1) * chunks / KW;
   const size_t tiles = size_t(a.n) / 16;
-  const size_t tile0 = 2 * size_t(blockIdx.x);
+  const size_t tile0 = 2 * size_t(pair);
   // [2 tiles] pointers at this lane's 16 bytes / 2 scale bytes of chunk 0
   const uint8_t* wp0 = a.w + (size_t(e) * tiles + tile0) * chunks * kTileChunkBytes + lane * 16;
   const uint8_t* wp1 = wp0 + size_t(chunks) * kTileChunkBytes;
@@ -85,8 +90,10 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
     auto load_x = [&](int c, uint4 (&xv)[NT][2]) {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        xv[nt][0] = ld_cached_u4(xp[nt] + size_t(c) * kChunkK);
-        xv[nt][1] = ld_cached_u4(xp[nt] + size_t(c) * kChunkK + 8);
+        xv[nt][0] = XWEAK ? ld_weak_u4(xp[nt] + size_t(c) * kChunkK)
+                          : ld_cached_u4(xp[nt] + size_t(c) * kChunkK);
+        xv[nt][1] = XWEAK ? ld_weak_u4(xp[nt] + size_t(c) * kChunkK + 8)
+                          : ld_cached_u4(xp[nt] + size_t(c) * kChunkK + 8);
       }
     };
     // Batch of U chunks whose weights are already in registers; activations read now.
@@ -122,12 +129,12 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
     // Launched as a programmatic dependent (GEMM2 after GEMM1), this block may start while the
     // previous grid still runs: wait for its output before reading activations. A no-op for a
     // normal launch. LATE waits after issuing its first weight batch instead.
-    if (!LATE && tok0 == 0) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (!LATE && tok0 == 0) wait_x();
     for (int c = c_begin; c < c_end; c += U) {
       uint4 wv[U][2];
       uint32_t sv[U][2];
       load_w(c, wv, sv);
-      if (LATE && tok0 == 0 && c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");
+      if (LATE && tok0 == 0 && c == c_begin) wait_x();
       if constexpr (LATE) {
         compute_batch_late(c, wv, sv);
       } else {
@@ -164,7 +171,7 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
         }
         const int token = tok0 + nt * 8 + 2 * (l % 4) + (r & 1);
         if (token < cnt) {
-          const int n = blockIdx.x * 16 + l / 4 + (r >= 2 ? 8 : 0);
+          const int n = pair * 16 + l / 4 + (r >= 2 ? 8 : 0);
           uint16_t* out = static_cast<uint16_t*>(a.out);
           out[size_t(start + token) * out_ld + n] = f32_to_bf16_bits(silu(gs * ag) * (us * au));
         }
@@ -178,7 +185,7 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
         for (int w = 0; w < KW; ++w) s += red[w][mt][nt][r][l];
         const int token = tok0 + nt * 8 + 2 * (l % 4) + (r & 1);
         if (token < cnt) {
-          const int n = blockIdx.x * 32 + mt * 16 + l / 4 + (r >= 2 ? 8 : 0);
+          const int n = pair * 32 + mt * 16 + l / 4 + (r >= 2 ? 8 : 0);
           const size_t o = size_t(start + token) * a.n + n;
           if constexpr (OUT_F32)
             static_cast<float*>(a.out)[o] = s * ad;
@@ -188,6 +195,67 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
       }
     }
     __syncthreads();  // red is reused by the next token pass
+  }
+  return true;
+}
+
+template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32,
+          int DIAG = kDecodeFull>
+__global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
+    moe_decode_kernel(const GroupedGemmArgs a) {
+  // Launched as a programmatic dependent (GEMM2 after GEMM1), a block may start while the
+  // previous grid still runs: it waits for that grid before reading activations (a no-op for a
+  // normal launch).
+  decode_block<NT, KW, U, LATE, GATED, OUT_F32, DIAG, false>(
+      a, int(blockIdx.x), int(blockIdx.y), [] { asm volatile("griddepcontrol.wait;" ::: "memory"); });
+}
+
+// The spin reads relaxed (an acquire load invalidates the SM's L1, where the resident GEMM1
+// blocks keep their activations); one acquire fence per warp follows the wait.
+__device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// GEMM1 and GEMM2 of the default late configuration as one grid: blocks [0, B1) are GEMM1's
+// (tile pair, slot) blocks, the rest GEMM2's. A GEMM1 block counts itself in on its slot once
+// its act rows are written; a GEMM2 block issues its first weights, then waits until every GEMM1
+// block of its slot is in, so GEMM2's weights stream while GEMM1's other experts finish instead
+// of after the whole GEMM1 grid. Blocks are dispatched in index order, so every GEMM1 block is
+// resident or done before a GEMM2 block waits: no deadlock. done [2 * slots]: zero before the
+// first launch; the last GEMM2 block of a slot zeroes its two counters.
+__global__ void __launch_bounds__(128, 8)
+    moe_decode_pair_kernel(const GroupedGemmArgs a1, const GroupedGemmArgs a2, uint32_t* done) {
+  const int pairs1 = a1.n / 32, blocks1 = pairs1 * a1.num_slots;
+  if (int(blockIdx.x) < blocks1) {
+    const int slot = int(blockIdx.x) / pairs1;
+    // x was written before this (normal) launch: nothing to wait for.
+    if (decode_block<1, 4, 2, true, true, false, kDecodeFull, false>(
+            a1, int(blockIdx.x) % pairs1, slot, [] {})) {
+      __threadfence();  // this thread's act stores, before the block counts in
+      __syncthreads();
+      if (threadIdx.x == 0) atomicAdd(done + slot, 1u);
+    }
+    return;
+  }
+  const int b = int(blockIdx.x) - blocks1, pairs2 = a2.n / 32;
+  const int slot = b / pairs2;
+  uint32_t* in1 = done + slot;
+  uint32_t* in2 = done + a2.num_slots + slot;
+  auto wait_gemm1 = [in1, pairs1] {
+    if (threadIdx.x % 32 == 0)
+      while (ld_relaxed_u32(in1) < uint32_t(pairs1)) __nanosleep(64);
+    __syncwarp();
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  };
+  if (decode_block<1, 4, 2, true, false, true, kDecodeFull, true>(a2, b % pairs2, slot,
+                                                                    wait_gemm1)) {
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(in2, 1u) == uint32_t(pairs2 - 1)) {
+      *in1 = 0;  // every GEMM1 and GEMM2 block of the slot is done with them
+      *in2 = 0;
+    }
   }
 }
 
@@ -239,6 +307,16 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
 }
 
 }  // namespace
+
+cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs& a2,
+                               uint32_t* done, cudaStream_t stream) {
+  if (a1.num_slots != a2.num_slots || !a1.gated || a2.gated || !a2.out_f32 || done == nullptr)
+    return cudaErrorInvalidValue;
+  if (a1.num_slots <= 0) return cudaSuccess;
+  const unsigned blocks = unsigned((a1.n / 32 + a2.n / 32) * a1.num_slots);
+  const KernelLaunch launch(dim3(blocks), dim3(128), stream, false);
+  return launch(moe_decode_pair_kernel, a1, a2, done);
+}
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream) {
   if (a.num_slots <= 0 || a.n <= 0) return cudaSuccess;

@@ -91,6 +91,16 @@ __device__ __forceinline__ uint32_t ld_stream_u16(const void* p) {
   asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
   return v;
 }
+// Activations written earlier in the same grid: a weak load (L1-cacheable, not the read-only
+// path), ordered after the caller's acquire of the writers' counter.
+__device__ __forceinline__ uint4 ld_weak_u4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
 // Activations: reused by every weight tile of the expert, so let L1 keep them.
 __device__ __forceinline__ uint4 ld_cached_u4(const void* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));

@@ -56,6 +56,10 @@ inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
 }
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
+// GEMM1 (a1, gated) and GEMM2 (a2, f32 out) of the default late configuration in one grid, GEMM2's
+// blocks waiting per slot on counters (done [2 * num_slots], zero between launches).
+cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs& a2,
+                               uint32_t* done, cudaStream_t stream);
 cudaError_t launch_tiled(const GroupedGemmArgs& a, int blocks_per_sm, cudaStream_t stream);
 cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream);  // w4a16_wgmma.cu
 

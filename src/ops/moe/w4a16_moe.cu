@@ -82,6 +82,29 @@ moe_detail::GroupedGemmArgs base_args(const MoeGemmProblem& p, const MoeRows& ro
   return a;
 }
 
+bool gemm2_weights_ok(const MoeWeightsDevice& w, const MoeRows& rows) {
+  return rows.row_start != nullptr && rows.row_count != nullptr && w.w2 != nullptr &&
+         w.s2 != nullptr && w.alpha_down != nullptr;
+}
+
+moe_detail::GroupedGemmArgs gemm2_args(const MoeGemmProblem& p, const MoeWeightsDevice& w,
+                                       const MoeRows& rows, const uint16_t* act, void* y,
+                                       bool y_f32) {
+  moe_detail::GroupedGemmArgs a = base_args(p, rows);
+  a.rows.gather = nullptr;  // GEMM2 reads act rows in place
+  a.w = w.w2;
+  a.s = w.s2;
+  a.alpha0 = w.alpha_down;
+  a.x = act;
+  a.out = y;
+  a.out_f32 = y_f32;
+  a.pdl = p.gemm2_pdl;
+  a.n = p.hidden;
+  a.k = p.inter;
+  a.gated = false;
+  return a;
+}
+
 cudaError_t run(const MoeGemmProblem& p, const moe_detail::GroupedGemmArgs& a, MoeKernel kernel,
                 cudaStream_t stream, const moe_detail::DecodeConfig* cfg) {
   if (kernel == MoeKernel::kAuto) kernel = moe_pick_kernel(p);
@@ -132,26 +155,54 @@ cudaError_t gemm1_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const
 cudaError_t gemm2_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const MoeRows& rows,
                        const uint16_t* act, void* y, bool y_f32, cudaStream_t stream,
                        MoeKernel kernel, const DecodeConfig* cfg) {
-  if (!moe_gemm_unsupported_reason(p).empty()) return cudaErrorInvalidValue;
-  if (rows.row_start == nullptr || rows.row_count == nullptr || w.w2 == nullptr ||
-      w.s2 == nullptr || w.alpha_down == nullptr)
+  if (!moe_gemm_unsupported_reason(p).empty() || !gemm2_weights_ok(w, rows))
     return cudaErrorInvalidValue;
   if (p.total_rows == 0) return cudaSuccess;
-  moe_detail::GroupedGemmArgs a = base_args(p, rows);
-  a.rows.gather = nullptr;  // GEMM2 reads act rows in place
-  a.w = w.w2;
-  a.s = w.s2;
-  a.alpha0 = w.alpha_down;
-  a.x = act;
-  a.out = y;
-  a.out_f32 = y_f32;
-  a.pdl = p.gemm2_pdl;
-  a.n = p.hidden;
-  a.k = p.inter;
-  a.gated = false;
-  return run(p, a, kernel, stream, cfg);
+  return run(p, gemm2_args(p, w, rows, act, y, y_f32), kernel, stream, cfg);
 }
 }  // namespace moe_detail
+
+namespace {
+bool default_late(const MoeGemmProblem& p) {
+  if (!moe_gemm_unsupported_reason(p).empty() || moe_pick_kernel(p) != MoeKernel::kDecode)
+    return false;
+  const moe_detail::DecodeConfig c = decode_config(p);
+  return c.late_x && c.token_tiles == 1 && c.k_warps == 4 && c.chunks_per_batch == 2 &&
+         c.min_blocks_per_sm == 8;
+}
+}  // namespace
+
+bool moe_gemm_pair_fits(const MoeGemmProblem& p1, const MoeGemmProblem& p2) {
+  return default_late(p1) && default_late(p2) && slots_of(p1) == slots_of(p2);
+}
+
+bool moe_gemm_pair_preferred(const MoeGemmProblem& p1, int active_slots) {
+  const double blocks = double(2 * p1.inter / 32) * active_slots;
+  const double wave = 8.0 * current_device_sm_count();  // the default late config's blocks/SM
+  return blocks > wave && blocks <= 2.0 * wave;
+}
+
+cudaError_t moe_w4a16_gemm_pair(const MoeGemmProblem& p1, const MoeGemmProblem& p2,
+                                const MoeWeightsDevice& w, const MoeRows& rows,
+                                const uint16_t* x, uint16_t* act, float* y, uint32_t* done,
+                                cudaStream_t stream) {
+  if (!moe_gemm_pair_fits(p1, p2) || !gemm2_weights_ok(w, rows) || w.w13 == nullptr ||
+      w.s13 == nullptr || w.alpha_gate == nullptr || w.alpha_up == nullptr || done == nullptr)
+    return cudaErrorInvalidValue;
+  if (p1.total_rows == 0) return cudaSuccess;
+  moe_detail::GroupedGemmArgs a1 = base_args(p1, rows);
+  a1.w = w.w13;
+  a1.s = w.s13;
+  a1.alpha0 = w.alpha_gate;
+  a1.alpha1 = w.alpha_up;
+  a1.x = x;
+  a1.out = act;
+  a1.n = 2 * p1.inter;
+  a1.k = p1.hidden;
+  a1.gated = true;
+  const moe_detail::GroupedGemmArgs a2 = gemm2_args(p2, w, rows, act, y, true);
+  return moe_detail::launch_decode_pair(a1, a2, done, stream);
+}
 
 cudaError_t moe_w4a16_gemm1(const MoeGemmProblem& p, const MoeWeightsDevice& w,
                             const MoeRows& rows, const uint16_t* x, uint16_t* act,

@@ -85,4 +85,22 @@ cudaError_t moe_w4a16_gemm2(const MoeGemmProblem& p, const MoeWeightsDevice& w,
                             cudaStream_t stream,
                             MoeKernel kernel = MoeKernel::kAuto);
 
+// GEMM1 and GEMM2 in one launch at decode sizes (both on the decode kernel's default
+// configuration): GEMM2's blocks wait per expert for GEMM1's instead of for its whole grid.
+// Same results as moe_w4a16_gemm1 + moe_w4a16_gemm2 (y f32), bit for bit. p1 / p2: the two
+// problems as for the separate calls; done [2 * slots] device counters, zero before the first
+// launch (each launch leaves them zero).
+bool moe_gemm_pair_fits(const MoeGemmProblem& p1, const MoeGemmProblem& p2);
+// Whether the pair launch is expected to beat GEMM1 + GEMM2 (PDL) for `active_slots` experts with
+// rows: when GEMM1's blocks need more than one wave and at most two (8 blocks per SM), GEMM2's
+// early experts run during GEMM1's last wave instead of after it. Measured on the H200
+// (bench/results/2026-12-01-session13-h200.md): GLM-5 1 token (1.09 waves) -8% for the layer,
+// GLM-4.5-Air 2 tokens (1.3 waves) -3% per decode step; within one wave (Air 1 token) +6%, from
+// 2.4 waves on (4-8 tokens) even to +1.5%.
+bool moe_gemm_pair_preferred(const MoeGemmProblem& p1, int active_slots);
+cudaError_t moe_w4a16_gemm_pair(const MoeGemmProblem& p1, const MoeGemmProblem& p2,
+                                const MoeWeightsDevice& w, const MoeRows& rows,
+                                const uint16_t* x, uint16_t* act, float* y, uint32_t* done,
+                                cudaStream_t stream);
+
 }  // namespace tetra
