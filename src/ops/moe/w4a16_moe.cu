@@ -82,6 +82,26 @@ moe_detail::GroupedGemmArgs base_args(const MoeGemmProblem& p, const MoeRows& ro
   return a;
 }
 
+bool gemm1_weights_ok(const MoeWeightsDevice& w, const MoeRows& rows) {
+  return rows.row_start != nullptr && rows.row_count != nullptr && w.w13 != nullptr &&
+         w.s13 != nullptr && w.alpha_gate != nullptr && w.alpha_up != nullptr;
+}
+
+moe_detail::GroupedGemmArgs gemm1_args(const MoeGemmProblem& p, const MoeWeightsDevice& w,
+                                       const MoeRows& rows, const uint16_t* x, uint16_t* act) {
+  moe_detail::GroupedGemmArgs a = base_args(p, rows);
+  a.w = w.w13;
+  a.s = w.s13;
+  a.alpha0 = w.alpha_gate;
+  a.alpha1 = w.alpha_up;
+  a.x = x;
+  a.out = act;
+  a.n = 2 * p.inter;
+  a.k = p.hidden;
+  a.gated = true;
+  return a;
+}
+
 bool gemm2_weights_ok(const MoeWeightsDevice& w, const MoeRows& rows) {
   return rows.row_start != nullptr && rows.row_count != nullptr && w.w2 != nullptr &&
          w.s2 != nullptr && w.alpha_down != nullptr;
@@ -134,22 +154,10 @@ namespace moe_detail {
 cudaError_t gemm1_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const MoeRows& rows,
                        const uint16_t* x, uint16_t* act, cudaStream_t stream, MoeKernel kernel,
                        const DecodeConfig* cfg) {
-  if (!moe_gemm_unsupported_reason(p).empty()) return cudaErrorInvalidValue;
-  if (rows.row_start == nullptr || rows.row_count == nullptr || w.w13 == nullptr ||
-      w.s13 == nullptr || w.alpha_gate == nullptr || w.alpha_up == nullptr)
+  if (!moe_gemm_unsupported_reason(p).empty() || !gemm1_weights_ok(w, rows))
     return cudaErrorInvalidValue;
   if (p.total_rows == 0) return cudaSuccess;
-  moe_detail::GroupedGemmArgs a = base_args(p, rows);
-  a.w = w.w13;
-  a.s = w.s13;
-  a.alpha0 = w.alpha_gate;
-  a.alpha1 = w.alpha_up;
-  a.x = x;
-  a.out = act;
-  a.n = 2 * p.inter;
-  a.k = p.hidden;
-  a.gated = true;
-  return run(p, a, kernel, stream, cfg);
+  return run(p, gemm1_args(p, w, rows, x, act), kernel, stream, cfg);
 }
 
 cudaError_t gemm2_with(const MoeGemmProblem& p, const MoeWeightsDevice& w, const MoeRows& rows,
@@ -186,22 +194,12 @@ cudaError_t moe_w4a16_gemm_pair(const MoeGemmProblem& p1, const MoeGemmProblem& 
                                 const MoeWeightsDevice& w, const MoeRows& rows,
                                 const uint16_t* x, uint16_t* act, float* y, uint32_t* done,
                                 cudaStream_t stream) {
-  if (!moe_gemm_pair_fits(p1, p2) || !gemm2_weights_ok(w, rows) || w.w13 == nullptr ||
-      w.s13 == nullptr || w.alpha_gate == nullptr || w.alpha_up == nullptr || done == nullptr)
+  if (!moe_gemm_pair_fits(p1, p2) || !gemm1_weights_ok(w, rows) || !gemm2_weights_ok(w, rows) ||
+      done == nullptr)
     return cudaErrorInvalidValue;
   if (p1.total_rows == 0) return cudaSuccess;
-  moe_detail::GroupedGemmArgs a1 = base_args(p1, rows);
-  a1.w = w.w13;
-  a1.s = w.s13;
-  a1.alpha0 = w.alpha_gate;
-  a1.alpha1 = w.alpha_up;
-  a1.x = x;
-  a1.out = act;
-  a1.n = 2 * p1.inter;
-  a1.k = p1.hidden;
-  a1.gated = true;
-  const moe_detail::GroupedGemmArgs a2 = gemm2_args(p2, w, rows, act, y, true);
-  return moe_detail::launch_decode_pair(a1, a2, done, stream);
+  return moe_detail::launch_decode_pair(gemm1_args(p1, w, rows, x, act),
+                                        gemm2_args(p2, w, rows, act, y, true), done, stream);
 }
 
 cudaError_t moe_w4a16_gemm1(const MoeGemmProblem& p, const MoeWeightsDevice& w,
