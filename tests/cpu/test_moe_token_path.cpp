@@ -46,6 +46,7 @@ void expect_defaults(const CudaTokenPath& p) {
   EXPECT_EQ(p.combine_pdl, d.combine_pdl);
   EXPECT_EQ(p.token_path_pdl, d.token_path_pdl);
   EXPECT_EQ(p.warm_shared, d.warm_shared);
+  EXPECT_EQ(p.gemm_pair, d.gemm_pair);
 }
 
 TEST(CudaTokenPathEnv, UnsetOrEmptyGivesTheDefaults) {
@@ -58,7 +59,7 @@ TEST(CudaTokenPathEnv, UnsetOrEmptyGivesTheDefaults) {
 }
 
 TEST(CudaTokenPathEnv, EachKeySetsItsField) {
-  TokenPathEnv env("persist=8,fused=4,slot=2,side=0,pdl=0,tpdl=0,warm=0");
+  TokenPathEnv env("persist=8,fused=4,slot=2,side=0,pdl=0,tpdl=0,warm=0,pair=2");
   const CudaTokenPath p = cuda_token_path_from_env();
   EXPECT_EQ(p.persistent_max_tokens, 8);
   EXPECT_EQ(p.fused_route_max_tokens, 4);
@@ -67,7 +68,9 @@ TEST(CudaTokenPathEnv, EachKeySetsItsField) {
   EXPECT_FALSE(p.combine_pdl);     // on by default
   EXPECT_FALSE(p.token_path_pdl);  // on by default
   EXPECT_FALSE(p.warm_shared);
-  EXPECT_EQ(cuda_token_path_label(p), "persist<=8 fused<=4 slot<=2 side=0 pdl=0 tpdl=0 warm=0");
+  EXPECT_EQ(p.gemm_pair, 2);  // 1 (the rule) by default
+  EXPECT_EQ(cuda_token_path_label(p),
+            "persist<=8 fused<=4 slot<=2 side=0 pdl=0 tpdl=0 warm=0 pair=2");
 }
 
 TEST(CudaTokenPathEnv, KeysLeftOutKeepTheirDefaults) {
@@ -89,11 +92,13 @@ TEST(CudaTokenPathEnv, OldTurnsEveryFusionOff) {
   EXPECT_FALSE(p.shared_side_stream);
   EXPECT_FALSE(p.combine_pdl);
   EXPECT_FALSE(p.token_path_pdl);
+  EXPECT_EQ(p.gemm_pair, 0);
 }
 
 TEST(CudaTokenPathEnv, MalformedValuesAreClearErrors) {
   for (const char* bad : {"persist", "persist=", "persist=x", "persist=1x", "bogus=1",
-                          "persist=1,,fused=2", "=3", "persist=99999999999999999999"}) {
+                          "persist=1,,fused=2", "=3", "persist=99999999999999999999", "pair=3",
+                          "pair=-1"}) {
     SCOPED_TRACE(bad);
     TokenPathEnv env(bad);
     try {

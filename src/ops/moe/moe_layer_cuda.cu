@@ -668,7 +668,7 @@ CudaTokenPath cuda_token_path_from_env() {
   const char* env = std::getenv("TETRA_MOE_TOKEN_PATH");
   if (!env || !*env) return p;
   std::string spec(env);
-  if (spec == "old") spec = "persist=0,fused=0,slot=0,side=0,pdl=0,tpdl=0";
+  if (spec == "old") spec = "persist=0,fused=0,slot=0,side=0,pdl=0,tpdl=0,pair=0";
   std::istringstream in(spec);
   std::string item;
   while (std::getline(in, item, ',')) {
@@ -699,6 +699,7 @@ CudaTokenPath cuda_token_path_from_env() {
     } else if (key == "warm") {
       p.warm_shared = v != 0;
     } else if (key == "pair") {
+      if (v < 0 || v > 2) TETRA_FAIL("TETRA_MOE_TOKEN_PATH: pair=", v, " (0 never, 1 auto, 2 always)");
       p.gemm_pair = v;
     } else {
       TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key,
