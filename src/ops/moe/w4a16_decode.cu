@@ -222,9 +222,13 @@ __device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
 // (tile pair, slot) blocks, the rest GEMM2's. A GEMM1 block counts itself in on its slot once
 // its act rows are written; a GEMM2 block issues its first weights, then waits until every GEMM1
 // block of its slot is in, so GEMM2's weights stream while GEMM1's other experts finish instead
-// of after the whole GEMM1 grid. Blocks are dispatched in index order, so every GEMM1 block is
-// resident or done before a GEMM2 block waits: no deadlock. done [2 * slots]: zero before the
-// first launch; the last GEMM2 block of a slot zeroes its two counters.
+// of after the whole GEMM1 grid. No deadlock as long as the GPU starts a grid's blocks in index
+// order (then every GEMM1 block is resident or done before any GEMM2 block waits): CUDA does not
+// promise that order, but the hardware keeps it, and single-pass scans whose later blocks wait
+// on earlier ones rely on the same. Handing out items by an atomic ticket instead (start order,
+// no assumption) cost the whole gain on the H200 (bench/results/2026-12-01-session13-h200.md).
+// done [2 * slots]: zero before the first launch; the last GEMM2 block of a slot zeroes its two
+// counters.
 __global__ void __launch_bounds__(128, 8)
     moe_decode_pair_kernel(const GroupedGemmArgs a1, const GroupedGemmArgs a2, uint32_t* done) {
   const int pairs1 = a1.n / 32, blocks1 = pairs1 * a1.num_slots;
