@@ -72,9 +72,9 @@ struct CudaTokenPath {
   int gemm_pair = 1;
 };
 
-// The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1,warm=0|1"
-// applied (keys optional; "old" = every fusion off), for A/B measurements: the model's layers and
-// `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
+// The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1,
+// warm=0|1,pair=0|1|2" applied (keys optional; "old" = every fusion off), for A/B measurements:
+// the model's layers and `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
 CudaTokenPath cuda_token_path_from_env();
 // The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1" (for reports).
 std::string cuda_token_path_label(const CudaTokenPath& p);

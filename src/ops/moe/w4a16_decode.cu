@@ -19,14 +19,12 @@ namespace tetra::moe_detail {
 namespace {
 
 
-// U: chunks per load batch. LATE: activations are read from L1 right before their MMA instead of
-// with the weights (frees U*NT*8 registers). MINB: blocks per SM the register allocation must
-// allow (0: no cap); without a cap the compiler hoists the late loads back up and spends the
-// saved registers. DIAG: a DecodeDiag mode (benchmarks only).
-// One block's work: tile pair `pair` of slot `slot`. wait_x() runs in every warp before its first
-// activation read (griddepcontrol.wait as a programmatic dependent; a per-expert counter in the
-// pair kernel). XWEAK: activations written earlier in the same grid, read by weak loads (the
-// read-only path may not see them). Returns false when the slot has no rows (nothing written).
+// One block's work: tile pair `pair` of slot `slot`. U: chunks per load batch. LATE: activations
+// are read from L1 right before their MMA instead of with the weights (frees U*NT*8 registers).
+// DIAG: a DecodeDiag mode (benchmarks only). XWEAK: activations written earlier in the same grid,
+// read by weak loads (the read-only path may not see them). wait_x() runs in every warp before
+// its first activation read (griddepcontrol.wait as a programmatic dependent; a per-expert
+// counter in the pair kernel). Returns false when the slot has no rows (nothing written).
 template <int NT, int KW, int U, bool LATE, bool GATED, bool OUT_F32, int DIAG, bool XWEAK,
           class WaitX>
 __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair, int slot,
@@ -199,6 +197,8 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
   return true;
 }
 
+// MINB: blocks per SM the register allocation must allow (0: no cap); without a cap the compiler
+// hoists the late loads back up and spends the saved registers.
 template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32,
           int DIAG = kDecodeFull>
 __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
@@ -229,13 +229,13 @@ __device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
 // no assumption) cost the whole gain on the H200 (bench/results/2026-12-01-session13-h200.md).
 // done [2 * slots]: zero before the first launch; the last GEMM2 block of a slot zeroes its two
 // counters.
-__global__ void __launch_bounds__(128, 8)
+__global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
     moe_decode_pair_kernel(const GroupedGemmArgs a1, const GroupedGemmArgs a2, uint32_t* done) {
   const int pairs1 = a1.n / 32, blocks1 = pairs1 * a1.num_slots;
   if (int(blockIdx.x) < blocks1) {
     const int slot = int(blockIdx.x) / pairs1;
     // x was written before this (normal) launch: nothing to wait for.
-    if (decode_block<1, 4, 2, true, true, false, kDecodeFull, false>(
+    if (decode_block<1, kLateKWarps, kLateChunks, true, true, false, kDecodeFull, false>(
             a1, int(blockIdx.x) % pairs1, slot, [] {})) {
       __threadfence();  // this thread's act stores, before the block counts in
       __syncthreads();
@@ -253,8 +253,8 @@ __global__ void __launch_bounds__(128, 8)
     __syncwarp();
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
   };
-  if (decode_block<1, 4, 2, true, false, true, kDecodeFull, true>(a2, b % pairs2, slot,
-                                                                    wait_gemm1)) {
+  if (decode_block<1, kLateKWarps, kLateChunks, true, false, true, kDecodeFull, true>(
+          a2, b % pairs2, slot, wait_gemm1)) {
     __syncthreads();
     if (threadIdx.x == 0 && atomicAdd(in2, 1u) == uint32_t(pairs2 - 1)) {
       *in1 = 0;  // every GEMM1 and GEMM2 block of the slot is done with them
@@ -293,12 +293,15 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
   if (c.k_warps <= 0) return cudaErrorInvalidValue;
   const int minb = c.min_blocks_per_sm > 0 ? c.min_blocks_per_sm : 16 / c.k_warps;
   const int k = key(c.token_tiles, c.k_warps, c.chunks_per_batch, minb);
-  if (c.diag == kDecodeLoadsOnly && k == key(1, 4, 2, 8))
-    return launch_variant<1, 4, 2, true, 8, kDecodeLoadsOnly>(a, stream);
+  constexpr int kDefault = key(1, kLateKWarps, kLateChunks, kLateBlocksPerSm);
+  if (c.diag == kDecodeLoadsOnly && k == kDefault)
+    return launch_variant<1, kLateKWarps, kLateChunks, true, kLateBlocksPerSm, kDecodeLoadsOnly>(
+        a, stream);
   if (c.diag == kDecodeLoadsOnly && k == key(1, 4, 8, 4))
     return launch_variant<1, 4, 8, true, 4, kDecodeLoadsOnly>(a, stream);
-  if (c.diag == kDecodeNoDequant && k == key(1, 4, 2, 8))
-    return launch_variant<1, 4, 2, true, 8, kDecodeNoDequant>(a, stream);
+  if (c.diag == kDecodeNoDequant && k == kDefault)
+    return launch_variant<1, kLateKWarps, kLateChunks, true, kLateBlocksPerSm, kDecodeNoDequant>(
+        a, stream);
   if (c.diag != kDecodeFull) return cudaErrorInvalidValue;
   switch (k) {
     case key(1, 4, 4, 4): return launch_variant<1, 4, 4, true, 4>(a, stream);
@@ -318,7 +321,7 @@ cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs&
     return cudaErrorInvalidValue;
   if (a1.num_slots <= 0) return cudaSuccess;
   const unsigned blocks = unsigned((a1.n / 32 + a2.n / 32) * a1.num_slots);
-  const KernelLaunch launch(dim3(blocks), dim3(128), stream, false);
+  const KernelLaunch launch(dim3(blocks), dim3(kLateKWarps * 32), stream, false);
   return launch(moe_decode_pair_kernel, a1, a2, done);
 }
 

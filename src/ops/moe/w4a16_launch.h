@@ -38,6 +38,11 @@ enum DecodeDiag {
   kDecodeNoDequant = 2,  // activation loads and MMAs on the raw words: no dequantize, no scale
 };
 
+// The default late decode configuration (decode_config in w4a16_moe.cu): 8 rows per pass, 4
+// k-warps, 2-chunk batches, a register cap for 8 blocks per SM. The pair kernel and the
+// diagnostics are built for it alone.
+inline constexpr int kLateKWarps = 4, kLateChunks = 2, kLateBlocksPerSm = 8;
+
 struct DecodeConfig {
   int token_tiles = 1;  // n8 tiles of tokens per pass (1, 2 or 4)
   int k_warps = 4;      // warps splitting k inside a block (4 or 8)

@@ -65,11 +65,11 @@ moe_detail::DecodeConfig decode_config(const MoeGemmProblem& p) {
   // batches, 8 k-warps, L2 bulk prefetch and wider passes were all slower; so were tighter
   // register caps for 9, 10 or 12 blocks per SM (bench/results/2026-11-30-dequant-code-h200.md).
   c.token_tiles = m <= 8 ? 1 : m <= 16 ? 2 : 4;
-  c.k_warps = 4;
+  c.k_warps = moe_detail::kLateKWarps;
   c.tiled_blocks_per_sm = 2;
   c.late_x = c.token_tiles == 1;  // the late kernel is instantiated for 8 rows per pass only
-  c.chunks_per_batch = 2;
-  c.min_blocks_per_sm = 8;
+  c.chunks_per_batch = moe_detail::kLateChunks;
+  c.min_blocks_per_sm = moe_detail::kLateBlocksPerSm;
   return c;
 }
 
@@ -175,8 +175,9 @@ bool default_late(const MoeGemmProblem& p) {
   if (!moe_gemm_unsupported_reason(p).empty() || moe_pick_kernel(p) != MoeKernel::kDecode)
     return false;
   const moe_detail::DecodeConfig c = decode_config(p);
-  return c.late_x && c.token_tiles == 1 && c.k_warps == 4 && c.chunks_per_batch == 2 &&
-         c.min_blocks_per_sm == 8;
+  return c.late_x && c.token_tiles == 1 && c.k_warps == moe_detail::kLateKWarps &&
+         c.chunks_per_batch == moe_detail::kLateChunks &&
+         c.min_blocks_per_sm == moe_detail::kLateBlocksPerSm;
 }
 }  // namespace
 
@@ -186,7 +187,7 @@ bool moe_gemm_pair_fits(const MoeGemmProblem& p1, const MoeGemmProblem& p2) {
 
 bool moe_gemm_pair_preferred(const MoeGemmProblem& p1, int active_slots) {
   const double blocks = double(2 * p1.inter / 32) * active_slots;
-  const double wave = 8.0 * current_device_sm_count();  // the default late config's blocks/SM
+  const double wave = double(moe_detail::kLateBlocksPerSm) * current_device_sm_count();
   return blocks > wave && blocks <= 2.0 * wave;
 }
 
