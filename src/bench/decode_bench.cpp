@@ -25,6 +25,7 @@
 #include "moe/moe_layer.h"
 #include "perf/gpu_spec.h"
 #include "perf/roofline.h"
+#include "server/kernel_tracer.h"
 
 namespace tetra::bench {
 namespace {
@@ -385,6 +386,24 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
       row.unique_experts_per_layer = f.unique_experts_per_layer;
       row.comm_us = f.comm_seconds * 1e6;
       row.efficiency = row.floor_us / row.median_us;
+      if (o.timeline_steps > 0 && !parallel) {
+        server::CuptiKernelSource cupti;
+        cupti.start();
+        std::vector<perf::TimelineWindow> windows;
+        std::vector<double> traced;
+        for (int i = 0; i < o.timeline_steps; ++i) {
+          perf::TimelineWindow win;
+          win.begin_ns = cupti.now_ns();
+          traced.push_back(timed_forward(*ops, st));
+          win.end_ns = cupti.now_ns();
+          windows.push_back(win);
+        }
+        std::vector<perf::TimelineKernel> kernels;
+        for (server::KernelRecord& k : cupti.stop())
+          kernels.push_back({std::move(k.name), k.start_ns, k.end_ns});
+        row.timeline = perf::analyse_step_timeline(kernels, windows);
+        row.traced_median_us = percentile(traced, 0.5);
+      }
       if (o.per_op && !parallel) {
         const auto stream = static_cast<cudaStream_t>(ops->stream());
         copt.graphs = false;
@@ -434,6 +453,13 @@ std::string decode_bench_markdown(const DecodeBenchReport& r) {
        << row.context << ": total " << row.eager_us << " us wall\n\n| op | us | calls |\n|---|---|---|\n";
     for (const auto& t : row.ops) os << "| " << t.op << " | " << t.us << " | " << t.calls << " |\n";
   }
+  for (const auto& row : r.rows) {
+    if (!row.timeline) continue;
+    const perf::TimelineRange layer = perf::middle_period(*row.timeline);
+    os << "\nBatch " << row.batch << " context " << row.context << ", traced steps: "
+       << row.traced_median_us << " us wall (untraced " << row.median_us << ")\n\n"
+       << perf::step_timeline_markdown(*row.timeline, layer.first, layer.count);
+  }
   return os.str();
 }
 
@@ -465,6 +491,21 @@ nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
                         {"eager_us", row.eager_us}};
     x["ops"] = nlohmann::json::array();
     for (const auto& t : row.ops) x["ops"].push_back({{"op", t.op}, {"us", t.us}, {"calls", t.calls}});
+    if (row.timeline) {
+      const perf::StepTimeline& tl = *row.timeline;
+      nlohmann::json tj = {{"steps", tl.steps}, {"dropped_steps", tl.dropped_steps},
+                           {"span_us", tl.span_us}, {"busy_us", tl.busy_us},
+                           {"traced_median_us", row.traced_median_us}};
+      for (const auto& b : tl.by_name)
+        tj["by_name"].push_back({{"name", b.name}, {"per_step", b.per_step},
+                                 {"duration_us", b.duration_us}, {"gap_us", b.gap_us},
+                                 {"exposed_us", b.exposed_us}});
+      for (const auto& p : tl.positions)
+        tj["positions"].push_back({{"name", p.name}, {"start_us", p.start_us},
+                                   {"duration_us", p.duration_us}, {"gap_us", p.gap_us},
+                                   {"exposed_us", p.exposed_us}});
+      x["timeline"] = tj;
+    }
     j["rows"].push_back(x);
   }
   return j;

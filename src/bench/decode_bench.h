@@ -14,8 +14,12 @@
 // GPU's share of the random weights built on it; the floor is roofline's per-GPU HBM floor at that
 // split (it splits lm_head tp ways, which Tetra replicates: that read is part of the gap); no
 // per-op step (the ops run on the rank threads, not under the caller's events).
+// Timeline (--timeline N): N more steps per row, the kernels the device ran recorded by CUPTI
+// (graph replays included) and analysed by perf/step_timeline.h: per kernel its duration, the
+// idle gap before it and how much it extended the step (one GPU only).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +27,7 @@
 
 #include "format/model_config.h"
 #include "model/model_weights.h"
+#include "perf/step_timeline.h"
 
 namespace tetra::bench {
 
@@ -38,6 +43,7 @@ struct DecodeBenchOptions {
   int warmup = 3;
   bool graphs = true;
   bool per_op = true;             // one eager step timed per op
+  int timeline_steps = 0;         // > 0: trace that many steps per row with CUPTI (one GPU)
   uint64_t seed = 1;
   double bandwidth = 4.46e12;     // bytes/s, DEVICE.md's measured HBM read
   int tp = 1, ep = 1;             // tensor / expert parallel: GPUs 0 .. max(tp, ep) - 1
@@ -59,6 +65,8 @@ struct DecodeBenchRow {
   double unique_experts_per_layer = 0;
   std::vector<DecodeOpTime> ops;      // eager, per op kind
   double eager_us = 0;                // the eager step's total
+  std::optional<perf::StepTimeline> timeline;  // timeline_steps > 0
+  double traced_median_us = 0;        // wall time of the traced steps (tracing's own cost shows)
 };
 
 struct DecodeBenchReport {

@@ -47,6 +47,10 @@ void run_bench_decode(BenchDecodeArgs& a) {
   if (a.opts.tp != 1) cmd << " --tp " << a.opts.tp;
   if (a.opts.ep != 1) cmd << " --ep " << a.opts.ep;
   if (a.no_graphs) cmd << " --no-graphs";
+  if (a.opts.timeline_steps > 0) cmd << " --timeline " << a.opts.timeline_steps;
+  if (a.opts.timeline_steps < 0) TETRA_FAIL("--timeline must be >= 0");
+  if (a.opts.timeline_steps > 0 && a.opts.tp * a.opts.ep > 1)
+    TETRA_FAIL("--timeline traces one GPU; drop --tp/--ep");
   a.opts.command_line = cmd.str();
   if (!cuda_available()) {
     std::fprintf(stderr, "tetra: error: tetra bench decode needs a CUDA GPU; none was found on "
@@ -90,6 +94,9 @@ static void add_bench_decode(CLI::App& app) {
   cmd->add_option("--ep", a->opts.ep, "expert parallel GPUs (default 1); runs on max(tp, ep) GPUs");
   cmd->add_flag("--no-graphs", a->no_graphs, "run decode steps eagerly (no CUDA graphs)");
   cmd->add_flag("--no-per-op", a->no_per_op, "skip the per-op timing step");
+  cmd->add_option("--timeline", a->opts.timeline_steps,
+                  "trace N more steps per row with CUPTI: per-kernel duration, gap and exposed "
+                  "time inside the step (needs libcupti)");
   cmd->add_option("--json", a->json_path, "also write the results as JSON to this file");
   cmd->add_option("--markdown", a->markdown_path, "also write the markdown table to this file");
   cmd->callback([a] { run_bench_decode(*a); });
