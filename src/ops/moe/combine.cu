@@ -80,6 +80,10 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int32_t row_s[kMaxPairs];  // [top_k] row of pair j of this token, -1 if dropped
   __shared__ float w_s[kMaxPairs];      // [top_k] its weight
   __shared__ int32_t shared_row;
+  // The next kernel (the decode step's add + RMSNorm) may be scheduled now: it reads this
+  // kernel's output only after its own wait, and its programmatic dependent (the q/k/v GEMV)
+  // starts streaming weights sooner.
+  asm volatile("griddepcontrol.launch_dependents;");
   // As a programmatic dependent launch: nothing is read before the previous kernel is done (a
   // no-op for a plain launch).
   asm volatile("griddepcontrol.wait;" ::: "memory");
