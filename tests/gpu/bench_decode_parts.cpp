@@ -23,6 +23,8 @@
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/w4a16_launch.h"
+#include "ops/moe/moe_ops_cuda.h"
+#include "ops/moe/w4a16_moe.h"
 #include "ops/norm/rms_norm_cuda.h"
 #include "ops/rope/rope.h"
 #include "ops/rope/rope_kv_cuda.h"
@@ -274,7 +276,7 @@ TEST(BenchDecodeParts, Glm45AirDenseLinearsBatch16To64) {
     o.push_back(random_linear(H, NQ, 306 + 10 * c));
   }
   DevBuf x(size_t(kMaxM) * NQ * 2), yq(size_t(kMaxM) * NQ * 2), yk(size_t(kMaxM) * NKV * 2),
-      yv(size_t(kMaxM) * NKV * 2), yo(size_t(kMaxM) * H * 2);
+      yv(size_t(kMaxM) * NKV * 2), yo(size_t(kMaxM) * H * 2), xw_scratch(size_t(kMaxM) * NQ * 2);
   TETRA_CUDA_CHECK(oc::fill_random_bf16(x.as<uint16_t>(), int64_t(kMaxM) * NQ, 1.0f, 17, nullptr));
   oc::RowCountTable rows(kMaxM);
   const double qkv_bytes = double(q[0].bytes() + k[0].bytes() + v[0].bytes());
@@ -336,6 +338,30 @@ TEST(BenchDecodeParts, Glm45AirDenseLinearsBatch16To64) {
              }),
              o_bytes);
     }
+    // The wgmma kernel (the MoE GEMMs' kernel above 8 rows per expert, the dense linears' from
+    // 256 rows), x reordered into wgmma order once per input as the model does.
+    if (moe_wgmma_available()) {
+      uint16_t* xw = xw_scratch.as<uint16_t>();
+      report("qkv wgmma + x reorder" + m, time_graph([&](int i, cudaStream_t s) {
+               const int c = i % kCopies;
+               TETRA_CUDA_CHECK(moe_w4a16_to_wgmma_order(x.as<uint16_t>(), M, H, xw, s));
+               const std::pair<const oc::Nvfp4LinearBuffer*, DevBuf*> parts[3] = {
+                   {&q[c], &yq}, {&k[c], &yk}, {&v[c], &yv}};
+               for (const auto& [w, y] : parts) {
+                 moe_detail::GroupedGemmArgs a = args(w->view(), M, y->p);
+                 a.x = xw;
+                 TETRA_CUDA_CHECK(moe_detail::launch_wgmma(a, s));
+               }
+             }),
+             qkv_bytes);
+      report("o wgmma + x reorder" + m, time_graph([&](int i, cudaStream_t s) {
+               TETRA_CUDA_CHECK(moe_w4a16_to_wgmma_order(x.as<uint16_t>(), M, NQ, xw, s));
+               moe_detail::GroupedGemmArgs a = args(o[i % kCopies].view(), M, yo.p);
+               a.x = xw;
+               TETRA_CUDA_CHECK(moe_detail::launch_wgmma(a, s));
+             }),
+             o_bytes);
+    }
     // The small-M kernel through linear_nvfp4_gemv (what the model runs at batch 9..64: one launch
     // for q/k/v), then its shapes: tiles per warp x cluster split.
     auto qkv_small = [&](const oc::Nvfp4SmallMConfig* cfg) {
@@ -381,6 +407,102 @@ TEST(BenchDecodeParts, Glm45AirDenseLinearsBatch16To64) {
              }
            }),
            qkv_bytes);
+  }
+}
+
+// Split-K through the grouped wgmma kernel: a dense [N, K] linear at M rows as S "experts", each
+// one K/S slice of the weights (re-laid out slice-major by 2-D copies: the fragment layout keeps a
+// tile's K range contiguous) and all M rows of x's matching columns; the S fp32 partials then sum
+// in a fixed order in the MoE combine (top_k = S, weights 1). A candidate for the dense linears
+// at 16..255 rows, where one [N, K] problem gives the wgmma kernel only N / 256 blocks. Timed:
+// x split + wgmma reorder, the grouped GEMM, the combine. Checked against linear_nvfp4.
+TEST(BenchDecodeParts, Glm45AirDenseLinearsSplitK) {
+  if (!cuda_available() || !moe_wgmma_available()) GTEST_SKIP() << "needs the wgmma kernel";
+  constexpr int H = 4096, NQ = 12288, kCopies = 4, kMaxM = 128, kMaxS = 8;
+  struct Mat {
+    const char* name;
+    int n, k;
+  };
+  const Mat mats[] = {{"q", NQ, H}, {"o", H, NQ}};
+  DevBuf x(size_t(kMaxM) * NQ * 2), xs(size_t(kMaxM) * NQ * 2), xw(size_t(kMaxM) * NQ * 2),
+      part(size_t(kMaxS) * kMaxM * NQ * 4), y(size_t(kMaxM) * NQ * 2), ref(size_t(kMaxM) * NQ * 2);
+  TETRA_CUDA_CHECK(oc::fill_random_bf16(x.as<uint16_t>(), int64_t(kMaxM) * NQ, 1.0f, 23, nullptr));
+  oc::RowCountTable rows(kMaxM);
+  std::printf("\n| split-K wgmma (dense, GLM-4.5-Air) | us | GB/s |\n|---|---|---|\n");
+  for (const Mat& mt : mats) {
+    std::vector<oc::Nvfp4LinearBuffer> plain;
+    for (int c = 0; c < kCopies; ++c) plain.push_back(random_linear(mt.n, mt.k, 500 + 10 * c));
+    const double bytes = double(plain[0].bytes());
+    for (int S : {2, 4, 8}) {
+      const int Ks = mt.k / S, cs = Ks / 64, chunks = mt.k / 64;
+      // Slice-major copies: [S][N/16][cs][32][16] weights, [S][N/16][cs][32][2] scales.
+      std::vector<std::unique_ptr<DevBuf>> wsl, ssl;
+      DevBuf alphas(size_t(kMaxS) * 4);
+      for (int c = 0; c < kCopies; ++c) {
+        const oc::Nvfp4LinearDevice& v = plain[size_t(c)].view();
+        wsl.push_back(std::make_unique<DevBuf>(size_t(mt.n) * mt.k / 2));
+        ssl.push_back(std::make_unique<DevBuf>(size_t(mt.n) * mt.k / 16));
+        for (int sl = 0; sl < S; ++sl) {
+          TETRA_CUDA_CHECK(cudaMemcpy2D(wsl.back()->as<uint8_t>() + size_t(sl) * mt.n * Ks / 2, size_t(cs) * 512,
+                                        v.w + size_t(sl) * cs * 512, size_t(chunks) * 512, size_t(cs) * 512,
+                                        size_t(mt.n / 16), cudaMemcpyDeviceToDevice));
+          TETRA_CUDA_CHECK(cudaMemcpy2D(ssl.back()->as<uint8_t>() + size_t(sl) * mt.n * Ks / 16, size_t(cs) * 64,
+                                        v.s + size_t(sl) * cs * 64, size_t(chunks) * 64, size_t(cs) * 64,
+                                        size_t(mt.n / 16), cudaMemcpyDeviceToDevice));
+        }
+      }
+      for (int sl = 0; sl < S; ++sl)  // the same alpha for every slice (the copies share it)
+        TETRA_CUDA_CHECK(cudaMemcpy(alphas.as<float>() + sl, plain[0].view().alpha, 4,
+                                    cudaMemcpyDeviceToDevice));
+      for (int M : {16, 32, 64, 128}) {
+        std::vector<int32_t> start(static_cast<size_t>(S)), count(size_t(S), M), slot(size_t(M) * S);
+        for (int sl = 0; sl < S; ++sl) start[size_t(sl)] = sl * M;
+        for (int m = 0; m < M; ++m)
+          for (int sl = 0; sl < S; ++sl) slot[size_t(m) * S + sl] = sl * M + m;
+        DevBuf d_start(start.size() * 4), d_count(count.size() * 4), d_slot(slot.size() * 4);
+        TETRA_CUDA_CHECK(cudaMemcpy(d_start.p, start.data(), start.size() * 4, cudaMemcpyHostToDevice));
+        TETRA_CUDA_CHECK(cudaMemcpy(d_count.p, count.data(), count.size() * 4, cudaMemcpyHostToDevice));
+        TETRA_CUDA_CHECK(cudaMemcpy(d_slot.p, slot.data(), slot.size() * 4, cudaMemcpyHostToDevice));
+        auto run = [&](int c, cudaStream_t s) {
+          for (int sl = 0; sl < S; ++sl)  // x [M, K] -> [S][M][Ks]
+            TETRA_CUDA_CHECK(cudaMemcpy2DAsync(xs.as<uint16_t>() + size_t(sl) * M * Ks, size_t(Ks) * 2,
+                                               x.as<uint16_t>() + size_t(sl) * Ks, size_t(mt.k) * 2,
+                                               size_t(Ks) * 2, size_t(M), cudaMemcpyDeviceToDevice, s));
+          TETRA_CUDA_CHECK(moe_w4a16_to_wgmma_order(xs.as<uint16_t>(), S * M, Ks, xw.as<uint16_t>(), s));
+          moe_detail::GroupedGemmArgs a;
+          a.w = wsl[size_t(c)]->as<uint8_t>();
+          a.s = ssl[size_t(c)]->as<uint8_t>();
+          a.alpha0 = alphas.as<float>();
+          a.x = xw.as<uint16_t>();
+          a.out = part.p;
+          a.rows.row_start = d_start.as<int>();
+          a.rows.row_count = d_count.as<int>();
+          a.n = mt.n;
+          a.k = Ks;
+          a.num_slots = S;
+          a.total_rows = S * M;
+          a.out_f32 = true;
+          TETRA_CUDA_CHECK(moe_detail::launch_wgmma(a, s));
+          TETRA_CUDA_CHECK(moe::cuda::combine_bf16(part.p, DType::F32, M, mt.n, S, d_slot.as<int32_t>(),
+                                                   nullptr, nullptr, nullptr, y.as<uint16_t>(), s));
+        };
+        report(std::string(mt.name) + " split-K S=" + std::to_string(S) + " M=" + std::to_string(M),
+               time_graph([&](int i, cudaStream_t s) { run(i % kCopies, s); }), bytes);
+        // Check against the one-expert path on copy 0.
+        run(0, nullptr);
+        TETRA_CUDA_CHECK(oc::linear_nvfp4(plain[0].view(), x.as<uint16_t>(), M, rows, ref.p, DType::BF16, nullptr));
+        std::vector<uint16_t> got(size_t(M) * mt.n), want(got.size());
+        TETRA_CUDA_CHECK(cudaMemcpy(got.data(), y.p, got.size() * 2, cudaMemcpyDeviceToHost));
+        TETRA_CUDA_CHECK(cudaMemcpy(want.data(), ref.p, want.size() * 2, cudaMemcpyDeviceToHost));
+        double err = 0, nrm = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double a = bf16_to_float(got[i]), b = bf16_to_float(want[i]);
+          err += (a - b) * (a - b);
+          nrm += b * b;
+        }
+        EXPECT_LE(err / nrm, 1e-5) << mt.name << " S=" << S << " M=" << M;
+      }
+    }
   }
 }
 
