@@ -404,7 +404,8 @@ TEST_F(W4a16Moe, UnsupportedSizeIsRefusedWithReason) {
 }
 
 // The wgmma kernel needs x in its order: asked for explicitly without it, the launch is refused;
-// kAuto picks it only with the order and enough rows per expert.
+// kAuto picks it only with the order and enough rows per expert, and without it the tiled kernel
+// except for one or two experts at up to 32 rows (the decode kernel).
 TEST_F(W4a16Moe, WgmmaKernelNeedsWgmmaOrder) {
   std::mt19937 rng(9);
   const HostLayer L = make_layer(2, 128, 64, rng, false);
@@ -432,7 +433,12 @@ TEST_F(W4a16Moe, WgmmaKernelNeedsWgmmaOrder) {
   p.total_rows = 16;  // 8 rows per expert: the decode kernel, whatever the order
   EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kDecode);
   p.x_wgmma_order = false;
-  p.total_rows = 18;
+  p.total_rows = 18;  // two experts (a shared expert's own launch) up to 32 rows: decode
+  EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kDecode);
+  p.total_rows = 66;  // 33 rows each: tiled
+  EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kTiled);
+  p.num_experts = 3;  // three experts at 9 rows: tiled
+  p.total_rows = 27;
   EXPECT_EQ(moe_pick_kernel(p), MoeKernel::kTiled);
 }
 

@@ -45,6 +45,10 @@ namespace {
 // 9 to 128 rows (H200: GLM-5 288 tokens = 9 rows 4277 -> 2926 us per layer, 1024 tokens 4845 ->
 // 3700, Air 144 tokens 1051 -> 771; bench/results/2026-11-30-moe-small-batch-h200.md).
 constexpr int kWgmmaMinRows = 9;
+// Problems of at most this many experts take the decode kernel up to kFewExpertsDecodeRows rows,
+// one 32-row pass (moe_pick_kernel). At 64 rows (two passes) the shared expert's own launches
+// gained in a lone layer but not in the batch-64 decode step (+0.4%), so 32.
+constexpr int kFewExperts = 2, kFewExpertsDecodeRows = 32;
 
 int slots_of(const MoeGemmProblem& p) { return p.num_slots > 0 ? p.num_slots : p.num_experts; }
 
@@ -130,7 +134,11 @@ cudaError_t run(const MoeGemmProblem& p, const moe_detail::GroupedGemmArgs& a, M
   if (kernel == MoeKernel::kAuto) kernel = moe_pick_kernel(p);
   if (kernel == MoeKernel::kWgmma && !p.x_wgmma_order) return cudaErrorInvalidValue;
   if (kernel == MoeKernel::kWgmma && !moe_wgmma_available()) return cudaErrorInvalidDeviceFunction;
-  const moe_detail::DecodeConfig c = cfg ? *cfg : decode_config(p);
+  moe_detail::DecodeConfig c = cfg ? *cfg : decode_config(p);
+  // Under two blocks per SM on the classic decode kernel: 8 k-warps keep more bytes in flight per
+  // SM (as for the dense linears, ops/linear/linear_nvfp4.cpp).
+  if (cfg == nullptr && !c.late_x && (a.n / 32) * a.num_slots < 2 * current_device_sm_count())
+    c.k_warps = 8;
   if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, c.tiled_blocks_per_sm, stream);
   if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream);
   return moe_detail::launch_decode(a, c, stream);
@@ -144,6 +152,12 @@ MoeKernel moe_pick_kernel(const MoeGemmProblem& p) {
   // order (the MoE layer reorders x when this picks it), else the mma.sync tiled kernel.
   const int m = rows_per_expert(p);
   if (m <= 8) return MoeKernel::kDecode;
+  // One or two experts (the shared expert's own launches) with up to 32 rows: the tiled kernel's
+  // blocks (128 weight rows of one expert each) are too few to fill the GPU, while the decode
+  // kernel with 32-row passes was 3.5-6x faster on one expert at 16-64 rows
+  // (tests/gpu/bench_decode_parts, H200, session 14); the MoE layer at 9 and 16 tokens 1-2%.
+  if (!p.x_wgmma_order && slots_of(p) <= kFewExperts && m <= kFewExpertsDecodeRows)
+    return MoeKernel::kDecode;
   return p.x_wgmma_order && m >= kWgmmaMinRows && moe_wgmma_available() ? MoeKernel::kWgmma
                                                                         : MoeKernel::kTiled;
 }
