@@ -1,8 +1,9 @@
 // The one-launch token path for a handful of tokens (used by small_token_path when it fits):
 // T*top_k <= kTinyThreads pairs, H % 8 == 0 and 16-byte aligned x / gate rows.
-//  - logits: one block per few experts on every SM; all of a block's gate rows and token rows
-//    are copied to shared memory at once (cp.async, every load in flight), then one warp per
-//    (token, expert) runs router_dot from shared memory (the same code, the same bits);
+//  - logits: blocks of a few experts (at least 4, at most one block per SM); all of a block's
+//    gate rows and token rows are copied to shared memory at once (cp.async, every load in
+//    flight), then one warp per (token, expert) runs router_dot from shared memory (the same
+//    code, the same bits);
 //  - the last block routes with one warp per token (scores in registers, redux argmax; at few
 //    tokens with sigmoid scoring the whole block first computes the scores, selection keys and
 //    group keys, which one warp would otherwise run as long serial chains), then
