@@ -19,10 +19,15 @@ namespace {
 
 using namespace detail;
 
-// Small inputs: everything in one block.
+// Small inputs: everything in one block, including the row_token fill (-1 over `fill` rows) and
+// the dropped count's reset, which would otherwise be two memset nodes before it in a graph.
 __global__ void __launch_bounds__(kChunk) layout_fused_kernel(const int32_t* __restrict__ ids,
-                                                              int64_t S, LayoutOut o) {
+                                                              int64_t S, int64_t fill,
+                                                              LayoutOut o) {
   extern __shared__ __align__(16) char raw[];
+  for (int64_t i = threadIdx.x; i < fill; i += kChunk) o.row_token[i] = -1;
+  if (threadIdx.x == 0 && o.dropped) *o.dropped = 0;
+  // layout_one_block's first barrier orders these stores before its placement writes.
   layout_one_block(ids, S, carve(raw, o.E), o);
 }
 
@@ -92,15 +97,19 @@ void check_sizes(const char* what, int T, int top_k, int E, const ExpertBlock& b
 
 int64_t chunk_count(int T, int top_k) { return (int64_t(T) * top_k + kChunk - 1) / kChunk; }
 
-// Runs the fused or the three-step path; row_token / dropped are pre-set by the caller.
-cudaError_t run_layout(const int32_t* ids, int T, const LayoutOut& o, void* workspace,
-                       size_t workspace_bytes, cudaStream_t stream) {
+// Runs the fused or the three-step path; fill: the row_token entries set to -1 first (and
+// dropped to 0).
+cudaError_t run_layout(const int32_t* ids, int T, const LayoutOut& o, size_t fill,
+                       void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const int64_t S = int64_t(T) * o.top_k;
   const size_t smem = layout_smem_bytes(o.E);
   if (S <= kFusedMaxPairs) {
-    layout_fused_kernel<<<1, kChunk, smem, stream>>>(ids, S, o);
+    layout_fused_kernel<<<1, kChunk, smem, stream>>>(ids, S, int64_t(fill), o);
     return cudaGetLastError();
   }
+  cudaError_t err = cudaMemsetAsync(o.row_token, 0xff, fill * sizeof(int32_t), stream);  // -1
+  if (err == cudaSuccess && o.dropped) err = cudaMemsetAsync(o.dropped, 0, 4, stream);
+  if (err != cudaSuccess) return err;
   const size_t need = layout_workspace_bytes(T, o.top_k, o.E);
   if (!workspace || workspace_bytes < need)
     TETRA_FAIL("cuda layout: workspace of ", workspace_bytes, " bytes, ", need, " needed");
@@ -135,11 +144,7 @@ cudaError_t build_contiguous(const int32_t* ids, int T, int top_k, int E, void* 
   o.slot_of = out.slot_of;
   o.expert_rows = out.expert_rows;
   o.dropped = out.dropped;
-  const size_t S = size_t(T) * top_k;
-  cudaError_t err = cudaMemsetAsync(out.slot_token, 0xff, S * sizeof(int32_t), stream);  // -1
-  if (err == cudaSuccess && out.dropped) err = cudaMemsetAsync(out.dropped, 0, 4, stream);
-  if (err != cudaSuccess) return err;
-  return run_layout(ids, T, o, workspace, workspace_bytes, stream);
+  return run_layout(ids, T, o, size_t(T) * top_k, workspace, workspace_bytes, stream);
 }
 
 cudaError_t build_masked(const int32_t* ids, int T, int top_k, int E, void* workspace,
@@ -161,11 +166,7 @@ cudaError_t build_masked(const int32_t* ids, int T, int top_k, int E, void* work
   o.slot_of = out.slot_of;
   o.expert_rows = out.expert_rows;
   o.dropped = out.dropped;
-  const size_t rows = size_t(E) * out.max_m;
-  cudaError_t err = cudaMemsetAsync(out.row_token, 0xff, rows * sizeof(int32_t), stream);  // -1
-  if (err == cudaSuccess && out.dropped) err = cudaMemsetAsync(out.dropped, 0, 4, stream);
-  if (err != cudaSuccess) return err;
-  return run_layout(ids, T, o, workspace, workspace_bytes, stream);
+  return run_layout(ids, T, o, size_t(E) * out.max_m, workspace, workspace_bytes, stream);
 }
 
 }  // namespace tetra::moe::cuda
