@@ -3,6 +3,8 @@
 #include <map>
 #include <set>
 
+#include "perf/step_timeline.h"
+
 namespace tetra::server {
 namespace {
 
@@ -44,11 +46,14 @@ bool Profiler::stop(std::string& out, const nlohmann::json& other) {
       const double ts = host_anchor_us_ + (double(int64_t(k.start_ns - gpu_anchor_ns_))) * 1e-3;
       nlohmann::json args = {{"device", k.device}, {"stream", k.stream}};
       if (k.graph_id != 0) args["graph"] = k.graph_id;
-      events_.push_back({{"name", k.name}, {"cat", "kernel"}, {"ph", "X"}, {"pid", kGpuPid},
+      // Demangled and without namespaces or parameters; the symbol stays in the args.
+      const std::string name = perf::short_kernel_name(k.name);
+      if (name != k.name) args["symbol"] = k.name;
+      events_.push_back({{"name", name}, {"cat", "kernel"}, {"ph", "X"}, {"pid", kGpuPid},
                          {"tid", k.stream}, {"ts", ts}, {"dur", double(k.end_ns - k.start_ns) * 1e-3},
                          {"args", std::move(args)}});
       streams.insert(k.stream);
-      ++per_name[k.name];
+      ++per_name[name];
     }
     for (uint32_t s : streams)
       events_.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", kGpuPid}, {"tid", s},

@@ -2,9 +2,9 @@
 // /start_profile and /stop_profile. Process "tetra serve": one complete ("X") event per engine
 // step with its prefill and decode phases as children (their times come from the engine's own
 // stats), plus one async span per request from arrival to finish. Process "GPU" (cuda backend):
-// one "X" event per kernel the device ran (name, start, duration; one track per stream; kernels
-// replayed inside CUDA graphs included), recorded by a KernelSource (CUPTI) and shifted onto
-// the host events' clock. Without a kernel source (cpu backend) the trace says in otherData
+// one "X" event per kernel the device ran (short name, start, duration, the mangled symbol in
+// args; one track per stream; kernels replayed inside CUDA graphs included), recorded by a
+// KernelSource (CUPTI) and shifted onto the host events' clock. Without a kernel source (cpu backend) the trace says in otherData
 // that no GPU kernels were recorded.
 #pragma once
 #include <chrono>

@@ -197,7 +197,10 @@ class FakeKernels final : public KernelSource {
     started = false;
     return {{"gemm_kernel", kBase + 2000, kBase + 5000, 0, 7, 0},
             {"attention_kernel", kBase + 6000, kBase + 6500, 0, 7, 3},
-            {"gemm_kernel", kBase + 7000, kBase + 9000, 0, 13, 3}};
+            {"gemm_kernel", kBase + 7000, kBase + 9000, 0, 13, 3},
+            // void tetra::moe_detail::decode_kernel<4, true>(tetra::moe_detail::Args, int)
+            {"_ZN5tetra10moe_detail13decode_kernelILi4ELb1EEEvNS0_4ArgsEi", kBase + 9000,
+             kBase + 9500, 0, 7, 3}};
   }
   uint64_t now_ns() override { return kBase; }
   static constexpr uint64_t kBase = 1'000'000'000;
@@ -230,14 +233,17 @@ TEST(Profiler, KernelRecordsBecomeGpuEventsPerStream) {
         EXPECT_LT(e["ts"].get<double>(), t0 + 2.0 + 1e6);
       }
       if (e["name"] == "attention_kernel") EXPECT_EQ(e["args"]["graph"], 3);
+      if (e["name"] == "decode_kernel<4, true>")  // shown demangled and short, the symbol kept
+        EXPECT_EQ(e["args"]["symbol"], "_ZN5tetra10moe_detail13decode_kernelILi4ELb1EEEvNS0_4ArgsEi");
     }
     if (e["name"] == "thread_name" && e["pid"] == 2) ++stream_names;
   }
   EXPECT_EQ(kernels["gemm_kernel"], 2);
   EXPECT_EQ(kernels["attention_kernel"], 1);
+  EXPECT_EQ(kernels["decode_kernel<4, true>"], 1);
   EXPECT_EQ(tids, (std::set<int>{7, 13}));
   EXPECT_EQ(stream_names, 2);
-  EXPECT_EQ(j["otherData"]["gpu_kernel_events"], 3);
+  EXPECT_EQ(j["otherData"]["gpu_kernel_events"], 4);
   EXPECT_EQ(j["otherData"]["gpu_kernels_by_name"]["gemm_kernel"], 2);
   EXPECT_EQ(j["otherData"]["trace_file"], "/x.json");
 }
