@@ -25,7 +25,7 @@ struct TimelineWindow {  // one traced step, host clock on the records' timebase
 };
 
 struct TimelinePosition {  // the i-th kernel of every step
-  std::string name;        // short name (short_kernel_name)
+  std::string name;        // short name (perf/kernel_name.h)
   double start_us = 0;     // from the step's first kernel start
   double duration_us = 0, gap_us = 0, exposed_us = 0;
 };
@@ -44,10 +44,6 @@ struct StepTimeline {
   std::vector<TimelinePosition> positions;  // medians per position
   std::vector<TimelineByName> by_name;      // sorted by exposed time, largest first
 };
-
-// "void tetra::ns::kern<A, B>(Args)" -> "kern<A, B>": demangled (when mangled), namespaces,
-// return type and parameter list removed; template arguments kept (they tell GEMM1 from GEMM2).
-std::string short_kernel_name(const std::string& mangled);
 
 // Assigns kernels to the windows that contain their start and analyses the steps. Steps whose
 // kernel-name sequence differs from the most common one are dropped (and counted). Throws

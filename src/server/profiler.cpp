@@ -3,7 +3,7 @@
 #include <map>
 #include <set>
 
-#include "perf/step_timeline.h"
+#include "perf/kernel_name.h"
 
 namespace tetra::server {
 namespace {

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "perf/kernel_name.h"
 #include "perf/step_timeline.h"
 
 namespace tetra::perf {
