@@ -20,7 +20,9 @@ namespace {
 using namespace detail;
 
 // Small inputs: everything in one block, including the row_token fill (-1 over `fill` rows) and
-// the dropped count's reset, which would otherwise be two memset nodes before it in a graph.
+// the dropped count's reset, which would otherwise be two memset nodes before it in a graph. The
+// fill is T * top_k rows (contiguous) or E * max_m (masked, meant for decode-sized max_m): one
+// block storing it is cheap at those sizes, not for a masked layout of thousands of rows each.
 __global__ void __launch_bounds__(kChunk) layout_fused_kernel(const int32_t* __restrict__ ids,
                                                               int64_t S, int64_t fill,
                                                               LayoutOut o) {
