@@ -46,6 +46,24 @@ oc::Nvfp4LinearBuffer random_linear(int n, int k, uint64_t seed) {
   return b;
 }
 
+// GroupedGemmArgs of one matrix with M rows of x (as linear_nvfp4 builds them).
+moe_detail::GroupedGemmArgs one_matrix_args(const oc::Nvfp4LinearDevice& w, const uint16_t* x,
+                                            const oc::RowCountTable& rows, int M, void* out) {
+  moe_detail::GroupedGemmArgs a;
+  a.w = w.w;
+  a.s = w.s;
+  a.alpha0 = w.alpha;
+  a.x = x;
+  a.out = out;
+  a.rows.row_start = rows.zero();
+  a.rows.row_count = rows.count(M);
+  a.n = w.n;
+  a.k = w.k;
+  a.num_slots = 1;
+  a.total_rows = M;
+  return a;
+}
+
 double time_graph(const std::function<void(int, cudaStream_t)>& launch) {
   return test::graph_us_per_launch(kLaunches, launch);
 }
@@ -134,29 +152,16 @@ TEST(BenchDecodeParts, Glm45AirBatch1) {
         {"late kw4 u2 b8", {1, 4, 2, true, 2, 8}},
         {"late kw4 u4 b4", {1, 4, 2, true, 4, 4}},
         {"late kw2 u8 b8", {1, 2, 2, true, 8, 8}}};
-    auto decode_args = [&](const oc::Nvfp4LinearBuffer& b, void* out) {
-      moe_detail::GroupedGemmArgs a;
-      a.w = b.view().w;
-      a.s = b.view().s;
-      a.alpha0 = b.view().alpha;
-      a.x = x.as<uint16_t>();
-      a.out = out;
-      a.rows.row_start = rows.zero();
-      a.rows.row_count = rows.count(M);
-      a.n = b.view().n;
-      a.k = b.view().k;
-      a.num_slots = 1;
-      a.total_rows = M;
-      return a;
-    };
     for (const DecodeVariant& dv : decode_variants) {
       report(std::string("qkv fused decode ") + dv.name + m, time_graph([&](int i, cudaStream_t s) {
-               moe_detail::GroupedGemmArgs a = decode_args(qkv_fused[size_t(i % kCopies)], yq.p);
+               moe_detail::GroupedGemmArgs a = one_matrix_args(qkv_fused[size_t(i % kCopies)].view(),
+                                                                x.as<uint16_t>(), rows, M, yq.p);
                TETRA_CUDA_CHECK(moe_detail::launch_decode(a, dv.cfg, s));
              }),
              qkv_bytes);
       report(std::string("o decode ") + dv.name + m, time_graph([&](int i, cudaStream_t s) {
-               moe_detail::GroupedGemmArgs a = decode_args(o[size_t(i % kCopies)], yo.p);
+               moe_detail::GroupedGemmArgs a = one_matrix_args(o[size_t(i % kCopies)].view(),
+                                                                x.as<uint16_t>(), rows, M, yo.p);
                TETRA_CUDA_CHECK(moe_detail::launch_decode(a, dv.cfg, s));
              }),
              o_bytes);
@@ -281,21 +286,8 @@ TEST(BenchDecodeParts, Glm45AirDenseLinearsBatch16To64) {
   oc::RowCountTable rows(kMaxM);
   const double qkv_bytes = double(q[0].bytes() + k[0].bytes() + v[0].bytes());
   const double o_bytes = double(o[0].bytes());
-  // GroupedGemmArgs of one matrix with M rows (as linear_nvfp4 builds them).
   auto args = [&](const oc::Nvfp4LinearDevice& w, int M, void* out) {
-    moe_detail::GroupedGemmArgs a;
-    a.w = w.w;
-    a.s = w.s;
-    a.alpha0 = w.alpha;
-    a.x = x.as<uint16_t>();
-    a.out = out;
-    a.rows.row_start = rows.zero();
-    a.rows.row_count = rows.count(M);
-    a.n = w.n;
-    a.k = w.k;
-    a.num_slots = 1;
-    a.total_rows = M;
-    return a;
+    return one_matrix_args(w, x.as<uint16_t>(), rows, M, out);
   };
   using Launch = std::function<cudaError_t(const moe_detail::GroupedGemmArgs&, int, cudaStream_t)>;
   auto decode_cfg = [](int tiles, int kw, bool late) {

@@ -114,14 +114,13 @@ Nvfp4LinearBuffer& Nvfp4LinearBuffer::operator=(Nvfp4LinearBuffer&& o) noexcept 
 namespace {
 
 // Decode kernel up to 64 rows (weights stream once per 32-row pass, later passes hit L2), the
-// tiled tensor-core kernel above. Few output blocks (< 2 per SM): 8 k-warps keep more bytes in
-// flight per SM (an inference from the MoE measurements, where blocks were plentiful).
+// tiled tensor-core kernel above; its k-warps by moe_detail::classic_decode_k_warps.
 cudaError_t run_one_expert(moe_detail::GroupedGemmArgs a, int M, cudaStream_t stream) {
   if (M == 0) return cudaSuccess;
   if (M > 64) return moe_detail::launch_tiled(a, 2, stream);
   moe_detail::DecodeConfig cfg;
   cfg.token_tiles = M <= 8 ? 1 : M <= 16 ? 2 : 4;
-  cfg.k_warps = (a.n / 32) < 264 ? 8 : 4;
+  cfg.k_warps = moe_detail::classic_decode_k_warps(a);
   return moe_detail::launch_decode(a, cfg, stream);
 }
 

@@ -11,6 +11,7 @@
 // per expert on counters instead of for the whole GEMM1 grid (moe_w4a16_gemm_pair).
 #include <cuda_runtime.h>
 
+#include "core/cuda_check.h"
 #include "core/kernel_launch.h"
 #include "ops/moe/w4a16_fragment.cuh"
 #include "ops/moe/w4a16_launch.h"
@@ -323,6 +324,10 @@ cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs&
   const unsigned blocks = unsigned((a1.n / 32 + a2.n / 32) * a1.num_slots);
   const KernelLaunch launch(dim3(blocks), dim3(kLateKWarps * 32), stream, false);
   return launch(moe_decode_pair_kernel, a1, a2, done);
+}
+
+int classic_decode_k_warps(const GroupedGemmArgs& a) {
+  return (a.n / 32) * a.num_slots < 2 * current_device_sm_count() ? 8 : 4;
 }
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream) {

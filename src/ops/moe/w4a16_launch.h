@@ -61,6 +61,9 @@ inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
 }
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
+// k-warps for the classic decode kernel on a's grid: 8 under two blocks per SM (more bytes in
+// flight per SM where blocks are few: a dense linear, a shared expert's own launch), else 4.
+int classic_decode_k_warps(const GroupedGemmArgs& a);
 // GEMM1 (a1, gated) and GEMM2 (a2, f32 out) of the default late configuration in one grid, GEMM2's
 // blocks waiting per slot on counters (done [2 * num_slots], zero between launches).
 cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs& a2,

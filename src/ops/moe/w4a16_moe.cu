@@ -135,10 +135,7 @@ cudaError_t run(const MoeGemmProblem& p, const moe_detail::GroupedGemmArgs& a, M
   if (kernel == MoeKernel::kWgmma && !p.x_wgmma_order) return cudaErrorInvalidValue;
   if (kernel == MoeKernel::kWgmma && !moe_wgmma_available()) return cudaErrorInvalidDeviceFunction;
   moe_detail::DecodeConfig c = cfg ? *cfg : decode_config(p);
-  // Under two blocks per SM on the classic decode kernel: 8 k-warps keep more bytes in flight per
-  // SM (as for the dense linears, ops/linear/linear_nvfp4.cpp).
-  if (cfg == nullptr && !c.late_x && (a.n / 32) * a.num_slots < 2 * current_device_sm_count())
-    c.k_warps = 8;
+  if (cfg == nullptr && !c.late_x) c.k_warps = moe_detail::classic_decode_k_warps(a);
   if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, c.tiled_blocks_per_sm, stream);
   if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream);
   return moe_detail::launch_decode(a, c, stream);
