@@ -70,13 +70,15 @@ constexpr int kBatch = 8;  // row loads in flight per thread
 // grid (T, ceil(H / (kVec * blockDim.x))), blockDim.x = kThreads or kFewThreads (> kMaxPairs).
 // kVec elements per thread: one 16-byte load per row (8 bf16 or 4 f32), or 1 (unaligned H).
 // shared_first (F32 rows only): the shared expert's output is rows[*shared_first + t], rounded to
-// bf16 before it is added (the numerics of a bf16 shared output).
+// bf16 before it is added (the numerics of a bf16 shared output). routing_ready: slot_of,
+// weights, shared_first and residual are read before the PDL wait (CombineOptions).
 template <int kVec, typename R>
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const R* __restrict__ rows, int H, int top_k,
                    const int32_t* __restrict__ slot_of, const float* __restrict__ weights,
                    const uint16_t* __restrict__ shared, const int32_t* __restrict__ shared_first,
-                   const uint16_t* __restrict__ residual, uint16_t* __restrict__ out) {
+                   const uint16_t* __restrict__ residual, uint16_t* __restrict__ out,
+                   bool routing_ready) {
   __shared__ int32_t row_s[kMaxPairs];  // [top_k] row of pair j of this token, -1 if dropped
   __shared__ float w_s[kMaxPairs];      // [top_k] its weight
   __shared__ int32_t shared_row;
@@ -84,9 +86,9 @@ __global__ void __launch_bounds__(kThreads)
   // kernel's output only after its own wait, and its programmatic dependent (the q/k/v GEMV)
   // starts streaming weights sooner.
   asm volatile("griddepcontrol.launch_dependents;");
-  // As a programmatic dependent launch: nothing is read before the previous kernel is done (a
-  // no-op for a plain launch).
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  // As a programmatic dependent launch: wait for the previous kernel before reading what it may
+  // write (a no-op for a plain launch); with routing_ready only the rows come from it.
+  if (!routing_ready) asm volatile("griddepcontrol.wait;" ::: "memory");
   const int t = blockIdx.x;
   if (threadIdx.x < top_k) {
     const size_t p = size_t(t) * top_k + threadIdx.x;
@@ -99,10 +101,9 @@ __global__ void __launch_bounds__(kThreads)
   const size_t o = size_t(t) * H + h;
   // The token's own rows (independent of the pairs) are loaded while the pairs arrive.
   float extra[kVec], res[kVec];
-  if (h < H) {
-    if (shared) load<kVec>(shared + o, extra);
-    if (residual) load<kVec>(residual + o, res);
-  }
+  if (h < H && residual) load<kVec>(residual + o, res);
+  if (routing_ready) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (h < H && shared) load<kVec>(shared + o, extra);
   __syncthreads();
   if (h >= H) return;
   if (shared_first) load<kVec>(rows + size_t(shared_row) * H + h, extra);
@@ -148,9 +149,9 @@ cudaError_t launch(const R* rows, int T, int H, int top_k, const int32_t* slot_o
                             opt.pdl);
   if (vec)
     return launch(combine_kernel<kWide, R>, rows, H, top_k, slot_of, weights, shared,
-                  opt.shared_first_row, residual, out);
+                  opt.shared_first_row, residual, out, opt.pdl && opt.routing_ready);
   return launch(combine_kernel<1, R>, rows, H, top_k, slot_of, weights, shared,
-                opt.shared_first_row, residual, out);
+                opt.shared_first_row, residual, out, opt.pdl && opt.routing_ready);
 }
 
 }  // namespace

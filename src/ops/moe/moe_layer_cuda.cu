@@ -623,6 +623,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   co.shared_first_row = slot ? (masked ? row_start_ + E : offsets_ + E) : nullptr;
   // PDL only straight after the routed GEMM2 (a join or another GEMM2 in between: plain launch).
   co.pdl = path_.combine_pdl && !own && !marks;
+  // The token path wrote the pairs; GEMM1 (or the GEMM pair), a plain launch, ran since.
+  co.routing_ready = true;
   check_launch(cuda::combine_bf16(y_, DType::F32, T, H, K, slot_of_, weights_,
                                   own ? y_sh_ : nullptr, residual, out, stream, co),
                "combine", name_);

@@ -94,6 +94,10 @@ struct CombineOptions {
   // Programmatic dependent launch: the kernel may start while the previous kernel in the stream
   // finishes and reads nothing before that kernel is complete.
   bool pdl = false;
+  // With pdl: slot_of, weights, shared_first_row and residual were complete before the previous
+  // kernel started (a plain launch, such as the routed GEMM1, ran between their writer and this
+  // combine), so they are read before the wait; only the rows and `shared` after it.
+  bool routing_ready = false;
 };
 cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int top_k,
                          const int32_t* slot_of, const float* weights, const uint16_t* shared,
