@@ -78,17 +78,27 @@ __device__ __forceinline__ void mma_chunk_pair(float (&acc)[2][NT][4], const uin
   }
 }
 
-// Weight stream: read once, keep out of L1.
+// An L2 policy under which the lines a load brings in are the first to be evicted.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// Weight stream: read once, keep out of L1, and first out of L2 (the L2 then keeps what the
+// latency-bound kernels between the streams read: activations, routing, their code).
 __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
   uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+               : "l"(p), "l"(l2_evict_first_policy()));
   return v;
 }
 __device__ __forceinline__ uint32_t ld_stream_u16(const void* p) {
   unsigned short v;
-  asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.u16 %0, [%1], %2;"
+               : "=h"(v)
+               : "l"(p), "l"(l2_evict_first_policy()));
   return v;
 }
 // Activations written earlier in the same grid: a weak load (L1-cacheable, not the read-only

@@ -104,9 +104,9 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
             mbar_wait(&empty[st], ph ^ 1);
             mbar_arrive_expect_tx(&full[st], uint32_t(n) * (kTileChunkBytes + kTileChunkScales));
             const size_t c = size_t(t) * chunks + c0;
-            bulk_copy_g2s(ring_w + size_t(st) * S * kTileChunkBytes, un.w + c * kTileChunkBytes,
+            bulk_copy_g2s_stream(ring_w + size_t(st) * S * kTileChunkBytes, un.w + c * kTileChunkBytes,
                           uint32_t(n) * kTileChunkBytes, &full[st]);
-            bulk_copy_g2s(ring_s + size_t(st) * S * kTileChunkScales, un.s + c * kTileChunkScales,
+            bulk_copy_g2s_stream(ring_s + size_t(st) * S * kTileChunkScales, un.s + c * kTileChunkScales,
                           uint32_t(n) * kTileChunkScales, &full[st]);
             if (++st == stages) {
               st = 0;
