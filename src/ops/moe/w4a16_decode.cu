@@ -54,6 +54,9 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
   const uint8_t* sp1 = sp0 + size_t(chunks) * kTileChunkScales;
 
   __shared__ float red[KW][2][NT][4][32];  // per-warp partial sums, lane fastest
+  // One pass over the expert's rows reads its weights once: evict them first from L2. More
+  // passes read them again, so they keep normal priority there.
+  const uint64_t policy = cnt <= 8 * NT ? l2_evict_first_policy() : l2_evict_normal_policy();
 
   // [U][2 tiles] one batch of this lane's weight words / scale pairs
   auto load_w = [&](int c, uint4 (&wv)[U][2], uint32_t (&sv)[U][2]) {
@@ -61,10 +64,10 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
     for (int u = 0; u < U; ++u) {
       if (c + u < c_end) {
         const size_t cc = size_t(c + u);
-        wv[u][0] = ld_stream_u4(wp0 + cc * kTileChunkBytes);
-        wv[u][1] = ld_stream_u4(wp1 + cc * kTileChunkBytes);
-        sv[u][0] = ld_stream_u16(sp0 + cc * kTileChunkScales);
-        sv[u][1] = ld_stream_u16(sp1 + cc * kTileChunkScales);
+        wv[u][0] = ld_stream_u4(wp0 + cc * kTileChunkBytes, policy);
+        wv[u][1] = ld_stream_u4(wp1 + cc * kTileChunkBytes, policy);
+        sv[u][0] = ld_stream_u16(sp0 + cc * kTileChunkScales, policy);
+        sv[u][1] = ld_stream_u16(sp1 + cc * kTileChunkScales, policy);
       }
     }
   };
