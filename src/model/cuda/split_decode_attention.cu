@@ -11,6 +11,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "core/fast_div.h"
 #include "core/kernel_smem_attr.h"
 #include "ops/attention/attention_cuda.h"
 
@@ -35,7 +36,7 @@ struct SplitArgs {
   const int32_t* tables;    // [S, max_blocks]
   const int32_t* lens;      // [S]
   int max_blocks, block_size, n_kv, group;
-  int block_shift;  // log2(block_size) when a power of two, else -1 (then a division)
+  FastDiv block_div;  // position -> KV block: three instructions, not an integer division
   int64_t q_step;
   float scale_log2;  // softmax scale * log2(e): the softmax runs on exp2
   uint16_t* out;     // [S, H, D] bf16
@@ -133,7 +134,7 @@ __device__ __forceinline__ void chunk_rows(const SplitArgs& a, const int32_t* ta
     const int j = (int(threadIdx.x) + it * kThreads) / (D / 8), tok = c0 + j;
     slot[it] = -1;
     if (j < n) {
-      const int blk = a.block_shift >= 0 ? tok >> a.block_shift : tok / a.block_size;
+      const int blk = int(a.block_div.div(uint32_t(tok)));
       slot[it] = table[blk] * a.block_size + (tok - blk * a.block_size);
     }
   }
@@ -500,9 +501,7 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   a.lens = kv.seq_lens;
   a.max_blocks = kv.max_blocks_per_seq;
   a.block_size = kv.block_size;
-  a.block_shift = -1;
-  for (int b = 0; b < 31; ++b)
-    if (kv.block_size == 1 << b) a.block_shift = b;
+  a.block_div = FastDiv(uint32_t(kv.block_size));
   a.n_kv = s.n_kv_heads;
   a.group = s.n_heads / s.n_kv_heads;
   a.q_step = s.q_step();
