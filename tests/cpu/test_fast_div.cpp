@@ -38,7 +38,8 @@ TEST(FastDiv, SmallDivisorsAgreeWithDivision) {
 TEST(FastDiv, LargeDivisorsAgreeWithDivision) {
   std::mt19937 rng(43);
   std::uniform_int_distribution<uint32_t> big(4097, 0x7fffffffu);
-  for (uint32_t d : {65536u, 65537u, 1000003u, 0x40000000u, 0x7fffffffu}) check_divisor(d, 1u << 31, rng);
+  for (uint32_t d : {65536u, 65537u, 1000003u, 0x40000000u, 0x7fffffffu})
+    check_divisor(d, 1u << 31, rng);
   for (int i = 0; i < 200; ++i) check_divisor(big(rng), 1u << 24, rng);
 }
 

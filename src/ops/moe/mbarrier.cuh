@@ -40,24 +40,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   while (!mbar_try_wait(b, parity)) {
   }
 }
-// 1-D bulk copy global -> shared (16-B aligned addresses, size a multiple of 16).
-// As bulk_copy_g2s, for bytes read once (weight streams): their L2 lines are evicted first.
-__device__ __forceinline__ void bulk_copy_g2s_stream(void* dst, const void* src, uint32_t bytes,
-                                                     uint64_t* bar) {
+// 1-D bulk copy global -> shared (16-B aligned addresses, size a multiple of 16), completing on
+// the mbarrier `bar`, for bytes read once (weight streams): their L2 lines are evicted first, so
+// the L2 keeps what the latency-bound kernels between the streams read.
+__device__ __forceinline__ void bulk_copy_g2s_evict_first(void* dst, const void* src,
+                                                          uint32_t bytes, uint64_t* bar) {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_u32(dst)),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
-      : "memory");
-}
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
-                                              uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar))
       : "memory");
 }
 

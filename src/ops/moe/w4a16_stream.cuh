@@ -7,13 +7,13 @@
 // bursts and at the wave tails. Here a persistent grid (about one block per SM) takes a
 // contiguous range of work units (one 16-row tile, or one gate/up tile pair, of one matrix). In
 // the fragment layout of moe/expert_weights.h a tile's K range is contiguous, so one producer
-// thread streams it as 1-D bulk copies of up to kSeg chunks (kSeg * 512 B of weights + kSeg * 64 B
-// of scales) into a ring of shared-memory stages that complete on mbarriers; the copy engine
-// keeps many KB in flight per SM without registers, across unit boundaries. The consumer warps
-// split each stage's chunks, dequantize from shared memory (w4a16_fragment.cuh helpers) and run
-// mma.sync m16n8k16 with the weights on the M side and up to 8 activation rows on the N side,
-// accumulating in registers until the unit's tiles end; then their partial sums meet in shared
-// memory and the Work's epilogue stores them. Every sum is taken in a fixed order (no atomics):
+// thread streams it as 1-D bulk copies (L2 evict-first) of up to kSeg chunks (kSeg * 512 B of
+// weights + kSeg * 64 B of scales) into a ring of shared-memory stages that complete on
+// mbarriers; the copy engine keeps many KB in flight per SM without registers, across unit
+// boundaries. The consumer warps split each stage's chunks, dequantize from shared memory
+// (w4a16_fragment.cuh helpers) and run mma.sync m16n8k16 with the weights on the M side and up
+// to 8 activation rows on the N side, accumulating in registers until the unit's tiles end; then
+// their partial sums meet in shared memory and the Work's epilogue stores them. Every sum is taken in a fixed order (no atomics):
 // two runs give bit-identical results.
 //
 // A Work (trivially copyable, passed by value) describes the units:
@@ -104,10 +104,12 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
             mbar_wait(&empty[st], ph ^ 1);
             mbar_arrive_expect_tx(&full[st], uint32_t(n) * (kTileChunkBytes + kTileChunkScales));
             const size_t c = size_t(t) * chunks + c0;
-            bulk_copy_g2s_stream(ring_w + size_t(st) * S * kTileChunkBytes, un.w + c * kTileChunkBytes,
-                          uint32_t(n) * kTileChunkBytes, &full[st]);
-            bulk_copy_g2s_stream(ring_s + size_t(st) * S * kTileChunkScales, un.s + c * kTileChunkScales,
-                          uint32_t(n) * kTileChunkScales, &full[st]);
+            bulk_copy_g2s_evict_first(ring_w + size_t(st) * S * kTileChunkBytes,
+                                      un.w + c * kTileChunkBytes, uint32_t(n) * kTileChunkBytes,
+                                      &full[st]);
+            bulk_copy_g2s_evict_first(ring_s + size_t(st) * S * kTileChunkScales,
+                                      un.s + c * kTileChunkScales, uint32_t(n) * kTileChunkScales,
+                                      &full[st]);
             if (++st == stages) {
               st = 0;
               ph ^= 1;
