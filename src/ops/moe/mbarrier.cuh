@@ -41,16 +41,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   }
 }
 // 1-D bulk copy global -> shared (16-B aligned addresses, size a multiple of 16), completing on
-// the mbarrier `bar`, for bytes read once (weight streams): their L2 lines are evicted first, so
-// the L2 keeps what the latency-bound kernels between the streams read.
-__device__ __forceinline__ void bulk_copy_g2s_evict_first(void* dst, const void* src,
-                                                          uint32_t bytes, uint64_t* bar) {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+// the mbarrier `bar`; its L2 lines get the cache policy `l2_policy` (a createpolicy value, e.g.
+// l2_evict_first_policy() of w4a16_fragment.cuh for bytes read once).
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
+                                              uint64_t* bar, uint64_t l2_policy) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
+      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(l2_policy)
       : "memory");
 }
 

@@ -13,8 +13,8 @@
 // boundaries. The consumer warps split each stage's chunks, dequantize from shared memory
 // (w4a16_fragment.cuh helpers) and run mma.sync m16n8k16 with the weights on the M side and up
 // to 8 activation rows on the N side, accumulating in registers until the unit's tiles end; then
-// their partial sums meet in shared memory and the Work's epilogue stores them. Every sum is taken in a fixed order (no atomics):
-// two runs give bit-identical results.
+// their partial sums meet in shared memory and the Work's epilogue stores them. Every sum is
+// taken in a fixed order (no atomics): two runs give bit-identical results.
 //
 // A Work (trivially copyable, passed by value) describes the units:
 //   static constexpr int kTilesPerUnit;  // 1 plain, 2 gate/up pair (tiles 2p, 2p+1 adjacent)
@@ -91,6 +91,7 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
     // Producer: weights need no wait for a previous kernel, so they stream at once (with
     // programmatic dependent launch, while the kernel that writes x still runs).
     if (lane != 0) return;
+    const uint64_t policy = l2_evict_first_policy();  // weights are read once
     int st = 0;         // ring slot of the next stage
     uint32_t ph = 0;    // how many times the ring wrapped, mod 2
     for (int u = u_begin; u < u_end; ++u) {
@@ -104,12 +105,10 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
             mbar_wait(&empty[st], ph ^ 1);
             mbar_arrive_expect_tx(&full[st], uint32_t(n) * (kTileChunkBytes + kTileChunkScales));
             const size_t c = size_t(t) * chunks + c0;
-            bulk_copy_g2s_evict_first(ring_w + size_t(st) * S * kTileChunkBytes,
-                                      un.w + c * kTileChunkBytes, uint32_t(n) * kTileChunkBytes,
-                                      &full[st]);
-            bulk_copy_g2s_evict_first(ring_s + size_t(st) * S * kTileChunkScales,
-                                      un.s + c * kTileChunkScales, uint32_t(n) * kTileChunkScales,
-                                      &full[st]);
+            bulk_copy_g2s(ring_w + size_t(st) * S * kTileChunkBytes, un.w + c * kTileChunkBytes,
+                          uint32_t(n) * kTileChunkBytes, &full[st], policy);
+            bulk_copy_g2s(ring_s + size_t(st) * S * kTileChunkScales, un.s + c * kTileChunkScales,
+                          uint32_t(n) * kTileChunkScales, &full[st], policy);
             if (++st == stages) {
               st = 0;
               ph ^= 1;
