@@ -4,7 +4,9 @@
 //                x = h + (dense MLP or MoE)(m)
 //   logits = lm_head(RMSNorm_final(x)) at the step's logit rows
 // The residual stream lives in Buf::Residual; each block's output (Buf::Out) joins it in the
-// next fused add+norm, so every addition rounds to bf16 once, as the bf16 reference does.
+// next fused add+norm, so every addition rounds to bf16 once, as the bf16 reference does. The
+// norm after a layer's MLP is the next layer's input norm (or the final one): a MoE backend may
+// run it inside its last launch (ModelOps::moe_add_rms_norm).
 #include "core/error.h"
 #include "model/model.h"
 
@@ -28,15 +30,20 @@ void attention(ModelOps& ops, const LayerWeights& lw, const StepBatch& step) {
   ops.all_reduce(Buf::Out);  // o_proj is split by input columns under tensor parallelism
 }
 
-void mlp(ModelOps& ops, const LayerWeights& lw) {
+// The layer's MLP, the all-reduce of its partial sums, and the add + RMSNorm that follows it
+// (norm `which` of `norm_layer`: the next layer's input norm or the final one); a MoE block may
+// run that norm in its own last launch.
+void mlp_add_rms_norm(ModelOps& ops, const LayerWeights& lw, NormId which, int norm_layer) {
   const int L = lw.index;
   if (lw.moe) {
-    ops.moe(L, Buf::Normed, Buf::Out);
+    ops.moe_add_rms_norm(L, Buf::Normed, Buf::Out, which, norm_layer, Buf::Residual, Buf::Normed);
     return;
   }
   TETRA_CHECK(lw.dense.has_value(), "layer ", L, " has neither a dense MLP nor a MoE block");
   ops.dense_gate_up(L, Buf::Normed, Buf::Gate, Buf::Up, lw.dense->inter());
   ops.linear(LinearId::DenseDown, L, Buf::Gate, Buf::Out);
+  ops.all_reduce(Buf::Out);  // down projections hold partial sums under tensor parallelism
+  ops.add_rms_norm(which, norm_layer, Buf::Out, Buf::Residual, Buf::Normed);
 }
 
 }  // namespace
@@ -44,17 +51,19 @@ void mlp(ModelOps& ops, const LayerWeights& lw) {
 void run_forward(ModelOps& ops, const ModelWeights& w, const StepBatch& step) {
   ops.begin_step(step);
   ops.embed(Buf::Residual);
-  for (const LayerWeights& lw : w.layers) {
-    if (lw.index == 0)
-      ops.rms_norm(NormId::Input, 0, Buf::Residual, Buf::Normed);
-    else
-      ops.add_rms_norm(NormId::Input, lw.index, Buf::Out, Buf::Residual, Buf::Normed);
+  if (w.layers.empty())
+    ops.rms_norm(NormId::Final, -1, Buf::Residual, Buf::Normed);
+  else
+    ops.rms_norm(NormId::Input, w.layers.front().index, Buf::Residual, Buf::Normed);
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& lw = w.layers[i];
     attention(ops, lw, step);
     ops.add_rms_norm(NormId::PostAttention, lw.index, Buf::Out, Buf::Residual, Buf::Normed);
-    mlp(ops, lw);
-    ops.all_reduce(Buf::Out);  // down projections (dense, experts, shared) hold partial sums
+    // Then the next layer's input norm, or after the last layer the final norm.
+    const bool last = i + 1 == w.layers.size();
+    mlp_add_rms_norm(ops, lw, last ? NormId::Final : NormId::Input,
+                     last ? -1 : w.layers[i + 1].index);
   }
-  ops.add_rms_norm(NormId::Final, -1, Buf::Out, Buf::Residual, Buf::Normed);
   if (step.num_logit_rows() > 0) ops.logits(Buf::Normed);
 }
 

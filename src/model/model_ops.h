@@ -112,6 +112,15 @@ class ModelOps {
   // The whole MoE block of `layer`: route, routed experts, + shared expert.
   // in [T, H] -> out [T, H].
   virtual void moe(int layer, Buf in, Buf out) = 0;
+  // The MoE block and what follows it in the decoder: out = moe(in), all_reduce(out), then
+  // add_rms_norm(which, norm_layer, out, residual, normed). A backend may run the add + RMSNorm
+  // inside the MoE block's last launch (normed may be in).
+  virtual void moe_add_rms_norm(int layer, Buf in, Buf out, NormId which, int norm_layer,
+                                Buf residual, Buf normed) {
+    moe(layer, in, out);
+    all_reduce(out);
+    add_rms_norm(which, norm_layer, out, residual, normed);
+  }
   // logits [R, vocab] f32 = in[logit_rows[r]] . lm_head^T, kept in the backend.
   virtual void logits(Buf in) = 0;
   // Copies the step's logits to host: out [R, vocab] f32.

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "moe/add_rms_norm_step.h"
 #include "moe/backend_caps.h"
 #include "format/model_config.h"
 #include "moe/expert_weights.h"
@@ -114,6 +115,14 @@ class MoeLayerRunner {
   // or residual (the combine kernel reads them through restrict pointers).
   virtual void forward(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
                        cudaStream_t stream) = 0;
+  // forward(x, T, out, nullptr, stream), then the decoder's add + RMSNorm in the same launches
+  // (moe/add_rms_norm_step.h; norm.normed may be x). false: this backend does not fuse it at
+  // this T and nothing ran.
+  virtual bool forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out,
+                                    const AddRmsNormStep& norm, cudaStream_t stream) {
+    (void)x, (void)T, (void)out, (void)norm, (void)stream;
+    return false;
+  }
 };
 
 // Checks the weights (shapes, formats, names in errors) and the backend (require_compatible),

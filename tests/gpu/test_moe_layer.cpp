@@ -20,6 +20,7 @@
 #include "moe/moe_layer.h"
 #include "moe/router.h"
 #include "ops/moe/moe_layer_cuda.h"
+#include "ops/norm/rms_norm_cuda.h"
 
 namespace tetra {
 namespace {
@@ -574,6 +575,63 @@ TEST_F(MoeLayerGpu, CapturedGraphEqualsEager) {
         cudaGraphExecDestroy(exec);
         cudaGraphDestroy(graph);
         cudaStreamDestroy(s);
+      }
+    }
+  }
+}
+
+// forward_add_rms_norm (the decoder's add + RMSNorm in the combine's launch) against forward then
+// the separate fused_add_rms_norm kernel: out and the residual bit-identical, normed within one
+// bf16 step (its sum of squares runs in another order), written over the layer's own input as
+// the model does; the persistent layer declines it and writes nothing.
+TEST_F(MoeLayerGpu, ForwardAddRmsNormEqualsForwardThenNorm) {
+  const ModelConfig c = preset_config("tiny-glm5");
+  moe::CudaTokenPath serial;
+  serial.shared_side_stream = false;
+  moe::CudaTokenPath persistent;
+  persistent.persistent_max_tokens = 8;
+  const int H = 64;
+  const float eps = 1e-5f;
+  std::vector<uint16_t> gain(H);
+  for (int i = 0; i < H; ++i) gain[size_t(i)] = float_to_bf16(0.5f + 0.03f * float(i));
+  GuardedBf16 dgain(H);
+  dgain.upload(gain);
+  for (const std::string& backend : cuda_backends()) {
+    const HostMoeLayer L = layer_for(backend, moe::router_params_of(c), 64, 64, 64, 17);
+    for (const moe::CudaTokenPath& path : {moe::CudaTokenPath{}, serial, persistent}) {
+      moe::CudaMoeLayer gpu(L.weights(), 32, TokenLayout::Masked, path, is_w4a4(backend));
+      for (int T : {1, 19}) {
+        const bool declines = path.persistent_max_tokens >= T && backend == "cuda-w4a16";
+        SCOPED_TRACE(backend + " T=" + std::to_string(T) + (declines ? " persistent" : ""));
+        const size_t n = size_t(T) * H;
+        const std::vector<uint16_t> x = test::random_x(T, H, 3), res = test::random_x(T, H, 4);
+        GuardedBf16 dx(n), dout(n), dres(n), dnorm(n), dx2(n), dout2(n), dres2(n);
+        dx.upload(x), dres.upload(res), dx2.upload(x), dres2.upload(res);
+        gpu.forward(dx.ptr(), T, dout.ptr(), nullptr, nullptr);
+        TETRA_CUDA_CHECK(ops::cuda::fused_add_rms_norm(dout.ptr(), dres.ptr(), dgain.ptr(), T, H,
+                                                       eps, dnorm.ptr(), nullptr));
+        const moe::AddRmsNormStep step{dres2.ptr(), dgain.ptr(), eps, dx2.ptr()};
+        const bool ran = gpu.forward_add_rms_norm(dx2.ptr(), T, dout2.ptr(), step, nullptr);
+        TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+        if (declines) {
+          EXPECT_FALSE(ran);
+          EXPECT_EQ(dx2.body(), x);  // nothing ran
+          EXPECT_EQ(dres2.body(), res);
+          continue;
+        }
+        ASSERT_TRUE(ran);
+        EXPECT_EQ(dout2.body(), dout.body());
+        EXPECT_EQ(dres2.body(), dres.body());
+        const std::vector<uint16_t> got = dx2.body(), want = dnorm.body();
+        size_t differ = 0;
+        for (size_t i = 0; i < n; ++i) {
+          if (got[i] == want[i]) continue;
+          ++differ;
+          const float a = bf16_to_float(got[i]), b = bf16_to_float(want[i]);
+          EXPECT_LE(std::fabs(a - b), std::ldexp(std::fabs(b), -7)) << "element " << i;
+        }
+        EXPECT_LE(differ, n / 20);
+        EXPECT_EQ(dx2.guards_lost() + dout2.guards_lost() + dres2.guards_lost(), 0u);
       }
     }
   }

@@ -16,6 +16,7 @@
 #include "moe/router.h"
 #include "moe/token_layout.h"
 #include "moe/token_movement.h"
+#include "ops/norm/rms_norm.h"
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/token_path.h"
 #include "ops/moe/token_path_tiny.h"
@@ -482,6 +483,86 @@ TEST(MoeOpsCuda, CombineIsExact) {
       }
     }
   }
+}
+
+// The combine with the decoder's add + RMSNorm fused (CombineOptions::add_norm) against its CPU
+// twin, combine_bf16_cpu then fused_add_rms_norm_cpu: out and the residual bit-identical, normed
+// within one bf16 step (the cluster sums the squares in another order than the CPU, so the
+// rsqrt may differ in its last bits), at hidden sizes of one to eight blocks per row, T from 1.
+TEST(MoeOpsCuda, CombineWithAddRmsNormMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd;
+  std::uniform_real_distribution<float> uw(0.0f, 1.0f);
+  const float eps = 1e-5f;
+  for (int H : {4096, 6144, 2052, 100}) {
+    for (int T : {1, 3, 19, 70}) {
+      const int K = 8, E = 64;
+      const std::vector<int32_t> ids = random_ids(T, K, E, rng, false);
+      MaskedLayout m = build_masked_cpu(ids.data(), T, K, E, T);
+      m.slot_of[0] = -1;  // a dropped pair contributes nothing
+      // One extra row past the routed ones: the shared expert's output in the rows.
+      const int shared_first = m.num_rows();
+      const size_t rows = size_t(shared_first) + T;
+      std::vector<float> rows_f(rows * H);
+      for (float& v : rows_f) v = nd(rng);
+      std::vector<uint16_t> resid(size_t(T) * H), gain(H), shared_b(size_t(T) * H);
+      for (uint16_t& v : resid) v = float_to_bf16(8.0f * nd(rng));
+      for (uint16_t& v : gain) v = float_to_bf16(1.0f + 0.5f * nd(rng));
+      for (size_t i = 0; i < shared_b.size(); ++i)
+        shared_b[i] = float_to_bf16(rows_f[(size_t(shared_first) * H) + i]);
+      std::vector<float> w(ids.size());
+      for (float& v : w) v = 2.5f * uw(rng);
+      DevBuf<float> d_rows(rows_f.size()), d_w(w.size());
+      DevBuf<int32_t> d_slot(m.slot_of.size()), d_first(1);
+      DevBuf<uint16_t> d_gain(gain.size());
+      d_rows.upload(rows_f);
+      d_w.upload(w);
+      d_slot.upload(m.slot_of);
+      d_first.upload({shared_first});
+      d_gain.upload(gain);
+      for (bool pdl : {false, true}) {
+        SCOPED_TRACE(str("H=", H, " T=", T, " pdl=", pdl));
+        // CPU: the routed rows plus the shared row (the bf16 rounding of shared_first_row), then
+        // the decoder's add + RMSNorm.
+        std::vector<uint16_t> want_out(size_t(T) * H), want_res = resid, want_norm(size_t(T) * H);
+        combine_bf16_cpu(rows_f.data(), DType::F32, T, H, K, m.slot_of.data(), w.data(),
+                         shared_b.data(), nullptr, want_out.data());
+        ops::fused_add_rms_norm_cpu(want_out.data(), want_res.data(), gain.data(), T, H, eps,
+                                    want_norm.data());
+        DevBuf<uint16_t> d_out(size_t(T) * H), d_res(resid.size()), d_norm(size_t(T) * H);
+        d_res.upload(resid);
+        const AddRmsNormStep step{d_res.get(), d_gain.get(), eps, d_norm.get()};
+        cuda::CombineOptions co;
+        co.shared_first_row = d_first.get();
+        co.pdl = pdl;
+        co.routing_ready = pdl;
+        co.add_norm = &step;
+        ASSERT_EQ(cuda::combine_bf16(d_rows.get(), DType::F32, T, H, K, d_slot.get(), d_w.get(),
+                                     nullptr, nullptr, d_out.get(), nullptr, co),
+                  cudaSuccess);
+        device_sync();
+        EXPECT_TRUE(bytes_equal(d_out.download(), want_out));
+        EXPECT_TRUE(bytes_equal(d_res.download(), want_res));
+        const std::vector<uint16_t> got = d_norm.download();
+        size_t differ = 0, over_one_step = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (got[i] == want_norm[i]) continue;
+          ++differ;
+          const float a = bf16_to_float(got[i]), b = bf16_to_float(want_norm[i]);
+          if (std::fabs(a - b) > std::ldexp(std::fabs(b), -7)) ++over_one_step;
+        }
+        EXPECT_EQ(over_one_step, 0u);
+        EXPECT_LE(differ, got.size() / 50) << "normed differs in " << differ << " elements";
+        EXPECT_TRUE(d_out.guards_intact());
+        EXPECT_TRUE(d_res.guards_intact());
+        EXPECT_TRUE(d_norm.guards_intact());
+      }
+    }
+  }
+  EXPECT_FALSE(cuda::combine_add_rms_norm_fits(4098, DType::F32));  // not whole 16-byte loads
+  EXPECT_FALSE(cuda::combine_add_rms_norm_fits(4096, DType::BF16));
+  EXPECT_FALSE(cuda::combine_add_rms_norm_fits(32772, DType::F32));
 }
 
 TEST(MoeOpsCuda, GraphCapturedTokenPathReplaysCorrectly) {

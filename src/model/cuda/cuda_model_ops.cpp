@@ -338,6 +338,19 @@ class CudaModelOps final : public CudaModelOpsApi {
       synchronize();  // host_y_ is reused by the next chunk / layer
     }
   }
+  // One launch less per MoE layer: the combine also runs the add + RMSNorm that follows, where
+  // nothing sits between them (no all-reduce hook) and the layer takes T in one forward.
+  void moe_add_rms_norm(int layer, Buf in, Buf out, NormId which, int norm_layer, Buf residual,
+                        Buf normed) override {
+    if (skip()) return;
+    DevLayer& L = layers_.at(size_t(layer));
+    if (!all_reduce_ && L.moe != nullptr && L.moe->on_device() && T_ <= L.moe->max_tokens()) {
+      const moe::AddRmsNormStep n{buf(residual), norm_weight(which, norm_layer), eps(),
+                                  buf(normed)};
+      if (L.moe->forward_add_rms_norm(buf(in), T_, buf(out), n, stream_)) return;
+    }
+    ModelOps::moe_add_rms_norm(layer, in, out, which, norm_layer, residual, normed);
+  }
   void logits(Buf in) override {
     if (mode_ == Mode::Replay) {
       TETRA_CUDA_CHECK(cudaGraphLaunch(replay_, stream_));

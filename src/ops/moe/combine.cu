@@ -1,6 +1,10 @@
 // Combine: out[t] = sum_j w[t,j] * rows[slot_of[t,j]] (+ shared[t]) (+ residual[t]) as a gather
 // with a fixed j order, float32 FMAs and one bf16 rounding: deterministic and bit-identical to
 // combine_bf16_cpu (no atomics, unlike a combine fused into the down GEMM's epilogue).
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
 #include "core/kernel_launch.h"
 #include "core/error.h"
 #include "moe/router.h"
@@ -11,6 +15,8 @@
 namespace tetra::moe::cuda {
 
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 128;      // most threads per block
 constexpr int kFewThreads = 64;    // per block at few tokens: more blocks over H
@@ -67,25 +73,71 @@ __device__ __forceinline__ void store(const float* acc, uint16_t* out) {
 constexpr int kMaxPairs = kMaxTopK;
 constexpr int kBatch = 8;  // row loads in flight per thread
 
-// grid (T, ceil(H / (kVec * blockDim.x))), blockDim.x = kThreads or kFewThreads (> kMaxPairs).
-// kVec elements per thread: one 16-byte load per row (8 bf16 or 4 f32), or 1 (unaligned H).
+// AddRmsNormStep as a kernel argument.
+struct AddNormArgs {
+  uint16_t* residual;      // [T, H] bf16, in place
+  const uint16_t* weight;  // [H] bf16
+  float eps;
+  uint16_t* normed;  // [T, H] bf16
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+  // xor butterfly: fp addition commutes, so every lane ends with the same bits
+  for (int off = 16; off >= 1; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// The sum of a cluster's per-thread values, the same bits in every thread of every block (each
+// block's part is summed in a fixed order and every block reads all parts in rank order).
+__device__ float cluster_sum(float v) {
+  __shared__ float warp_part[32];
+  __shared__ float block_part;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  v = warp_sum(v);
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const float b = warp_sum(lane < int(blockDim.x / 32) ? warp_part[lane] : 0.0f);
+    if (lane == 0) block_part = b;
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  const float* part = lane < int(cluster.num_blocks()) ? cluster.map_shared_rank(&block_part, lane)
+                                                       : nullptr;
+  const float total = warp_sum(part ? *part : 0.0f);
+  cluster.sync();  // no block leaves while another still reads its part
+  return total;
+}
+
+// One block's slice of token t = blockIdx.x: kVec elements per thread from h. Without kNorm the
+// grid is (T, ceil(H / (kVec * blockDim.x))), blockDim.x = kThreads or kFewThreads (> kMaxPairs);
+// with kNorm a cluster of gridDim.y blocks covers the row (blockDim.x > kMaxPairs too). kVec
+// elements per thread: one 16-byte load per row (8 bf16 or 4 f32), or 1 (unaligned H, no kNorm).
 // shared_first (F32 rows only): the shared expert's output is rows[*shared_first + t], rounded to
 // bf16 before it is added (the numerics of a bf16 shared output). routing_ready: slot_of,
-// weights, shared_first and residual are read before the PDL wait (CombineOptions).
-template <int kVec, typename R>
-__global__ void __launch_bounds__(kThreads)
-    combine_kernel(const R* __restrict__ rows, int H, int top_k,
-                   const int32_t* __restrict__ slot_of, const float* __restrict__ weights,
-                   const uint16_t* __restrict__ shared, const int32_t* __restrict__ shared_first,
-                   const uint16_t* __restrict__ residual, uint16_t* __restrict__ out,
-                   bool routing_ready) {
+// weights, shared_first, residual and the norm's residual are read before the PDL wait
+// (CombineOptions).
+template <int kVec, typename R, bool kNorm>
+__device__ __forceinline__ void combine_slice(const R* __restrict__ rows, int H, int top_k,
+                                              const int32_t* __restrict__ slot_of,
+                                              const float* __restrict__ weights,
+                                              const uint16_t* __restrict__ shared,
+                                              const int32_t* __restrict__ shared_first,
+                                              const uint16_t* __restrict__ residual,
+                                              uint16_t* __restrict__ out, bool routing_ready,
+                                              const AddNormArgs& norm) {
   __shared__ int32_t row_s[kMaxPairs];  // [top_k] row of pair j of this token, -1 if dropped
   __shared__ float w_s[kMaxPairs];      // [top_k] its weight
   __shared__ int32_t shared_row;
-  // The next kernel (the decode step's add + RMSNorm) may be scheduled now: it reads this
-  // kernel's output only after its own wait, and its programmatic dependent (the q/k/v GEMV)
-  // starts streaming weights sooner.
+  // The next kernel (the decode step's add + RMSNorm, or with kNorm its q/k/v GEMV) may be
+  // scheduled now: it reads this kernel's output only after its own wait, and its programmatic
+  // dependent (the q/k/v GEMV) starts streaming weights sooner.
   asm volatile("griddepcontrol.launch_dependents;");
+  const int h = (blockIdx.y * blockDim.x + threadIdx.x) * kVec;
+  const size_t o = size_t(blockIdx.x) * H + h;
+  const bool in_row = h < H;
+  float gain[kVec];  // the norm weight: a model parameter, read before any wait
+  if (kNorm && in_row) load<kVec>(norm.weight + h, gain);
   // As a programmatic dependent launch: wait for the previous kernel before reading what it may
   // write (a no-op for a plain launch); with routing_ready only the rows come from it.
   if (!routing_ready) asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -97,40 +149,85 @@ __global__ void __launch_bounds__(kThreads)
   } else if (threadIdx.x == kMaxPairs && shared_first) {
     shared_row = *shared_first + t;
   }
-  const int h = (blockIdx.y * blockDim.x + threadIdx.x) * kVec;
-  const size_t o = size_t(t) * H + h;
   // The token's own rows (independent of the pairs) are loaded while the pairs arrive.
-  float extra[kVec], res[kVec];
-  if (h < H && residual) load<kVec>(residual + o, res);
+  float extra[kVec], res[kVec], stream[kVec];
+  if (in_row && residual) load<kVec>(residual + o, res);
+  if (kNorm && in_row) load<kVec>(norm.residual + o, stream);
   if (routing_ready) asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (h < H && shared) load<kVec>(shared + o, extra);
+  if (in_row && shared) load<kVec>(shared + o, extra);
   __syncthreads();
-  if (h >= H) return;
-  if (shared_first) load<kVec>(rows + size_t(shared_row) * H + h, extra);
+  if (!kNorm && !in_row) return;
   float acc[kVec];
   for (int i = 0; i < kVec; ++i) acc[i] = 0.0f;
-  for (int j0 = 0; j0 < top_k; j0 += kBatch) {
-    float y[kBatch][kVec];
+  if (in_row) {
+    if (shared_first) load<kVec>(rows + size_t(shared_row) * H + h, extra);
+    for (int j0 = 0; j0 < top_k; j0 += kBatch) {
+      float y[kBatch][kVec];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int j = j0 + b;
-      if (j < top_k && row_s[j] >= 0) load<kVec>(rows + size_t(row_s[j]) * H + h, y[b]);
+      for (int b = 0; b < kBatch; ++b) {
+        const int j = j0 + b;
+        if (j < top_k && row_s[j] >= 0) load<kVec>(rows + size_t(row_s[j]) * H + h, y[b]);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int j = j0 + b;
+        if (j < top_k && row_s[j] >= 0)  // fixed j order, as the CPU
+          for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w_s[j], y[b][i], acc[i]);
+      }
     }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int j = j0 + b;
-      if (j < top_k && row_s[j] >= 0)  // fixed j order, as the CPU
-        for (int i = 0; i < kVec; ++i) acc[i] = fmaf(w_s[j], y[b][i], acc[i]);
+    if (shared_first) {
+      for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + bf16_to_f32(f32_to_bf16(extra[i]));
+    } else if (shared) {
+      for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + extra[i];
+    }
+    if (residual)
+      for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + res[i];
+    store<kVec>(acc, out + o);
+  }
+  if constexpr (kNorm) {
+    // residual <- bf16(bf16(out) + residual), then the row's sum of squares over the cluster.
+    float ss = 0.0f;
+    if (in_row) {
+      for (int i = 0; i < kVec; ++i) {
+        const float x = bf16_to_f32(f32_to_bf16(acc[i]));
+        stream[i] = bf16_to_f32(f32_to_bf16(x + stream[i]));
+        ss += stream[i] * stream[i];
+      }
+      store<kVec>(stream, norm.residual + o);
+    }
+    const float inv_rms = rsqrtf(cluster_sum(ss) / float(H) + norm.eps);
+    if (in_row) {
+      float y[kVec];
+      for (int i = 0; i < kVec; ++i) y[i] = stream[i] * inv_rms * gain[i];
+      store<kVec>(y, norm.normed + o);
     }
   }
-  if (shared_first) {
-    for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + bf16_to_f32(f32_to_bf16(extra[i]));
-  } else if (shared) {
-    for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + extra[i];
-  }
-  if (residual)
-    for (int i = 0; i < kVec; ++i) acc[i] = acc[i] + res[i];
-  store<kVec>(acc, out + o);
+}
+
+template <int kVec, typename R>
+__global__ void __launch_bounds__(kThreads)
+    combine_kernel(const R* __restrict__ rows, int H, int top_k,
+                   const int32_t* __restrict__ slot_of, const float* __restrict__ weights,
+                   const uint16_t* __restrict__ shared, const int32_t* __restrict__ shared_first,
+                   const uint16_t* __restrict__ residual, uint16_t* __restrict__ out,
+                   bool routing_ready) {
+  combine_slice<kVec, R, false>(rows, H, top_k, slot_of, weights, shared, shared_first, residual,
+                                out, routing_ready, AddNormArgs{});
+}
+
+constexpr int kNormCluster = 8;      // blocks per row (the portable cluster size)
+constexpr int kNormMaxThreads = 1024;
+
+template <int kVec, typename R>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    combine_add_norm_kernel(const R* __restrict__ rows, int H, int top_k,
+                            const int32_t* __restrict__ slot_of, const float* __restrict__ weights,
+                            const uint16_t* __restrict__ shared,
+                            const int32_t* __restrict__ shared_first,
+                            const uint16_t* __restrict__ residual, uint16_t* __restrict__ out,
+                            bool routing_ready, const AddNormArgs norm) {
+  combine_slice<kVec, R, true>(rows, H, top_k, slot_of, weights, shared, shared_first, residual,
+                               out, routing_ready, norm);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -154,7 +251,45 @@ cudaError_t launch(const R* rows, int T, int H, int top_k, const int32_t* slot_o
                 opt.shared_first_row, residual, out, opt.pdl && opt.routing_ready);
 }
 
+// The fused add + RMSNorm (F32 rows): a cluster of up to kNormCluster blocks per token, at least
+// kFewThreads threads each (> kMaxPairs), four elements per thread.
+cudaError_t launch_add_norm(const float* rows, int T, int H, int top_k, const int32_t* slot_of,
+                            const float* weights, const uint16_t* shared, const uint16_t* residual,
+                            uint16_t* out, cudaStream_t stream, const CombineOptions& opt) {
+  constexpr int kWide = 4;  // f32 rows: one 16-byte load
+  const AddRmsNormStep& n = *opt.add_norm;
+  const void* ptrs[] = {rows, out, shared, residual, n.residual, n.weight, n.normed};
+  for (const void* p : ptrs)
+    if (p != nullptr && !aligned16(p)) TETRA_FAIL("cuda combine + add_rms_norm: a pointer is not 16-byte aligned");
+  if (n.residual == nullptr || n.weight == nullptr || n.normed == nullptr)
+    TETRA_FAIL("cuda combine + add_rms_norm: residual, weight and normed are required");
+  const int need = (H + kNormCluster * kWide - 1) / (kNormCluster * kWide);  // threads per block
+  const int threads = std::max(kFewThreads, (need + 31) / 32 * 32);
+  const int blocks = (H + threads * kWide - 1) / (threads * kWide);  // the cluster: <= 8
+  cudaLaunchAttribute attr[2] = {};
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.y = unsigned(blocks);
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(T), unsigned(blocks));
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = opt.pdl ? 2 : 1;
+  const AddNormArgs a{n.residual, n.weight, n.eps, n.normed};
+  return cudaLaunchKernelEx(&cfg, combine_add_norm_kernel<kWide, float>, rows, H, top_k, slot_of,
+                            weights, shared, opt.shared_first_row, residual, out,
+                            opt.pdl && opt.routing_ready, a);
+}
+
 }  // namespace
+
+bool combine_add_rms_norm_fits(int H, DType rows_dtype) {
+  return rows_dtype == DType::F32 && H > 0 && H % 4 == 0 && H <= kNormCluster * kNormMaxThreads * 4;
+}
 
 cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int top_k,
                          const int32_t* slot_of, const float* weights, const uint16_t* shared,
@@ -175,6 +310,13 @@ cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int t
   if (top_k > kMaxPairs)
     TETRA_FAIL("cuda combine_bf16: top_k ", top_k, " is over the router's limit ", kMaxPairs);
   if (T == 0) return cudaSuccess;
+  if (opt.add_norm) {
+    if (!combine_add_rms_norm_fits(H, rows_dtype))
+      TETRA_FAIL("cuda combine + add_rms_norm: H=", H, " with ", dtype_name(rows_dtype),
+                 " rows does not fit (combine_add_rms_norm_fits)");
+    return launch_add_norm(static_cast<const float*>(rows), T, H, top_k, slot_of, weights, shared,
+                           residual, out, stream, opt);
+  }
   if (rows_dtype == DType::BF16)
     return launch(static_cast<const uint16_t*>(rows), T, H, top_k, slot_of, weights, shared,
                   residual, out, stream, opt);

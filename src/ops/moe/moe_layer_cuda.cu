@@ -425,6 +425,15 @@ void CudaMoeLayer::forward(const uint16_t* x, int T, uint16_t* out, const uint16
   run(x, T, out, residual, stream, nullptr);
 }
 
+bool CudaMoeLayer::forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out,
+                                        const AddRmsNormStep& norm, cudaStream_t stream) {
+  if (T < 1 || T > max_tokens_ || T <= persist_T_ ||
+      !cuda::combine_add_rms_norm_fits(H_, DType::F32))
+    return false;
+  run(x, T, out, nullptr, stream, nullptr, &norm);
+  return true;
+}
+
 void CudaMoeLayer::forward_marked(const uint16_t* x, int T, uint16_t* out,
                                        const uint16_t* residual, cudaStream_t stream,
                                        cudaEvent_t const* marks) {
@@ -432,7 +441,8 @@ void CudaMoeLayer::forward_marked(const uint16_t* x, int T, uint16_t* out,
 }
 
 void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
-                       cudaStream_t stream, cudaEvent_t const* marks) {
+                       cudaStream_t stream, cudaEvent_t const* marks,
+                       const AddRmsNormStep* add_norm) {
   if (T < 0 || T > max_tokens_)
     TETRA_FAIL(name_, ": forward with ", T, " tokens; the layer was built for 0..", max_tokens_);
   if (T == 0) return;
@@ -625,6 +635,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   co.pdl = path_.combine_pdl && !own && !marks;
   // The token path wrote the pairs; GEMM1 (or the GEMM pair), a plain launch, ran since.
   co.routing_ready = true;
+  co.add_norm = add_norm;
   check_launch(cuda::combine_bf16(y_, DType::F32, T, H, K, slot_of_, weights_,
                                   own ? y_sh_ : nullptr, residual, out, stream, co),
                "combine", name_);

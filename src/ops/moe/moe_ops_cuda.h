@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/dtype.h"
+#include "moe/add_rms_norm_step.h"
 #include "moe/router.h"
 #include "moe/token_layout.h"
 
@@ -86,6 +87,12 @@ cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int t
                          const int32_t* slot_of, const float* weights, const uint16_t* shared,
                          const uint16_t* residual, uint16_t* out, cudaStream_t stream);
 
+// The decoder's add + RMSNorm after the MoE block done by the combine (moe/add_rms_norm_step.h):
+// a cluster of blocks holds a token's row, their partial sums of squares meet in distributed
+// shared memory. F32 rows, H % 4 == 0 and H <= 32768 (combine_add_rms_norm_fits), 16-byte aligned
+// pointers.
+bool combine_add_rms_norm_fits(int H, DType rows_dtype);
+
 // What the layer runner adds to combine_bf16.
 struct CombineOptions {
   // [1] device int: the shared expert's output is in the rows, rows[*shared_first_row + t] (F32
@@ -98,6 +105,9 @@ struct CombineOptions {
   // kernel started (a plain launch, such as the routed GEMM1, ran between their writer and this
   // combine), so they are read before the wait; only the rows and `shared` after it.
   bool routing_ready = false;
+  // Not null: the add + RMSNorm that follows the MoE block, fused. With routing_ready its
+  // residual is read before the wait too.
+  const AddRmsNormStep* add_norm = nullptr;
 };
 cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int top_k,
                          const int32_t* slot_of, const float* weights, const uint16_t* shared,

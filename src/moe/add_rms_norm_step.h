@@ -1,0 +1,18 @@
+// The add + RMSNorm that follows a MoE block in a decoder (MODELS.md "Decoder block"), for a
+// backend that runs it inside its combine, one launch less per layer (MoeLayerRunner::
+// forward_add_rms_norm, ops/moe/moe_ops_cuda.h CombineOptions::add_norm):
+//   residual [T, H] <- bf16(out + residual);  normed [T, H] = rms_norm(residual) * weight
+// with the arithmetic of ops::cuda::fused_add_rms_norm (its sum of squares in another order).
+#pragma once
+#include <cstdint>
+
+namespace tetra::moe {
+
+struct AddRmsNormStep {
+  uint16_t* residual = nullptr;      // [T, H] bf16, updated in place
+  const uint16_t* weight = nullptr;  // [H] bf16
+  float eps = 0.0f;
+  uint16_t* normed = nullptr;        // [T, H] bf16
+};
+
+}  // namespace tetra::moe
