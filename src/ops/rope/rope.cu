@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "ops/rope/rope_cuda.h"
+#include "ops/rope/rope_turn.cuh"
 
 namespace tetra::ops::cuda {
 
@@ -27,12 +28,9 @@ __global__ void __launch_bounds__(kThreads)
                             : k + t * s.k_stride + int64_t(h) * s.head_dim;
     float sn, c;
     sincosf(pos * inv_freq[i], &sn, &c);
-    const int ia = neox ? i : 2 * i;
-    const int ib = neox ? i + half : 2 * i + 1;
-    const float a = __bfloat162float(x[ia]), b = __bfloat162float(x[ib]);
-    // __fmul_rn/__fsub_rn/__fadd_rn keep the CPU's rounding steps (no FMA contraction).
-    x[ia] = __float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
-    x[ib] = __float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn)));
+    int ia, ib;
+    rope_pair_dims(i, half, neox, ia, ib);
+    rope_turn(__bfloat162float(x[ia]), __bfloat162float(x[ib]), sn, c, x[ia], x[ib]);
   }
 }
 

@@ -11,6 +11,7 @@
 #include "core/kernel_launch.h"
 #include "core/error.h"
 #include "ops/rope/rope_kv_cuda.h"
+#include "ops/rope/rope_turn.cuh"
 
 namespace tetra::ops::cuda {
 
@@ -54,12 +55,10 @@ __global__ void __launch_bounds__(kWarps * 32)
   __nv_bfloat16* kc = store ? k_cache + slot * row + int64_t(h) * s.head_dim : nullptr;
   const bool neox = s.style == RopeStyle::NeoX;
   auto turn = [&](int i, float sn, float c) {  // pair i by the angle (sn, c)
-    const int ia = neox ? i : 2 * i;
-    const int ib = neox ? i + half : 2 * i + 1;
-    const float a = __bfloat162float(x[ia]), b = __bfloat162float(x[ib]);
-    // __fmul_rn/__fsub_rn/__fadd_rn keep the CPU's rounding steps (no FMA contraction).
-    const __nv_bfloat16 ra = __float2bfloat16_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
-    const __nv_bfloat16 rb = __float2bfloat16_rn(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, sn)));
+    int ia, ib;
+    rope_pair_dims(i, half, neox, ia, ib);
+    __nv_bfloat16 ra, rb;
+    rope_turn(__bfloat162float(x[ia]), __bfloat162float(x[ib]), sn, c, ra, rb);
     x[ia] = ra;
     x[ib] = rb;
     if (store) kc[ia] = ra, kc[ib] = rb;
