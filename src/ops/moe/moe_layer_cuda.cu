@@ -476,7 +476,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   prep.row_token = row_token_;
   prep.sh_rows = own ? sh_rows_ : nullptr;
   prep.shared_slot = slot;
-  if (path_.fused_route_max_tokens >= T && cuda::small_token_path_fits(T, K)) {
+  const bool fused_route = path_.fused_route_max_tokens >= T && cuda::small_token_path_fits(T, K);
+  if (fused_route) {
     cuda::SmallTokenPath a;
     a.x = x;
     a.gate = gate_;
@@ -610,13 +611,16 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
                     routed_kernel == MoeKernel::kAuto && moe_gemm_pair_fits(p, p2) &&
                     (path_.gemm_pair == 2 ||
                      (path_.gemm_pair == 1 && moe_gemm_pair_preferred(p, active_slots)));
+  // The W4A16 GEMM1 straight after the one-launch token path: a programmatic dependent of it.
+  MoeGemmProblem p1 = p;
+  p1.gemm1_pdl = fused_route && path_.gemm1_pdl;
   if (pair) {
-    check_launch(moe_w4a16_gemm_pair(p, p2, w_, rows, x1, act_, y_, pair_done_, stream),
+    check_launch(moe_w4a16_gemm_pair(p1, p2, w_, rows, x1, act_, y_, pair_done_, stream),
                  "GEMM1 + GEMM2", name_);
   } else {
     check_launch(routed_bf16_   ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
                  : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream, routed_kernel)
-                                : moe_w4a16_gemm1(p, w_, rows, x1, act_, stream, routed_kernel),
+                                : moe_w4a16_gemm1(p1, w_, rows, x1, act_, stream, routed_kernel),
                  "GEMM1", name_);
     if (own && !side) shared_gemm1(stream);
     mark(2);
@@ -711,12 +715,14 @@ CudaTokenPath cuda_token_path_from_env() {
       p.token_path_pdl = v != 0;
     } else if (key == "warm") {
       p.warm_shared = v != 0;
+    } else if (key == "g1pdl") {
+      p.gemm1_pdl = v != 0;
     } else if (key == "pair") {
       if (v < 0 || v > 2) TETRA_FAIL("TETRA_MOE_TOKEN_PATH: pair=", v, " (0 never, 1 auto, 2 always)");
       p.gemm_pair = v;
     } else {
       TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key,
-                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair)");
+                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1pdl)");
     }
   }
   return p;
@@ -727,7 +733,7 @@ std::string cuda_token_path_label(const CudaTokenPath& p) {
   os << "persist<=" << p.persistent_max_tokens << " fused<=" << p.fused_route_max_tokens << " slot<=" << p.shared_slot_max_tokens
      << " side=" << int(p.shared_side_stream) << " pdl=" << int(p.combine_pdl)
      << " tpdl=" << int(p.token_path_pdl) << " warm=" << int(p.warm_shared)
-     << " pair=" << p.gemm_pair;
+     << " pair=" << p.gemm_pair << " g1pdl=" << int(p.gemm1_pdl);
   return os.str();
 }
 

@@ -70,10 +70,14 @@ struct CudaTokenPath {
   // (moe_w4a16_gemm_pair), when the shared expert is absent or a slot: 0 never, 1 where
   // moe_gemm_pair_preferred says it pays, 2 whenever it fits.
   int gemm_pair = 1;
+  // The routed W4A16 GEMM1 (or the GEMM pair) on the decode kernel as a programmatic dependent of
+  // the one-launch token path, which never triggers early: the grid is staged while routing ends
+  // and its blocks wait for it before reading the row mapping (MoeGemmProblem::gemm1_pdl).
+  bool gemm1_pdl = true;
 };
 
 // The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1,
-// warm=0|1,pair=0|1|2" applied (keys optional; "old" = every fusion off), for A/B measurements:
+// warm=0|1,pair=0|1|2,g1pdl=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
 // the model's layers and `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
 CudaTokenPath cuda_token_path_from_env();
 // The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1" (for reports).

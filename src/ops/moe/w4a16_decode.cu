@@ -31,6 +31,8 @@ template <int NT, int KW, int U, bool LATE, bool GATED, bool OUT_F32, int DIAG, 
 __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair, int slot,
                                              WaitX wait_x) {
   static_assert(DIAG == kDecodeFull || (LATE && NT == 1), "diagnostics: the late n8 kernel only");
+  // GEMM1 as a programmatic dependent of the token path: the row mapping is its output.
+  if (a.wait_first) asm volatile("griddepcontrol.wait;" ::: "memory");
   const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
   if (e < 0) return false;
   const int cnt = a.rows.row_count[e];
@@ -325,8 +327,11 @@ cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs&
     return cudaErrorInvalidValue;
   if (a1.num_slots <= 0) return cudaSuccess;
   const unsigned blocks = unsigned((a1.n / 32 + a2.n / 32) * a1.num_slots);
-  const KernelLaunch launch(dim3(blocks), dim3(kLateKWarps * 32), stream, false);
-  return launch(moe_decode_pair_kernel, a1, a2, done);
+  // gemm1_pdl: GEMM2's blocks read the row mapping first too.
+  GroupedGemmArgs b2 = a2;
+  b2.wait_first = a1.wait_first;
+  const KernelLaunch launch(dim3(blocks), dim3(kLateKWarps * 32), stream, a1.pdl);
+  return launch(moe_decode_pair_kernel, a1, b2, done);
 }
 
 int classic_decode_k_warps(const GroupedGemmArgs& a) {

@@ -27,6 +27,7 @@ struct GroupedGemmArgs {
   bool gated = false;
   bool out_f32 = false;
   bool pdl = false;                // launch as a programmatic dependent (see MoeGemmProblem)
+  bool wait_first = false;         // decode kernel: wait for the previous kernel before any read
 };
 
 // Diagnostic modes of the late decode kernel, to place its time (tests/gpu/bench_w4a16_moe):

@@ -103,6 +103,7 @@ moe_detail::GroupedGemmArgs gemm1_args(const MoeGemmProblem& p, const MoeWeights
   a.n = 2 * p.inter;
   a.k = p.hidden;
   a.gated = true;
+  a.pdl = a.wait_first = p.gemm1_pdl;
   return a;
 }
 
@@ -136,6 +137,11 @@ cudaError_t run(const MoeGemmProblem& p, const moe_detail::GroupedGemmArgs& a, M
   if (kernel == MoeKernel::kWgmma && !moe_wgmma_available()) return cudaErrorInvalidDeviceFunction;
   moe_detail::DecodeConfig c = cfg ? *cfg : decode_config(p);
   if (cfg == nullptr && !c.late_x) c.k_warps = moe_detail::classic_decode_k_warps(a);
+  if (kernel != MoeKernel::kDecode && a.wait_first) {  // gemm1_pdl: the decode kernel's alone
+    moe_detail::GroupedGemmArgs plain = a;
+    plain.pdl = plain.wait_first = false;
+    return run(p, plain, kernel, stream, cfg);
+  }
   if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, c.tiled_blocks_per_sm, stream);
   if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream);
   return moe_detail::launch_decode(a, c, stream);

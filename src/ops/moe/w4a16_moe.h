@@ -32,6 +32,11 @@ struct MoeGemmProblem {
   // before its wait: the row mapping and weights (act is waited for). Decode kernel only; the
   // tiled kernel ignores it.
   bool gemm2_pdl = false;
+  // GEMM1 (decode kernel, or the pair launch) as a programmatic dependent of the kernel that writes
+  // the row mapping: every block waits for it before reading anything. Valid only when that kernel
+  // triggers no dependents before it ends (else blocks would sit waiting in SM slots); the other
+  // kernels launch normally.
+  bool gemm1_pdl = false;
   // GEMM1's x is in wgmma order (moe/wgmma_order.h, moe_w4a16_to_wgmma_order): lets kAuto pick the
   // wgmma kernel, which needs it. That kernel's GEMM1 then writes act in wgmma order and its GEMM2
   // reads it so: run both GEMMs of a layer with the same problem and kernel.
