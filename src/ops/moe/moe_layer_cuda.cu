@@ -637,7 +637,9 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   co.shared_first_row = slot ? (masked ? row_start_ + E : offsets_ + E) : nullptr;
   // PDL only straight after the routed GEMM2 (a join or another GEMM2 in between: plain launch).
   co.pdl = path_.combine_pdl && !own && !marks;
-  // The token path wrote the pairs; GEMM1 (or the GEMM pair), a plain launch, ran since.
+  // The token path wrote the pairs and was complete before GEMM1 (or the GEMM pair) started: a
+  // plain launch, or with gemm1_pdl one whose blocks trigger their dependents only after waiting
+  // for it.
   co.routing_ready = true;
   co.add_norm = add_norm;
   check_launch(cuda::combine_bf16(y_, DType::F32, T, H, K, slot_of_, weights_,

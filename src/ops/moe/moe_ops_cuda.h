@@ -102,8 +102,9 @@ struct CombineOptions {
   // finishes and reads nothing before that kernel is complete.
   bool pdl = false;
   // With pdl: slot_of, weights, shared_first_row and residual were complete before the previous
-  // kernel started (a plain launch, such as the routed GEMM1, ran between their writer and this
-  // combine), so they are read before the wait; only the rows and `shared` after it.
+  // kernel started (the routed GEMM1 ran between their writer and this combine, and it let its
+  // dependents start only after that writer was complete), so they are read before the wait;
+  // only the rows and `shared` after it.
   bool routing_ready = false;
   // Not null: the add + RMSNorm that follows the MoE block, fused. With routing_ready its
   // residual is read before the wait too.
