@@ -150,9 +150,9 @@ __device__ __forceinline__ void combine_slice(const R* __restrict__ rows, int H,
     shared_row = *shared_first + t;
   }
   // The token's own rows (independent of the pairs) are loaded while the pairs arrive.
-  float extra[kVec], res[kVec], stream[kVec];
+  float extra[kVec], res[kVec], carried[kVec];  // carried: the residual stream (kNorm)
   if (in_row && residual) load<kVec>(residual + o, res);
-  if (kNorm && in_row) load<kVec>(norm.residual + o, stream);
+  if (kNorm && in_row) load<kVec>(norm.residual + o, carried);
   if (routing_ready) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (in_row && shared) load<kVec>(shared + o, extra);
   __syncthreads();
@@ -190,15 +190,15 @@ __device__ __forceinline__ void combine_slice(const R* __restrict__ rows, int H,
     if (in_row) {
       for (int i = 0; i < kVec; ++i) {
         const float x = bf16_to_f32(f32_to_bf16(acc[i]));
-        stream[i] = bf16_to_f32(f32_to_bf16(x + stream[i]));
-        ss += stream[i] * stream[i];
+        carried[i] = bf16_to_f32(f32_to_bf16(x + carried[i]));
+        ss += carried[i] * carried[i];
       }
-      store<kVec>(stream, norm.residual + o);
+      store<kVec>(carried, norm.residual + o);
     }
     const float inv_rms = rsqrtf(cluster_sum(ss) / float(H) + norm.eps);
     if (in_row) {
       float y[kVec];
-      for (int i = 0; i < kVec; ++i) y[i] = stream[i] * inv_rms * gain[i];
+      for (int i = 0; i < kVec; ++i) y[i] = carried[i] * inv_rms * gain[i];
       store<kVec>(y, norm.normed + o);
     }
   }
