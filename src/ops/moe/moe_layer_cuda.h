@@ -80,7 +80,8 @@ struct CudaTokenPath {
 // warm=0|1,pair=0|1|2,g1pdl=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
 // the model's layers and `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
 CudaTokenPath cuda_token_path_from_env();
-// The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1" (for reports).
+// The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1 pair=1 g1pdl=1" (for
+// reports).
 std::string cuda_token_path_label(const CudaTokenPath& p);
 
 // For the benchmark: a layer of the given shape with random NVFP4 weights generated on the GPU
