@@ -9,6 +9,7 @@
 // kernel of ops/moe/w4a16_stream.cuh (bulk copies into a shared-memory ring, one tile per block).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 
 #include "core/kernel_launch.h"
@@ -117,6 +118,86 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
   }
 }
 
+// Persistent variant (Rolling): grid = 3 blocks per SM, block b takes tiles b, b + grid, ...; each
+// warp's kBatch register slots roll from one batch to the next: right after chunk s of a batch is
+// multiplied, slot s is reloaded with chunk s of the next batch (of this tile or the block's next
+// tile), so a block's weight stream never stops at a tile boundary (the one-tile-per-block grid
+// above runs its 2.3 waves of GLM-4.5-Air's q/k/v in lockstep, each wave paying a full memory
+// latency at its start). Needs whole batches per warp: nvfp4_gemv_rolling_fits(k).
+__global__ void __launch_bounds__(kWarps * 32, 3) nvfp4_gemv_rolling_kernel(const GemvArgs a,
+                                                                            int tiles) {
+  __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int chunks = a.k / kChunkK, cpw = chunks / kWarps, nb = cpw / kBatch;
+  const uint16_t* xp = a.x + size_t(min(lane / 4, a.m - 1)) * a.k + 16 * (lane % 4) +
+                       size_t(warp) * cpw * kChunkK;
+  // This lane's weight and scale pointers at chunk 0 of its k range in tile u.
+  auto tile_ptrs = [&](int u, const uint8_t*& wp, const uint8_t*& sp) {
+    int o = 0;
+    while (o + 1 < a.outputs && u >= a.tile_end[o]) ++o;
+    const int tile = u - (o > 0 ? a.tile_end[o - 1] : 0);
+    const size_t c0 = size_t(tile) * chunks + size_t(warp) * cpw;
+    wp = a.w[o] + c0 * kTileChunkBytes + lane * 16;
+    sp = a.s[o] + c0 * kTileChunkScales + lane * 2;
+  };
+  uint4 wv[kBatch];
+  uint32_t sv[kBatch];
+  int u = blockIdx.x, b = 0;  // the batch in the slots: batch b of tile u
+  const uint8_t *wp, *sp;
+  tile_ptrs(u, wp, sp);
+#pragma unroll
+  for (int s = 0; s < kBatch; ++s) {
+    wv[s] = moe_detail::ld_stream_u4(wp + size_t(s) * kTileChunkBytes);
+    sv[s] = moe_detail::ld_stream_u16(sp + size_t(s) * kTileChunkScales);
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  while (u < tiles) {
+    // The next batch: of this tile, or batch 0 of the block's next tile (none past the end).
+    int nu = u, nbi = b + 1;
+    const uint8_t *nwp = wp, *nsp = sp;
+    if (nbi == nb) {
+      nu += gridDim.x, nbi = 0;
+      if (nu < tiles) tile_ptrs(nu, nwp, nsp);
+    }
+    const bool more = nu < tiles;
+    const size_t nc = size_t(nbi) * kBatch;
+    const uint16_t* xc = xp + size_t(b) * kBatch * kChunkK;
+#pragma unroll
+    for (int s = 0; s < kBatch; ++s) {
+      chunk_mma(acc, wv[s], sv[s], xc + s * kChunkK);
+      if (more) {
+        wv[s] = moe_detail::ld_stream_u4(nwp + (nc + s) * kTileChunkBytes);
+        sv[s] = moe_detail::ld_stream_u16(nsp + (nc + s) * kTileChunkScales);
+      }
+    }
+    if (nbi == 0) {  // tile u is complete: reduce over the warps and store
+#pragma unroll
+      for (int r = 0; r < 4; ++r) red[warp][r][lane] = acc[r], acc[r] = 0.0f;
+      __syncthreads();
+      if (threadIdx.x < 128) {
+        int o = 0;
+        while (o + 1 < a.outputs && u >= a.tile_end[o]) ++o;
+        const int tile = u - (o > 0 ? a.tile_end[o - 1] : 0);
+        const int r = threadIdx.x / 32, l = threadIdx.x % 32;
+        const int row = 2 * (l % 4) + (r & 1);
+        const int col = tile * 16 + l / 4 + (r >= 2 ? 8 : 0);
+        if (row < a.m) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) sum += red[w][r][l];
+          float y = __bfloat162float(__float2bfloat16_rn(sum * a.alpha[o][0]));
+          if (a.bias[o] != nullptr) y += __bfloat162float(__ushort_as_bfloat16(a.bias[o][col]));
+          a.y[o][size_t(row) * a.n[o] + col] = moe_detail::f32_to_bf16_bits(y);
+        }
+      }
+      __syncthreads();  // red is rewritten by the next tile
+    }
+    u = nu, b = nbi, wp = nwp, sp = nsp;
+  }
+}
+
 // The streaming kernel's view of the same outputs: a unit is one 16-row tile of one output.
 struct DenseStreamWork {
   static constexpr int kTilesPerUnit = 1;
@@ -158,6 +239,10 @@ cudaError_t launch_dense_stream(const DenseStreamWork& w, const Nvfp4GemvStreamC
 
 }  // namespace
 
+bool nvfp4_gemv_rolling_fits(int k) {
+  return k > 0 && k % (kChunkK * kWarps * kBatch) == 0;
+}
+
 std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M) {
   if (M > kNvfp4GemvKernelRows && M <= kNvfp4GemvMaxRows) {
     if (n_outs >= 1 && outs[0].w != nullptr && outs[0].w->k > kNvfp4SmallMGemvMaxK)
@@ -192,10 +277,19 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   // grid gets at most one tile, i.e. few long tiles (Air o_proj: 256 tiles of k = 12288, 11.5 vs
   // 14.1 us at M = 1, 12.2 vs 16.0 at M = 8, H200 graph-timed); with several tiles per block it
   // lost (Air q/k/v, 896 tiles: 16.5 vs 13.5 us). bench/results/2026-11-30-stream-gemv-h200.md.
+  // Otherwise the Rolling kernel where k allows (GLM-4.5-Air q/k/v, 896 tiles: batch 1 decode
+  // -2.2..-3.3% per step, bench/results/2026-12-01-session16-h200.md), else Batched.
   if (kernel == Nvfp4GemvKernel::Auto) {
     const Nvfp4GemvStreamConfig c{};
     kernel = tiles <= c.blocks_per_sm * current_device_sm_count() ? Nvfp4GemvKernel::Stream
+             : nvfp4_gemv_rolling_fits(a.k)                      ? Nvfp4GemvKernel::Rolling
                                                                   : Nvfp4GemvKernel::Batched;
+  }
+  if (kernel == Nvfp4GemvKernel::Rolling) {
+    if (!nvfp4_gemv_rolling_fits(a.k)) return cudaErrorInvalidValue;
+    const int grid = std::min(tiles, 3 * current_device_sm_count());
+    const KernelLaunch launch(dim3(unsigned(grid)), dim3(kWarps * 32), stream);
+    return launch(nvfp4_gemv_rolling_kernel, a, tiles);
   }
   if (kernel == Nvfp4GemvKernel::Stream) {
     for (int i = 0; i < n_outs; ++i)
