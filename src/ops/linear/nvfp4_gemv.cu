@@ -37,6 +37,16 @@ struct GemvArgs : Nvfp4OutputsArg {
   int m, k;
 };
 
+// Tile u of the launch (all outputs' tiles in order) as output o's tile `tile`.
+struct OutputTile {
+  int o, tile;
+};
+__device__ __forceinline__ OutputTile output_tile(const GemvArgs& a, int u) {
+  int o = 0;
+  while (o + 1 < a.outputs && u >= a.tile_end[o]) ++o;
+  return {o, u - (o > 0 ? a.tile_end[o - 1] : 0)};
+}
+
 
 // One chunk: 4 k-steps of mma.m16n8k16 (16 weight rows x 8 activation rows).
 __device__ __forceinline__ void chunk_mma(float (&acc)[4], const uint4& w, uint32_t sc,
@@ -61,9 +71,7 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
   __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
   // The next kernel (RoPE + KV write, a norm) may be scheduled now; it waits for this grid.
   asm volatile("griddepcontrol.launch_dependents;");
-  int o = 0;
-  while (o + 1 < a.outputs && int(blockIdx.x) >= a.tile_end[o]) ++o;
-  const int tile = int(blockIdx.x) - (o > 0 ? a.tile_end[o - 1] : 0);
+  const auto [o, tile] = output_tile(a, int(blockIdx.x));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = a.k / kChunkK;
   const int c_begin = warp * chunks / kWarps, c_end = (warp + 1) * chunks / kWarps;
@@ -134,9 +142,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) nvfp4_gemv_rolling_kernel(cons
                        size_t(warp) * cpw * kChunkK;
   // This lane's weight and scale pointers at chunk 0 of its k range in tile u.
   auto tile_ptrs = [&](int u, const uint8_t*& wp, const uint8_t*& sp) {
-    int o = 0;
-    while (o + 1 < a.outputs && u >= a.tile_end[o]) ++o;
-    const int tile = u - (o > 0 ? a.tile_end[o - 1] : 0);
+    const auto [o, tile] = output_tile(a, u);
     const size_t c0 = size_t(tile) * chunks + size_t(warp) * cpw;
     wp = a.w[o] + c0 * kTileChunkBytes + lane * 16;
     sp = a.s[o] + c0 * kTileChunkScales + lane * 2;
@@ -177,9 +183,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) nvfp4_gemv_rolling_kernel(cons
       for (int r = 0; r < 4; ++r) red[warp][r][lane] = acc[r], acc[r] = 0.0f;
       __syncthreads();
       if (threadIdx.x < 128) {
-        int o = 0;
-        while (o + 1 < a.outputs && u >= a.tile_end[o]) ++o;
-        const int tile = u - (o > 0 ? a.tile_end[o - 1] : 0);
+        const auto [o, tile] = output_tile(a, u);
         const int r = threadIdx.x / 32, l = threadIdx.x % 32;
         const int row = 2 * (l % 4) + (r & 1);
         const int col = tile * 16 + l / 4 + (r >= 2 ? 8 : 0);
@@ -213,9 +217,7 @@ struct DenseStreamWork {
     float alpha;  // loaded with the unit, so the store at its end waits for no load
   };
   __device__ Unit unit(int u) const {
-    int o = 0;
-    while (o + 1 < a.outputs && u >= a.tile_end[o]) ++o;
-    const int tile = u - (o > 0 ? a.tile_end[o - 1] : 0);
+    const auto [o, tile] = output_tile(a, u);
     return {a.w[o] + size_t(tile) * chunks * kTileChunkBytes,
             a.s[o] + size_t(tile) * chunks * kTileChunkScales, a.m, o, tile, a.alpha[o][0]};
   }

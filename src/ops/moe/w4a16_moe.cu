@@ -130,18 +130,15 @@ moe_detail::GroupedGemmArgs gemm2_args(const MoeGemmProblem& p, const MoeWeights
   return a;
 }
 
-cudaError_t run(const MoeGemmProblem& p, const moe_detail::GroupedGemmArgs& a, MoeKernel kernel,
+cudaError_t run(const MoeGemmProblem& p, moe_detail::GroupedGemmArgs a, MoeKernel kernel,
                 cudaStream_t stream, const moe_detail::DecodeConfig* cfg) {
   if (kernel == MoeKernel::kAuto) kernel = moe_pick_kernel(p);
+  // gemm1_pdl: the decode kernel's alone; the others launch normally.
+  if (kernel != MoeKernel::kDecode && a.wait_first) a.pdl = a.wait_first = false;
   if (kernel == MoeKernel::kWgmma && !p.x_wgmma_order) return cudaErrorInvalidValue;
   if (kernel == MoeKernel::kWgmma && !moe_wgmma_available()) return cudaErrorInvalidDeviceFunction;
   moe_detail::DecodeConfig c = cfg ? *cfg : decode_config(p);
   if (cfg == nullptr && !c.late_x) c.k_warps = moe_detail::classic_decode_k_warps(a);
-  if (kernel != MoeKernel::kDecode && a.wait_first) {  // gemm1_pdl: the decode kernel's alone
-    moe_detail::GroupedGemmArgs plain = a;
-    plain.pdl = plain.wait_first = false;
-    return run(p, plain, kernel, stream, cfg);
-  }
   if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, c.tiled_blocks_per_sm, stream);
   if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream);
   return moe_detail::launch_decode(a, c, stream);
