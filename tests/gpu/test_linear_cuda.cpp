@@ -184,6 +184,21 @@ struct GemvProblem {
 // The decode GEMV: one to three outputs (fused q/k/v) with and without bias against the CPU
 // linear, and against the W4A16 kernel + add_bias on the GPU (same rounding steps, so only the
 // float summation order differs). Outputs of different sizes in one launch, odd M.
+// The Rolling kernel's slot count: the largest of 8..4 dividing a warp's k / 512 chunks.
+TEST_F(LinearCuda, Nvfp4GemvRollingSlots) {
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(4096), 8);
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(8192), 8);
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(5120), 5);
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(6144), 6);
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(3584), 7);
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(2048), 4);
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(12288), 8);  // 24 chunks per warp
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(4608), 0);   // 9 per warp
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(1536), 0);   // 3 per warp
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(4160), 0);   // not whole chunks per warp
+  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(0), 0);
+}
+
 TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
   std::mt19937 rng(23);
   cuda::RowCountTable rows(8);
@@ -194,8 +209,14 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
                         {4096, {{12288, true}, {1024, true}, {1024, true}}},  // GLM-4.5-Air q/k/v
                         {12288, {{4096, false}}},                             // its o_proj
                         {1408, {{224, false}, {4096, true}}},
-                        // Rolling over 416 tiles (blocks roll into a second tile) at every M
+                        // Rolling over 416 tiles (blocks roll into a second tile) at every M,
+                        // with 8, 5, 6 and 7 register slots per warp
                         {4096, {{6656, true}}},
+                        {5120, {{6656, true}}},
+                        {6144, {{6656, false}}},
+                        {3584, {{6656, true}}},
+                        // Qwen3-30B-A3B q/k/v: 320 tiles, 4 slots
+                        {2048, {{4096, true}, {512, true}, {512, true}}},
                         {128, {{256, true}, {64, false}, {128, true}}}};
   for (const Case& c : cases)
     for (int M : {1, 2, 5, 8}) {
@@ -219,7 +240,7 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
                               {cuda::Nvfp4GemvKernel::Stream, {16, 2, 1, 1}, "stream c16 st2 b1 j1"},
                               {cuda::Nvfp4GemvKernel::Rolling, {}, "rolling"}};
       for (const Kern& kn : kernels) {
-        if (kn.kernel == cuda::Nvfp4GemvKernel::Rolling && !cuda::nvfp4_gemv_rolling_fits(c.k))
+        if (kn.kernel == cuda::Nvfp4GemvKernel::Rolling && cuda::nvfp4_gemv_rolling_slots(c.k) == 0)
           continue;
         auto launch = [&] {
           sync_ok(cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), pb.dx.ptr(), M, nullptr,

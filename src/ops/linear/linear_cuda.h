@@ -110,13 +110,14 @@ std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_out
 // (ops/moe/w4a16_stream.cuh); Batched, one block per tile, weights loaded straight into
 // registers. Auto: Stream when the tiles fit one per block of its grid (long k: o_proj), else
 // Batched.
-// Rolling (Auto's pick for many tiles where k allows): a persistent grid, 3 blocks per SM, each
-// warp's register slots reloaded with the next batch (of its tile or its block's next tile) as
-// they are consumed, so the weight stream does not stop between tiles.
+// Rolling (Auto's pick for more tiles than its grid, where k allows): a persistent grid, 3 blocks
+// per SM, each warp's register slots reloaded with the next batch (of its tile or its block's
+// next tile) as they are consumed, so the weight stream does not stop between tiles.
 enum class Nvfp4GemvKernel { Auto, Batched, Stream, Rolling };
-// Whether the Rolling kernel takes this k: whole 8-chunk batches per warp, k % 4096 == 0 (other
-// k take Batched; slot counts that divide them are not built: not yet measured on a GPU).
-bool nvfp4_gemv_rolling_fits(int k);
+// The Rolling kernel's register slots per warp for this k: the largest of 8..4 that divides a
+// warp's chunks (k / 512: 8 at k = 4096, 5 at 5120, 6 at 6144, 4 at 2048), 0 when none does
+// (k % 512 != 0, or k / 512 = 9, 11, 13, ...: those take Batched).
+int nvfp4_gemv_rolling_slots(int k);
 // Stream kernel shape (benchmarks sweep it; null = these defaults, measured best for o_proj:
 // 4 stages rather than 5 took the GLM-4.5-Air batch-1 decode step 4041-4059 -> 4026-4033 us,
 // bench/results/2026-11-30-session12-h200.md).

@@ -7,6 +7,8 @@
 // moe/expert_weights.h, dequantized by the W4A16 helpers (ops/moe/w4a16_fragment.cuh).
 // Second kernel, picked by Auto for few long tiles (o_proj): the persistent weight-streaming
 // kernel of ops/moe/w4a16_stream.cuh (bulk copies into a shared-memory ring, one tile per block).
+// Third, picked for more tiles than 3 blocks per SM (q/k/v): the persistent Rolling kernel, whose
+// warps' 4-8 register slots roll from one tile into the block's next.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -131,13 +133,15 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
 // multiplied, slot s is reloaded with chunk s of the next batch (of this tile or the block's next
 // tile), so a block's weight stream never stops at a tile boundary (the one-tile-per-block grid
 // above runs its 2.3 waves of GLM-4.5-Air's q/k/v in lockstep, each wave paying a full memory
-// latency at its start). Needs whole batches per warp: nvfp4_gemv_rolling_fits(k).
+// latency at its start). S slots per warp, each warp's k range a whole number of S-chunk batches:
+// nvfp4_gemv_rolling_slots(k).
+template <int S>
 __global__ void __launch_bounds__(kWarps * 32, 3) nvfp4_gemv_rolling_kernel(const GemvArgs a,
                                                                             int tiles) {
   __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int chunks = a.k / kChunkK, cpw = chunks / kWarps, nb = cpw / kBatch;
+  const int chunks = a.k / kChunkK, cpw = chunks / kWarps, nb = cpw / S;
   const uint16_t* xp = a.x + size_t(min(lane / 4, a.m - 1)) * a.k + 16 * (lane % 4) +
                        size_t(warp) * cpw * kChunkK;
   // This lane's weight and scale pointers at chunk 0 of its k range in tile u.
@@ -147,13 +151,13 @@ __global__ void __launch_bounds__(kWarps * 32, 3) nvfp4_gemv_rolling_kernel(cons
     wp = a.w[o] + c0 * kTileChunkBytes + lane * 16;
     sp = a.s[o] + c0 * kTileChunkScales + lane * 2;
   };
-  uint4 wv[kBatch];
-  uint32_t sv[kBatch];
+  uint4 wv[S];
+  uint32_t sv[S];
   int u = blockIdx.x, b = 0;  // the batch in the slots: batch b of tile u
   const uint8_t *wp, *sp;
   tile_ptrs(u, wp, sp);
 #pragma unroll
-  for (int s = 0; s < kBatch; ++s) {
+  for (int s = 0; s < S; ++s) {
     wv[s] = moe_detail::ld_stream_u4(wp + size_t(s) * kTileChunkBytes);
     sv[s] = moe_detail::ld_stream_u16(sp + size_t(s) * kTileChunkScales);
   }
@@ -168,10 +172,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3) nvfp4_gemv_rolling_kernel(cons
       if (nu < tiles) tile_ptrs(nu, nwp, nsp);
     }
     const bool more = nu < tiles;
-    const size_t nc = size_t(nbi) * kBatch;
-    const uint16_t* xc = xp + size_t(b) * kBatch * kChunkK;
+    const size_t nc = size_t(nbi) * S;
+    const uint16_t* xc = xp + size_t(b) * S * kChunkK;
 #pragma unroll
-    for (int s = 0; s < kBatch; ++s) {
+    for (int s = 0; s < S; ++s) {
       chunk_mma(acc, wv[s], sv[s], xc + s * kChunkK);
       if (more) {
         wv[s] = moe_detail::ld_stream_u4(nwp + (nc + s) * kTileChunkBytes);
@@ -241,8 +245,12 @@ cudaError_t launch_dense_stream(const DenseStreamWork& w, const Nvfp4GemvStreamC
 
 }  // namespace
 
-bool nvfp4_gemv_rolling_fits(int k) {
-  return k > 0 && k % (kChunkK * kWarps * kBatch) == 0;
+int nvfp4_gemv_rolling_slots(int k) {
+  if (k <= 0 || k % (kChunkK * kWarps) != 0) return 0;
+  const int per_warp = k / (kChunkK * kWarps);
+  for (int s = kBatch; s >= 4; --s)
+    if (per_warp % s == 0) return s;
+  return 0;
 }
 
 std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M) {
@@ -279,19 +287,31 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   // grid gets at most one tile, i.e. few long tiles (Air o_proj: 256 tiles of k = 12288, 11.5 vs
   // 14.1 us at M = 1, 12.2 vs 16.0 at M = 8, H200 graph-timed); with several tiles per block it
   // lost (Air q/k/v, 896 tiles: 16.5 vs 13.5 us). bench/results/2026-11-30-stream-gemv-h200.md.
-  // Otherwise the Rolling kernel where k allows (GLM-4.5-Air q/k/v, 896 tiles: batch 1 decode
-  // -2.2..-3.3% per step, bench/results/2026-12-01-session16-h200.md), else Batched.
+  // Otherwise the Rolling kernel where its grid is too small for one tile per block (so blocks
+  // roll into further tiles) and k allows: batch 1 decode GLM-4.5-Air (896 tiles, 8 slots)
+  // -2.2..-3.3% per step (bench/results/2026-12-01-session16-h200.md), GLM-4.7 (896 tiles, 5
+  // slots) -2.6%; with fewer tiles than its grid (Qwen3-30B-A3B, 320) it was +2.5% against
+  // Batched (bench/results/2026-12-01-session17-h200.md). Else Batched.
+  constexpr int kRollingBlocksPerSm = 3;
   if (kernel == Nvfp4GemvKernel::Auto) {
     const Nvfp4GemvStreamConfig c{};
-    kernel = tiles <= c.blocks_per_sm * current_device_sm_count() ? Nvfp4GemvKernel::Stream
-             : nvfp4_gemv_rolling_fits(a.k)                      ? Nvfp4GemvKernel::Rolling
-                                                                  : Nvfp4GemvKernel::Batched;
+    const int sms = current_device_sm_count();
+    kernel = tiles <= c.blocks_per_sm * sms ? Nvfp4GemvKernel::Stream
+             : tiles > kRollingBlocksPerSm * sms && nvfp4_gemv_rolling_slots(a.k) > 0
+                 ? Nvfp4GemvKernel::Rolling
+                 : Nvfp4GemvKernel::Batched;
   }
   if (kernel == Nvfp4GemvKernel::Rolling) {
-    if (!nvfp4_gemv_rolling_fits(a.k)) return cudaErrorInvalidValue;
-    const int grid = std::min(tiles, 3 * current_device_sm_count());
+    const int grid = std::min(tiles, kRollingBlocksPerSm * current_device_sm_count());
     const KernelLaunch launch(dim3(unsigned(grid)), dim3(kWarps * 32), stream);
-    return launch(nvfp4_gemv_rolling_kernel, a, tiles);
+    switch (nvfp4_gemv_rolling_slots(a.k)) {
+      case 8: return launch(nvfp4_gemv_rolling_kernel<8>, a, tiles);
+      case 7: return launch(nvfp4_gemv_rolling_kernel<7>, a, tiles);
+      case 6: return launch(nvfp4_gemv_rolling_kernel<6>, a, tiles);
+      case 5: return launch(nvfp4_gemv_rolling_kernel<5>, a, tiles);
+      case 4: return launch(nvfp4_gemv_rolling_kernel<4>, a, tiles);
+      default: return cudaErrorInvalidValue;
+    }
   }
   if (kernel == Nvfp4GemvKernel::Stream) {
     for (int i = 0; i < n_outs; ++i)
