@@ -112,6 +112,10 @@ class TimedOps final : public model::ModelOps {
   void decode_attention(int l, Buf q, Buf o) override {
     timed("attention", [&] { in_.decode_attention(l, q, o); });
   }
+  // (Where the backend fuses them, RoPE's time is in "attention".)
+  void rope_decode_attention(int l, Buf q, Buf k, Buf v, Buf o) override {
+    timed("attention", [&] { in_.rope_decode_attention(l, q, k, v, o); });
+  }
   void silu_mul(Buf g, Buf u, int64_t w, Buf o) override { timed("dense mlp", [&] { in_.silu_mul(g, u, w, o); }); }
   void moe(int l, Buf i, Buf o) override { timed("moe", [&] { in_.moe(l, i, o); }); }
   void logits(Buf i) override { timed("lm_head", [&] { in_.logits(i); }); }
@@ -315,6 +319,7 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
                       : model::cuda::make_cuda_model_ops_api();
   model::cuda::CudaOpsOptions copt;
   copt.graphs = o.graphs;
+  copt.rope_in_attention = o.rope_in_attention;
   ops->set_options(copt);
   if (from_file)
     ops->prepare(w, lim);

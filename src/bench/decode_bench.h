@@ -42,6 +42,7 @@ struct DecodeBenchOptions {
   int iters = 30;
   int warmup = 3;
   bool graphs = true;
+  bool rope_in_attention = true;  // CudaOpsOptions::rope_in_attention (false: --rope-kernel)
   bool per_op = true;             // one eager step timed per op
   int timeline_steps = 0;         // > 0: trace that many steps per row with CUPTI (one GPU)
   uint64_t seed = 1;

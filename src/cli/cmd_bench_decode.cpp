@@ -19,7 +19,7 @@ namespace {
 struct BenchDecodeArgs {
   bench::DecodeBenchOptions opts;
   std::string batches = "1", contexts = "1024", dtype = "nvfp4";
-  bool random_weights = false, no_graphs = false, no_per_op = false;
+  bool random_weights = false, no_graphs = false, no_per_op = false, rope_kernel = false;
   std::string json_path, markdown_path;
 };
 
@@ -36,6 +36,7 @@ void run_bench_decode(BenchDecodeArgs& a) {
   a.opts.contexts = parse_int_list(a.contexts, "--context");
   if (a.opts.prefill_tokens < 0) TETRA_FAIL("--prefill-tokens must be >= 0");
   a.opts.graphs = !a.no_graphs;
+  a.opts.rope_in_attention = !a.rope_kernel;
   a.opts.per_op = !a.no_per_op;
   std::ostringstream cmd;
   cmd << "tetra bench decode";
@@ -47,6 +48,7 @@ void run_bench_decode(BenchDecodeArgs& a) {
   if (a.opts.tp != 1) cmd << " --tp " << a.opts.tp;
   if (a.opts.ep != 1) cmd << " --ep " << a.opts.ep;
   if (a.no_graphs) cmd << " --no-graphs";
+  if (a.rope_kernel) cmd << " --rope-kernel";
   if (a.opts.timeline_steps > 0) cmd << " --timeline " << a.opts.timeline_steps;
   if (a.opts.timeline_steps < 0) TETRA_FAIL("--timeline must be >= 0");
   if (a.opts.timeline_steps > 0 && a.opts.tp * a.opts.ep > 1)
@@ -93,6 +95,9 @@ static void add_bench_decode(CLI::App& app) {
   cmd->add_option("--tp", a->opts.tp, "tensor parallel GPUs (default 1)");
   cmd->add_option("--ep", a->opts.ep, "expert parallel GPUs (default 1); runs on max(tp, ep) GPUs");
   cmd->add_flag("--no-graphs", a->no_graphs, "run decode steps eagerly (no CUDA graphs)");
+  cmd->add_flag("--rope-kernel", a->rope_kernel,
+                "decode: RoPE + KV-cache write as its own launch before the attention (default: "
+                "inside the split decode attention where the rotary shape allows)");
   cmd->add_flag("--no-per-op", a->no_per_op, "skip the per-op timing step");
   cmd->add_option("--timeline", a->opts.timeline_steps,
                   "trace N more steps per row with CUPTI: per-kernel duration, gap and exposed "

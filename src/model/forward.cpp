@@ -19,13 +19,15 @@ void attention(ModelOps& ops, const LayerWeights& lw, const StepBatch& step) {
   // GLM-4.x use_qk_norm and Qwen3: per-head RMSNorm before RoPE.
   if (lw.attn.q_norm) ops.head_norm(NormId::QHead, L, Buf::Q);
   if (lw.attn.k_norm) ops.head_norm(NormId::KHead, L, Buf::K);
-  ops.rope_write_kv(L, Buf::Q, Buf::K, Buf::V);
-  if (step.has_cached_prefix())  // chunked prefill: the chunk reads the earlier chunks' cache
-    ops.extend_attention(L, Buf::Q, Buf::Attn);
-  else if (step.kind == StepKind::Prefill)
-    ops.prefill_attention(Buf::Q, Buf::K, Buf::V, Buf::Attn);
-  else
-    ops.decode_attention(L, Buf::Q, Buf::Attn);
+  if (step.kind != StepKind::Prefill && !step.has_cached_prefix()) {
+    ops.rope_decode_attention(L, Buf::Q, Buf::K, Buf::V, Buf::Attn);
+  } else {
+    ops.rope_write_kv(L, Buf::Q, Buf::K, Buf::V);
+    if (step.has_cached_prefix())  // chunked prefill: the chunk reads the earlier chunks' cache
+      ops.extend_attention(L, Buf::Q, Buf::Attn);
+    else
+      ops.prefill_attention(Buf::Q, Buf::K, Buf::V, Buf::Attn);
+  }
   ops.linear(LinearId::O, L, Buf::Attn, Buf::Out);
   ops.all_reduce(Buf::Out);  // o_proj is split by input columns under tensor parallelism
 }

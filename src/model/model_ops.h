@@ -98,6 +98,12 @@ class ModelOps {
   // Decode: each sequence's one query attends to its seq_lens[s] cached tokens of `layer`
   // (block tables of the step). q [S, n_heads, hd] -> out [S, n_heads, hd].
   virtual void decode_attention(int layer, Buf q, Buf out) = 0;
+  // A decode step's rope_write_kv followed by decode_attention (same arguments, same results,
+  // the cache included); a backend may run both in one launch.
+  virtual void rope_decode_attention(int layer, Buf q, Buf k, Buf v, Buf out) {
+    rope_write_kv(layer, q, k, v);
+    decode_attention(layer, q, out);
+  }
   // Prefill with a cached prefix (step.has_cached_prefix(), after rope_write_kv stored this
   // step's k/v): each new token attends causally to its sequence's cache positions 0 .. its own
   // (block tables and seq_lens of the step, GQA, scale head_dim^-0.5).

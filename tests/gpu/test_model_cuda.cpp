@@ -127,6 +127,32 @@ TEST_P(ModelCuda, GraphReplayEqualsEager) {
   EXPECT_EQ(g->graphs_captured(), 2);
 }
 
+// A decode step's RoPE + KV write inside the attention launch (the default) against the
+// rope_and_write_kv launch before it: the same kernels' arithmetic, so the same logits bit for
+// bit, step after step (a wrong cache row would show in the steps after it); graphs on, with 3
+// sequences padded to the bucket of 4, whose padding row must write nothing.
+TEST_P(ModelCuda, RopeInsideAttentionEqualsSeparateLaunch) {
+  const auto [preset, dtype] = GetParam();
+  Twin t(tiny_checkpoint("model-cuda", preset, dtype, 11));
+  t.add(cuda::make_cuda_model_ops_api());
+  auto separate = cuda::make_cuda_model_ops_api();
+  separate->set_options({.rope_in_attention = false});
+  t.add(std::move(separate));
+  std::mt19937 rng(9);
+  const std::vector<int64_t> ids = {1, 2, 3};
+  std::vector<std::vector<int32_t>> prompts = {prompt(21, t.vocab(), rng), prompt(3, t.vocab(), rng),
+                                               prompt(16, t.vocab(), rng)};
+  t.run(t.prefill(ids, prompts));
+  std::vector<int32_t> next = {4, 5, 6};
+  for (int step = 0; step < 6; ++step) {
+    auto out = t.run(t.decode(ids, next));
+    ASSERT_EQ(out[0], out[1]) << preset << " " << dtype << " decode step " << step;
+    for (size_t s = 0; s < ids.size(); ++s) next[s] = argmax(out[0].data() + int64_t(s) * t.vocab(), t.vocab());
+  }
+  auto out = t.run(t.decode({1}, {7}));  // one sequence: bucket 1
+  ASSERT_EQ(out[0], out[1]) << "single-sequence decode";
+}
+
 // A head_dim the CUDA attention kernels lack is refused at prepare, before anything is uploaded,
 // with the reason `tetra check` prints.
 TEST(ModelCudaLimits, UnsupportedHeadDimRefusedAtPrepare) {

@@ -175,6 +175,124 @@ TEST(SplitDecodeAttention, NewRowModeAfterRopeKvWrite) {
   TETRA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+// DecodeRope: the attention turns q and the new k row itself and stores the new rows, against
+// rope_and_write_kv followed by the attention: the same output bits and the same caches, bit
+// for bit, with q left as it was. NeoX partial (GLM-4.x) and full rotary, GPT-J, head_dim 64
+// and 128, every split setting. The last sequence is graph padding (sequence 0's table and
+// length, slot -1): it must write nothing (its output is not compared: the RoPE kernel path
+// attends over sequence 0's new row there, the fused one over its own).
+TEST(SplitDecodeAttention, RopeInsideEqualsRopeKvWriteThenAttention) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(7);
+  struct Case { int D, heads, kv_heads; std::vector<int> lens; int block_size, rotary; bool neox; };
+  const std::vector<Case> cases = {
+      {128, 96, 8, {1025, 1}, 16, 64, true},  // GLM-4.5-Air: NeoX over half the dims
+      {128, 32, 4, {1, 17, 64, 1025, 300, 1}, 16, 128, true},
+      {64, 16, 4, {65, 4097, 12, 150, 2, 1}, 12, 64, false},
+      {64, 16, 16, {33, 7, 1}, 16, 32, true},
+      {128, 64, 8, {500, 1}, 32, 48, false},
+  };
+  for (const Case& c : cases) {
+    HostCase hc = make_case(c.D, c.heads, c.kv_heads, c.lens, c.block_size, rng);
+    const int S = hc.num_seqs();
+    const int pad = S - 1;  // graph padding: sequence 0 again, no slot
+    hc.lens[size_t(pad)] = hc.lens[0];
+    for (int b = 0; b < hc.mb; ++b) hc.tables[size_t(pad) * hc.mb + b] = hc.tables[size_t(b)];
+    ASSERT_EQ(split_decode_rope_unsupported_reason(hc.sh, c.rotary, c.neox), "");
+    const int64_t row = hc.row_elems();
+    std::vector<int32_t> positions(static_cast<size_t>(S));
+    std::vector<int64_t> slots(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s) {
+      positions[size_t(s)] = hc.lens[size_t(s)] - 1;
+      slots[size_t(s)] = s == pad ? -1 : hc.slot(s, positions[size_t(s)]);
+    }
+    for (int s = 0; s < S; ++s)  // NaN where the new rows go
+      for (int64_t i = 0; i < row && s != pad; ++i) {
+        hc.kc[size_t(slots[size_t(s)] * row + i)] = 0x7FC0;
+        hc.vc[size_t(slots[size_t(s)] * row + i)] = 0x7FC0;
+      }
+    const std::vector<uint16_t> q0 = hc.q, kc0 = hc.kc, vc0 = hc.vc;
+    const std::vector<uint16_t> k_new = test::random_bf16(size_t(S) * row, rng, 2.0f);
+    const std::vector<uint16_t> v_new = test::random_bf16(size_t(S) * row, rng, 1.0f);
+    ops::RopeShape rs;
+    rs.head_dim = c.D;
+    rs.rotary_dim = c.rotary;
+    rs.n_q_heads = c.heads;
+    rs.n_k_heads = c.kv_heads;
+    rs.q_stride = hc.sh.q_step();
+    rs.k_stride = row;
+    rs.style = c.neox ? ops::RopeStyle::NeoX : ops::RopeStyle::GptJ;
+    const std::vector<float> inv_freq = ops::rope_inv_freq(1e6, rs.rotary_dim);
+    tetra::test::GuardedDeviceArray<uint16_t> dk_new(k_new), dv_new(v_new);
+    tetra::test::GuardedDeviceArray<int32_t> dpos(positions);
+    tetra::test::GuardedDeviceArray<int64_t> dslots(slots);
+    tetra::test::GuardedDeviceArray<float> dinv(inv_freq);
+    DevCase dev(hc);
+    const int64_t num_slots = int64_t(hc.num_blocks) * hc.block_size;
+    const size_t out_row = size_t(hc.sh.n_heads) * c.D;
+    auto body = [&](const std::vector<uint16_t>& out) {  // outputs of the real sequences
+      return std::vector<uint16_t>(out.begin(), out.begin() + ptrdiff_t(size_t(pad) * out_row));
+    };
+    for (int splits : {0, 1, 16}) {
+      const std::string label = hc.label() + " rotary " + std::to_string(c.rotary) +
+                                (c.neox ? " neox" : " gptj") + " splits " + std::to_string(splits);
+      dev.q.upload(q0);
+      dev.k.upload(kc0);
+      dev.v.upload(vc0);
+      dk_new.upload(k_new);
+      TETRA_CUDA_CHECK(ops::cuda::rope_and_write_kv(dev.q.ptr(), dk_new.ptr(), dv_new.ptr(), row,
+                                                    dpos.ptr(), dslots.ptr(), S, dinv.ptr(), rs,
+                                                    num_slots, dev.k.ptr(), dev.v.ptr(), nullptr));
+      const std::vector<uint16_t> want = dev.run(splits, PredecessorWrites::QAndNewKvRow);
+      const std::vector<uint16_t> want_k = dev.k.download(), want_v = dev.v.download();
+      for (int s = 0; s < pad; ++s)
+        ASSERT_NE(want_k[size_t(slots[size_t(s)] * row)], 0x7FC0) << label << " seq " << s;
+
+      dev.q.upload(q0);
+      dev.k.upload(kc0);
+      dev.v.upload(vc0);
+      dk_new.upload(k_new);
+      DecodeRope r;
+      r.k_new = dk_new.ptr();
+      r.v_new = dv_new.ptr();
+      r.k_stride = r.v_stride = row;
+      r.positions = dpos.ptr();
+      r.slots = dslots.ptr();
+      r.num_slots = num_slots;
+      r.k_cache = dev.k.ptr();
+      r.v_cache = dev.v.ptr();
+      r.inv_freq = dinv.ptr();
+      r.rotary_dim = c.rotary;
+      r.neox = c.neox;
+      for (int rep = 0; rep < 2; ++rep) {  // the second run finds its rows already written
+        dev.out.poison();
+        TETRA_CUDA_CHECK(split_decode_attention(dev.q.ptr(), dev.kv(), S, hc.sh, dev.out.ptr(),
+                                                nullptr, splits, PredecessorWrites::Anything, &r));
+        TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(body(dev.out.download()), body(want)) << label << " run " << rep;
+        EXPECT_EQ(dev.k.download(), want_k) << label << " k cache, run " << rep;
+        EXPECT_EQ(dev.v.download(), want_v) << label << " v cache, run " << rep;
+        EXPECT_EQ(dev.q.download(), q0) << label << " q must stay un-rotated";
+        EXPECT_TRUE(dev.k.guards_intact() && dev.v.guards_intact() && dev.out.guards_intact())
+            << label;
+      }
+    }
+  }
+}
+
+TEST(SplitDecodeAttention, RopeInsideRefusesPairsSplitAcrossThreads) {
+  ops::AttentionShape sh;
+  sh.n_heads = 16;
+  sh.n_kv_heads = 4;
+  sh.head_dim = 128;
+  EXPECT_EQ(split_decode_rope_unsupported_reason(sh, 64, true), "");
+  EXPECT_EQ(split_decode_rope_unsupported_reason(sh, 16, false), "");
+  EXPECT_NE(split_decode_rope_unsupported_reason(sh, 48, true).find("NeoX rotary_dim 48"),
+            std::string::npos);
+  EXPECT_NE(split_decode_rope_unsupported_reason(sh, 24, false).find("GPT-J"), std::string::npos);
+  EXPECT_NE(split_decode_rope_unsupported_reason(sh, 256, true), "");
+}
+
 // The split count the model picks from the longest context: never more than without a length,
 // never fewer for a longer context, one split for a one-token context, and the count without a
 // length once the context is long (at batch 1, GLM-4.5-Air's heads).

@@ -305,6 +305,30 @@ class CudaModelOps final : public CudaModelOpsApi {
       ck(ops::cuda::paged_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(),
                                            attn_ws_.bytes(), buf(out), stream_));
   }
+  // RoPE, the KV write and the attention as one launch (DecodeRope): the attention turns q and
+  // the new k row itself and stores the new rows at the step's slots, as rope_and_write_kv would.
+  // Its predecessor is then the q/k/v projection, which writes only q, k and v.
+  void rope_decode_attention(int layer, Buf q, Buf k, Buf v, Buf out) override {
+    if (skip()) return;
+    if (!rope_in_attention_) return ModelOps::rope_decode_attention(layer, q, k, v, out);
+    TETRA_CHECK(q != k && q != v && k != v, "rope_decode_attention takes three distinct buffers");
+    DevLayer& L = layers_.at(size_t(layer));
+    DecodeRope r;
+    r.k_new = buf(k);
+    r.v_new = buf(v);
+    r.k_stride = rope_.k_stride;
+    r.v_stride = attn_.kv_step();
+    r.positions = d_positions();
+    r.slots = d_slots();
+    r.num_slots = int64_t(lim_.kv_num_blocks) * lim_.kv_block_size;
+    r.k_cache = L.k_cache.as<uint16_t>();
+    r.v_cache = L.v_cache.as<uint16_t>();
+    r.inv_freq = inv_freq_.as<float>();
+    r.rotary_dim = rope_.rotary_dim;
+    r.neox = rope_.style == ops::RopeStyle::NeoX;
+    ck(split_decode_attention(buf(q), paged_kv(layer), S_run_, attn_, buf(out), stream_,
+                              attn_splits_, PredecessorWrites::QAndNewKvRow, &r));
+  }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
     if (skip()) return;
     // Gate, Up and out rows are [T, width] with no padding, so the op runs over T * width.
@@ -490,6 +514,11 @@ class CudaModelOps final : public CudaModelOpsApi {
     kv.block_size = lim.kv_block_size;
     kv.max_blocks_per_seq = lim.max_blocks_per_seq;
     split_decode_ = opt_.split_decode && split_decode_unsupported_reason(attn_).empty();
+    rope_in_attention_ =
+        split_decode_ && opt_.rope_in_attention &&
+        split_decode_rope_unsupported_reason(attn_, rope_.rotary_dim,
+                                             rope_.style == ops::RopeStyle::NeoX)
+            .empty();
     // The split kernel needs no scratch; the fallback kernel's partials live here.
     attn_ws_ = DeviceMem(std::max<size_t>(
         256, split_decode_ ? 0 : ops::cuda::paged_decode_workspace_bytes(lim.max_seqs, attn_, kv)));
@@ -672,6 +701,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   std::vector<float> host_logits_;  // [R, vocab] for the CPU sampler
   size_t weight_bytes_ = 0, moe_bytes_ = 0;
   bool split_decode_ = false;        // decode attention by split_decode_attention.h
+  bool rope_in_attention_ = false;   // and the step's RoPE + KV write inside it (DecodeRope)
   bool host_moe_ = false;            // some MoE layer runs on the host runner: no graphs
   std::vector<uint16_t> host_x_, host_y_;  // [chunk, H] bf16 staging for host MoE layers
 

@@ -30,6 +30,10 @@ struct CudaOpsOptions {
   // Decode attention by the finely split kernel (split_decode_attention.h) where it supports the
   // shape; false: ops/attention's paged_decode_attention. Read at prepare.
   bool split_decode = true;
+  // With split_decode, a decode step's RoPE + KV-cache write runs inside the attention launch
+  // (DecodeRope in split_decode_attention.h) where the rotary shape allows; false: the
+  // rope_and_write_kv launch before it. The same bits either way. Read at prepare.
+  bool rope_in_attention = true;
 };
 
 class CudaModelOpsApi : public ModelOps {

@@ -14,6 +14,7 @@
 #include "core/fast_div.h"
 #include "core/kernel_smem_attr.h"
 #include "ops/attention/attention_cuda.h"
+#include "ops/rope/rope_turn.cuh"
 
 namespace tetra::model::cuda {
 namespace {
@@ -43,6 +44,10 @@ struct SplitArgs {
   // PredecessorWrites::QAndNewKvRow: lengths, tables and all cache rows but position len - 1
   // are read before griddepcontrol.wait.
   bool early_kv;
+  // RoPE inside the attention (DecodeRope; implies early_kv): q is un-rotated, and the row of
+  // position len - 1 comes from rope.k_new / v_new, turned here and stored to the cache.
+  bool rope_on;
+  DecodeRope rope;
 };
 
 template <int D>
@@ -146,6 +151,7 @@ __device__ __forceinline__ void chunk_rows(const SplitArgs& a, const int32_t* ta
 struct LatePiece {
   int64_t off = -1;
   uint32_t k_dst = 0, v_dst = 0;
+  int piece = 0;  // c: dims 8c .. 8c + 7 of the row
 };
 
 // late_j: staged row (token c0 + late_j) whose pieces get no copy here but are noted in `late`;
@@ -162,7 +168,7 @@ __device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
     const int64_t off = slot[it] >= 0 ? int64_t(slot[it]) * a.n_kv * D + kh * D + c * 8 : 0;
     const uint32_t o = swizzled<D>(j, c);
     if (j == late_j) {  // j < n, so slot[it] >= 0
-      late.off = off, late.k_dst = k_dst + o, late.v_dst = v_dst + o;
+      late.off = off, late.k_dst = k_dst + o, late.v_dst = v_dst + o, late.piece = c;
       continue;
     }
     cp_async_16(k_dst + o, a.k_cache + off, slot[it] >= 0);
@@ -175,6 +181,110 @@ __device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
                                             uint32_t k_dst, uint32_t v_dst) {
   LatePiece none;
   issue_chunk<D>(a, kh, slot, k_dst, v_dst, -1, none);
+}
+
+// RoPE of the q fragments in registers (SplitArgs::rope_on). Fragment qa[ks][r] holds dims
+// 16ks + 2t (+1) (r = 0, 1) or 16ks + 8 + 2t (+1) (r = 2, 3) of heads g (r even), g + 8 (r odd),
+// so this thread holds both dims of every pair it needs: NeoX pairs (i, i + half) sit
+// STEP = half/16 steps apart, GPT-J pairs (2i, 2i + 1) in one register (STEP = 0: GPT-J over
+// `pairs` pairs). STEP is a template argument so that every register index is a constant.
+// sn/cs [half]: the angles of the sequence's position, from shared memory.
+// Element e of register lo and of register hi (two distinct registers) turned as one pair.
+__device__ __forceinline__ void rope_pair(uint32_t& lo, uint32_t& hi, int e, float sn, float cs) {
+  __nv_bfloat162 l = *reinterpret_cast<__nv_bfloat162*>(&lo);
+  __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&hi);
+  __nv_bfloat16& a = e ? l.y : l.x;
+  __nv_bfloat16& b = e ? h.y : h.x;
+  ops::cuda::rope_turn(__bfloat162float(a), __bfloat162float(b), sn, cs, a, b);
+  lo = *reinterpret_cast<uint32_t*>(&l);
+  hi = *reinterpret_cast<uint32_t*>(&h);
+}
+template <int D, int STEP>
+__device__ __forceinline__ void rope_q_fragments(uint32_t (&qa)[D / 16][4], int pairs, int t,
+                                                 const float* sn, const float* cs) {
+  if constexpr (STEP > 0) {
+#pragma unroll
+    for (int ks = 0; ks < STEP; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 16 * ks + 2 * t + (r >= 2 ? 8 : 0) + e;
+          rope_pair(qa[ks][r], qa[ks + STEP][r], e, sn[i], cs[i]);
+        }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      if (ks < pairs / 8)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i = 8 * ks + t + (r >= 2 ? 4 : 0);
+          __nv_bfloat162 p = *reinterpret_cast<__nv_bfloat162*>(&qa[ks][r]);
+          ops::cuda::rope_turn(__bfloat162float(p.x), __bfloat162float(p.y), sn[i], cs[i], p.x,
+                               p.y);
+          qa[ks][r] = *reinterpret_cast<uint32_t*>(&p);
+        }
+  }
+}
+template <int D>
+__device__ __forceinline__ void rope_q(uint32_t (&qa)[D / 16][4], const DecodeRope& r, int t,
+                                       const float* sn, const float* cs) {
+  const int half = r.rotary_dim / 2;
+  if (!r.neox) return rope_q_fragments<D, 0>(qa, half, t, sn, cs);
+  switch (half / 16) {  // rotary_dim % 32 == 0 (split_decode_rope_unsupported_reason)
+    case 1: return rope_q_fragments<D, 1>(qa, half, t, sn, cs);
+    case 2: return rope_q_fragments<D, 2>(qa, half, t, sn, cs);
+    case 3: if constexpr (D >= 96) return rope_q_fragments<D, 3>(qa, half, t, sn, cs); break;
+    case 4: if constexpr (D >= 128) return rope_q_fragments<D, 4>(qa, half, t, sn, cs); break;
+    default: break;
+  }
+}
+
+// Element e of 8 bf16 held as 4 words (constant e after unrolling: stays in registers).
+__device__ __forceinline__ float bf16_elem(const uint32_t (&w)[4], int e) {
+  return __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
+}
+__device__ __forceinline__ void set_bf16_elem(uint32_t (&w)[4], int e, __nv_bfloat16 v) {
+  const uint32_t bits = __bfloat16_as_ushort(v);
+  w[e / 2] = e % 2 ? (w[e / 2] & 0xffffu) | (bits << 16) : (w[e / 2] & 0xffff0000u) | bits;
+}
+
+// The new row's 16-byte piece c of kv head kh (SplitArgs::rope_on): k turned as the RoPE kernel
+// turns it (a NeoX partner piece sits half/8 pieces away), v as it is.
+template <int D>
+__device__ __forceinline__ void rope_new_row_piece(const SplitArgs& a, int s, int kh, int c,
+                                                   const float* sn, const float* cs, uint4& k,
+                                                   uint4& v) {
+  const DecodeRope& r = a.rope;
+  const uint16_t* kr = r.k_new + int64_t(s) * r.k_stride + int64_t(kh) * D;
+  k = load_16_l2(kr + 8 * c);
+  v = load_16_l2(r.v_new + int64_t(s) * r.v_stride + int64_t(kh) * D + 8 * c);
+  const int half = r.rotary_dim / 2;
+  if (8 * c >= r.rotary_dim) return;  // pass-through dims
+  uint32_t x[4] = {k.x, k.y, k.z, k.w};
+  if (r.neox) {
+    const bool low = 8 * c < half;
+    const uint4 o = load_16_l2(kr + 8 * c + (low ? half : -half));
+    const uint32_t y[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int i = 8 * c + e - (low ? 0 : half);
+      const float self = bf16_elem(x, e), partner = bf16_elem(y, e);
+      __nv_bfloat16 ra, rb;
+      ops::cuda::rope_turn(low ? self : partner, low ? partner : self, sn[i], cs[i], ra, rb);
+      set_bf16_elem(x, e, low ? ra : rb);
+    }
+  } else {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int i = 4 * c + p;
+      __nv_bfloat16 ra, rb;
+      ops::cuda::rope_turn(bf16_elem(x, 2 * p), bf16_elem(x, 2 * p + 1), sn[i], cs[i], ra, rb);
+      set_bf16_elem(x, 2 * p, ra);
+      set_bf16_elem(x, 2 * p + 1, rb);
+    }
+  }
+  k = make_uint4(x[0], x[1], x[2], x[3]);
 }
 
 // Grid (splits, n_kv, S), clusters of (splits, 1, 1): block r of a cluster owns split r of
@@ -191,17 +301,28 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   extern __shared__ __align__(128) unsigned char smem[];  // [kStages][K, V][64][D] bf16, swizzled
   __shared__ float warp_m[kWarps][kMaxGroup], warp_l[kWarps][kMaxGroup];
   __shared__ float block_m[kMaxGroup], block_l[kMaxGroup];
+  __shared__ float rope_sn[D / 2], rope_cs[D / 2];  // rope_on: angles of the sequence's position
 
   // A programmatic dependent (the o_proj GEMV) may start streaming its weights now; it waits for
   // this grid before it reads the attention output.
   asm volatile("griddepcontrol.launch_dependents;");
-  // Launched as a programmatic dependent itself (of the RoPE + KV write). Without early_kv, wait
+  // Launched as a programmatic dependent itself (of the RoPE + KV write, or with rope_on of the
+  // q/k/v projection). Without early_kv, wait
   // for it before reading anything; with it, only before reading q and the row of position
   // len - 1 (see the prologue). The "memory" clobber keeps the compiler from hoisting loads.
   if (!a.early_kv) asm volatile("griddepcontrol.wait;" ::: "memory");
   cg::cluster_group cluster = cg::this_cluster();
   const int splits = int(gridDim.x), split = int(blockIdx.x), kh = int(blockIdx.y), s = int(blockIdx.z);
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // rope_on: the position's angles, one pair per thread (positions and inv_freq are step inputs
+  // and constants: read before the wait), published by the chunk loop's first __syncthreads...
+  // which comes after q is turned, so by a barrier of their own.
+  if (a.rope_on) {
+    const float pos = float(a.rope.positions[s]);
+    for (int i = tid; i < a.rope.rotary_dim / 2; i += kThreads)
+      sincosf(pos * a.rope.inv_freq[i], &rope_sn[i], &rope_cs[i]);
+    __syncthreads();
+  }
   const int G = a.group;
   const int len = a.lens[s];
   const int per = (len + splits - 1) / splits;
@@ -246,15 +367,34 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   // be in series) and before the first __syncthreads of the chunk loop, which publishes it to
   // the other warps before any chunk is computed. A row of a later chunk is copied by the loop,
   // which runs after the wait anyway.
+  // rope_on: the block holding position len - 1 makes that row itself, in whichever chunk it
+  // falls: the thread holding piece `new_piece` of it (row new_j of its chunk) turns it now,
+  // stores it to the cache and into the stage when its chunk is issued (the copies skip it).
+  const int new_j = a.rope_on && len - 1 >= begin && len - 1 < end ? (len - 1 - begin) % kChunk : -1;
+  int new_piece = -1;
+#pragma unroll
+  for (int it = 0; it < kPieces; ++it) {
+    const int idx = tid + it * kThreads;
+    if (idx / (D / 8) == new_j) new_piece = idx % (D / 8);
+  }
   if (a.early_kv) asm volatile("griddepcontrol.wait;" ::: "memory");
   uint4 late_k = make_uint4(0u, 0u, 0u, 0u), late_v = late_k;
-  if (late.off >= 0) {
+  if (new_piece >= 0) {
+    rope_new_row_piece<D>(a, s, kh, new_piece, rope_sn, rope_cs, late_k, late_v);
+    // Into the cache at the token's slot, as rope_and_write_kv stores it (padding: no slot).
+    const int64_t slot = a.rope.slots[s];
+    if (slot >= 0 && slot < a.rope.num_slots) {
+      const int64_t off = (slot * a.n_kv + kh) * D + 8 * new_piece;
+      *reinterpret_cast<uint4*>(a.rope.k_cache + off) = late_k;
+      *reinterpret_cast<uint4*>(a.rope.v_cache + off) = late_v;
+    }
+  } else if (late.off >= 0 && !a.rope_on) {
     late_k = load_16_l2(a.k_cache + late.off);
     late_v = load_16_l2(a.v_cache + late.off);
   }
 
   // Q as A fragments for all of D, straight from global (rows >= G are zero); after the wait:
-  // the predecessor (RoPE) writes q in place.
+  // the predecessor (RoPE) writes q in place, or (rope_on) the projection writes it un-rotated.
   uint32_t qa[D / 16][4];
   const uint16_t* qh = a.q + int64_t(s) * a.q_step + int64_t(kh) * G * D;
 #pragma unroll
@@ -265,6 +405,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
     qa[ks][2] = g < G ? *reinterpret_cast<const uint32_t*>(qh + g * D + d0 + 8) : 0u;
     qa[ks][3] = g + 8 < G ? *reinterpret_cast<const uint32_t*>(qh + (g + 8) * D + d0 + 8) : 0u;
   }
+  if (a.rope_on) rope_q<D>(qa, a.rope, t, rope_sn, rope_cs);
   if (late.off >= 0) {
     store_16_shared(late.k_dst, late_k);
     store_16_shared(late.v_dst, late_v);
@@ -335,7 +476,15 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
     }
     __syncthreads();  // the stage is free again
     if (c + kStages < chunks) {
-      issue_chunk<D>(a, kh, next, k_st, v_st);
+      // rope_on: the new row, if it is in that chunk, comes from registers (see new_piece).
+      const int cn0 = begin + (c + kStages) * kChunk;
+      const int lj = new_j >= 0 && len - 1 >= cn0 && len - 1 < cn0 + kChunk ? new_j : -1;
+      LatePiece lp;
+      issue_chunk<D>(a, kh, next, k_st, v_st, lj, lp);
+      if (lp.off >= 0) {
+        store_16_shared(lp.k_dst, late_k);
+        store_16_shared(lp.v_dst, late_v);
+      }
       const int c1 = c + kStages + 1, n0 = begin + c1 * kChunk;
       chunk_rows<D>(a, table, n0, c1 < chunks ? min(kChunk, end - n0) : 0, next);
     }
@@ -464,6 +613,18 @@ std::string split_decode_unsupported_reason(const ops::AttentionShape& s) {
 }
 
 
+std::string split_decode_rope_unsupported_reason(const ops::AttentionShape& s, int rotary_dim,
+                                                 bool neox) {
+  if (rotary_dim <= 0 || rotary_dim > s.head_dim)
+    return str("rotary_dim ", rotary_dim, " outside 1..head_dim ", s.head_dim);
+  if (neox && rotary_dim % 32 != 0)
+    return str("NeoX rotary_dim ", rotary_dim, " (the q fragments hold both dims of a pair for "
+               "multiples of 32)");
+  if (!neox && rotary_dim % 16 != 0)
+    return str("GPT-J rotary_dim ", rotary_dim, " (multiples of 16)");
+  return "";
+}
+
 int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s, int max_len) {
   const int sms = current_device_sm_count();
   // Double the splits while the blocks stay within one per multiprocessor: measured on the H200
@@ -484,7 +645,7 @@ int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s, int max
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
                                    const ops::AttentionShape& s, uint16_t* out,
                                    cudaStream_t stream, int splits,
-                                   PredecessorWrites predecessor) {
+                                   PredecessorWrites predecessor, const DecodeRope* rope) {
   const std::string why = split_decode_unsupported_reason(s);
   if (!why.empty()) TETRA_FAIL("split decode attention: ", why);
   TETRA_CHECK(splits >= 0 && splits <= kMaxSplits, "split decode attention: splits ", splits,
@@ -507,7 +668,18 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   a.q_step = s.q_step();
   a.scale_log2 = s.scale * kLog2e;
   a.out = out;
-  a.early_kv = predecessor == PredecessorWrites::QAndNewKvRow;
+  a.early_kv = predecessor == PredecessorWrites::QAndNewKvRow || rope != nullptr;
+  a.rope_on = rope != nullptr;
+  if (rope) {
+    const std::string no = split_decode_rope_unsupported_reason(s, rope->rotary_dim, rope->neox);
+    if (!no.empty()) TETRA_FAIL("split decode attention with RoPE: ", no);
+    TETRA_CHECK(rope->k_new && rope->v_new && rope->positions && rope->slots && rope->inv_freq &&
+                    rope->k_cache && rope->v_cache && rope->num_slots > 0 &&
+                    rope->k_stride >= int64_t(s.n_kv_heads) * s.head_dim &&
+                    rope->v_stride >= int64_t(s.n_kv_heads) * s.head_dim,
+                "split decode attention with RoPE: missing pointers or short rows");
+    a.rope = *rope;
+  }
   if (splits == 0) splits = split_decode_auto_splits(num_seqs, s);
   if (s.head_dim == 64) return launch_split_decode<64>(a, splits, num_seqs, stream);
   return launch_split_decode<128>(a, splits, num_seqs, stream);

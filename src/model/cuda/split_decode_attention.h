@@ -23,7 +23,9 @@
 // copies of its first three chunks before waiting for that kernel, leaving out only the row of
 // position seq_lens[s] - 1, which it copies (and q, which it reads) after the wait. Why: in a
 // decode step the RoPE + KV write right before writes just that row and q, and waiting first put
-// the whole read latency chain (lengths -> tables -> K/V) behind it.
+// the whole read latency chain (lengths -> tables -> K/V) behind it. With DecodeRope the kernel
+// does that RoPE + KV write itself (the model's decode step since session 17: one launch less
+// per layer, GLM-4.5-Air batch 1 -0.7..-1.8% per step), its predecessor being the projection.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -57,13 +59,41 @@ enum class PredecessorWrites {
   QAndNewKvRow,
 };
 
+// RoPE of the step inside the attention (instead of a RoPE + KV-write launch before it): q is
+// read un-rotated and turned in registers, and the block that holds position seq_lens[s] - 1 of
+// kv head h turns that head's new k row, writes the k and v rows to the cache slot slots[s] (as
+// rope_and_write_kv does; nothing where the slot is outside 0..num_slots-1, as for graph padding)
+// and uses them for that position. Same rounding steps as the RoPE kernels (ops/rope/
+// rope_turn.cuh): the output and the cache are the same bits as rope_and_write_kv followed by
+// the attention. The predecessor (the q/k/v projection) may still be writing q, k_new and v_new.
+struct DecodeRope {
+  const uint16_t* k_new = nullptr;  // [num_seqs, k_stride] un-rotated k of each sequence's token
+  const uint16_t* v_new = nullptr;  // [num_seqs, v_stride]
+  int64_t k_stride = 0, v_stride = 0;
+  const int32_t* positions = nullptr;  // [num_seqs]
+  const int64_t* slots = nullptr;      // [num_seqs] cache slot of the token (< 0: none)
+  int64_t num_slots = 0;               // cache rows (blocks * block_size)
+  uint16_t* k_cache = nullptr;         // kv's caches, writable: the new rows go there
+  uint16_t* v_cache = nullptr;
+  const float* inv_freq = nullptr;     // [rotary_dim / 2]
+  int rotary_dim = 0;
+  bool neox = true;                    // NeoX pairs (i, i + rotary_dim/2), else GPT-J (2i, 2i + 1)
+};
+// Why the attention cannot turn q and the new row itself for this shape ("" when it can): the
+// q fragments hold both dims of a pair only for NeoX with rotary_dim % 32 == 0 or GPT-J with
+// rotary_dim % 16 == 0.
+std::string split_decode_rope_unsupported_reason(const ops::AttentionShape& s, int rotary_dim,
+                                                 bool neox);
+
 // q [num_seqs, n_heads, head_dim] (token stride s.q_step()) -> out [num_seqs, n_heads, head_dim].
 // No scratch: the splits merge on chip. splits: 0 picks split_decode_auto_splits, else
 // 1..kMaxSplits blocks per (sequence, kv head). Results are the same bits for either
-// `predecessor`; only what may overlap the predecessor differs.
+// `predecessor`; only what may overlap the predecessor differs. rope: see DecodeRope (implies
+// what QAndNewKvRow allows, without the new row: the attention writes it).
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
                                    const ops::AttentionShape& s, uint16_t* out,
                                    cudaStream_t stream, int splits = 0,
-                                   PredecessorWrites predecessor = PredecessorWrites::Anything);
+                                   PredecessorWrites predecessor = PredecessorWrites::Anything,
+                                   const DecodeRope* rope = nullptr);
 
 }  // namespace tetra::model::cuda

@@ -78,6 +78,9 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
   void decode_attention(int layer, Buf q, Buf out) override {
     record([=](ModelOps& o) { o.decode_attention(layer, q, out); });
   }
+  void rope_decode_attention(int layer, Buf q, Buf k, Buf v, Buf out) override {
+    record([=](ModelOps& o) { o.rope_decode_attention(layer, q, k, v, out); });
+  }
   void extend_attention(int layer, Buf q, Buf out) override {
     record([=](ModelOps& o) { o.extend_attention(layer, q, out); });
   }
