@@ -32,6 +32,48 @@ using test::expect_matches_cpu;
 using test::HostCase;
 using test::make_case;
 
+// The step's new token of each sequence: position len - 1, its cache slot (-1 for sequence
+// `pad`, graph padding; -1 = none), the cache rows there poisoned with NaN (the RoPE kernel or
+// the attention writes them), random un-rotated k and v rows, the RoPE shape and angles.
+struct NewTokens {
+  std::vector<int32_t> positions;
+  std::vector<int64_t> slots;
+  std::vector<uint16_t> k_new, v_new;  // [S, n_kv * D]
+  ops::RopeShape rs;
+  std::vector<float> inv_freq;
+  NewTokens(HostCase& hc, int rotary, ops::RopeStyle style, int pad, std::mt19937& rng) {
+    const int S = hc.num_seqs();
+    const int64_t row = hc.row_elems();
+    for (int s = 0; s < S; ++s) {
+      positions.push_back(hc.lens[size_t(s)] - 1);
+      slots.push_back(s == pad ? -1 : hc.slot(s, positions.back()));
+      for (int64_t i = 0; i < row && s != pad; ++i) {
+        hc.kc[size_t(slots.back() * row + i)] = 0x7FC0;
+        hc.vc[size_t(slots.back() * row + i)] = 0x7FC0;
+      }
+    }
+    k_new = test::random_bf16(size_t(S) * row, rng, 2.0f);
+    v_new = test::random_bf16(size_t(S) * row, rng, 1.0f);
+    rs.head_dim = hc.sh.head_dim;
+    rs.rotary_dim = rotary;
+    rs.n_q_heads = hc.sh.n_heads;
+    rs.n_k_heads = hc.sh.n_kv_heads;
+    rs.q_stride = hc.sh.q_step();
+    rs.k_stride = row;
+    rs.style = style;
+    inv_freq = ops::rope_inv_freq(1e6, rotary);
+  }
+};
+// The same on the device (k_new is re-uploaded before each run: the RoPE kernel turns it in place).
+struct NewTokensDev {
+  explicit NewTokensDev(const NewTokens& n)
+      : k_new(n.k_new), v_new(n.v_new), pos(n.positions), slots(n.slots), inv(n.inv_freq) {}
+  tetra::test::GuardedDeviceArray<uint16_t> k_new, v_new;
+  tetra::test::GuardedDeviceArray<int32_t> pos;
+  tetra::test::GuardedDeviceArray<int64_t> slots;
+  tetra::test::GuardedDeviceArray<float> inv;
+};
+
 TEST(SplitDecodeAttention, MatchesCpu) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(31);
@@ -113,31 +155,10 @@ TEST(SplitDecodeAttention, NewRowModeAfterRopeKvWrite) {
     HostCase hc = make_case(c.D, c.heads, c.kv_heads, c.lens, c.block_size, rng);
     const int S = hc.num_seqs();
     const int64_t row = hc.row_elems();
-    std::vector<int32_t> positions(static_cast<size_t>(S));
-    std::vector<int64_t> slots(static_cast<size_t>(S));
-    for (int s = 0; s < S; ++s) {
-      positions[size_t(s)] = hc.lens[size_t(s)] - 1;
-      slots[size_t(s)] = hc.slot(s, positions[size_t(s)]);
-      for (int64_t i = 0; i < row; ++i) {  // NaN where the predecessor will write
-        hc.kc[size_t(slots[size_t(s)] * row + i)] = 0x7FC0;
-        hc.vc[size_t(slots[size_t(s)] * row + i)] = 0x7FC0;
-      }
-    }
+    // Partial NeoX rotary, as GLM-4.x; no padding sequence.
+    const NewTokens nt(hc, c.D / 2, ops::RopeStyle::NeoX, -1, rng);
     const std::vector<uint16_t> q0 = hc.q, kc0 = hc.kc, vc0 = hc.vc;
-    const std::vector<uint16_t> k_new = test::random_bf16(size_t(S) * row, rng, 2.0f);
-    const std::vector<uint16_t> v_new = test::random_bf16(size_t(S) * row, rng, 1.0f);
-    ops::RopeShape rs;
-    rs.head_dim = c.D;
-    rs.rotary_dim = c.D / 2;  // partial, as GLM-4.x
-    rs.n_q_heads = c.heads;
-    rs.n_k_heads = c.kv_heads;
-    rs.q_stride = hc.sh.q_step();
-    rs.k_stride = row;
-    const std::vector<float> inv_freq = ops::rope_inv_freq(1e6, rs.rotary_dim);
-    tetra::test::GuardedDeviceArray<uint16_t> dk_new(k_new), dv_new(v_new);
-    tetra::test::GuardedDeviceArray<int32_t> dpos(positions);
-    tetra::test::GuardedDeviceArray<int64_t> dslots(slots);
-    tetra::test::GuardedDeviceArray<float> dinv(inv_freq);
+    NewTokensDev d(nt);
     DevCase dev(hc);
     const int64_t num_slots = int64_t(hc.num_blocks) * hc.block_size;
     for (int splits : {0, 1, 16}) {
@@ -147,11 +168,11 @@ TEST(SplitDecodeAttention, NewRowModeAfterRopeKvWrite) {
         dev.q.upload(q0);
         dev.k.upload(kc0);
         dev.v.upload(vc0);
-        dk_new.upload(k_new);  // rope turns k in place
+        d.k_new.upload(nt.k_new);  // rope turns k in place
         dev.out.poison();
         TETRA_CUDA_CHECK(ops::cuda::rope_and_write_kv(
-            dev.q.ptr(), dk_new.ptr(), dv_new.ptr(), row, dpos.ptr(), dslots.ptr(), S,
-            dinv.ptr(), rs, num_slots, dev.k.ptr(), dev.v.ptr(), stream));
+            dev.q.ptr(), d.k_new.ptr(), d.v_new.ptr(), row, d.pos.ptr(), d.slots.ptr(), S,
+            d.inv.ptr(), nt.rs, num_slots, dev.k.ptr(), dev.v.ptr(), stream));
         dev.launch(splits, PredecessorWrites::QAndNewKvRow, stream);
         TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
         const std::vector<uint16_t> got = dev.out.download();
@@ -166,7 +187,7 @@ TEST(SplitDecodeAttention, NewRowModeAfterRopeKvWrite) {
       hc.vc = dev.v.download();
       ASSERT_NE(hc.q, q0) << label;
       for (int s = 0; s < S; ++s)
-        ASSERT_NE(hc.kc[size_t(slots[size_t(s)] * row)], 0x7FC0) << label << " seq " << s;
+        ASSERT_NE(hc.kc[size_t(nt.slots[size_t(s)] * row)], 0x7FC0) << label << " seq " << s;
       expect_matches_cpu(early, hc.cpu_reference(), label);
       EXPECT_EQ(dev.run(splits, PredecessorWrites::Anything), early) << "default mode, " << label;
       EXPECT_TRUE(dev.k.guards_intact() && dev.v.guards_intact() && dev.q.guards_intact());
@@ -200,33 +221,10 @@ TEST(SplitDecodeAttention, RopeInsideEqualsRopeKvWriteThenAttention) {
     for (int b = 0; b < hc.mb; ++b) hc.tables[size_t(pad) * hc.mb + b] = hc.tables[size_t(b)];
     ASSERT_EQ(split_decode_rope_unsupported_reason(hc.sh, c.rotary, c.neox), "");
     const int64_t row = hc.row_elems();
-    std::vector<int32_t> positions(static_cast<size_t>(S));
-    std::vector<int64_t> slots(static_cast<size_t>(S));
-    for (int s = 0; s < S; ++s) {
-      positions[size_t(s)] = hc.lens[size_t(s)] - 1;
-      slots[size_t(s)] = s == pad ? -1 : hc.slot(s, positions[size_t(s)]);
-    }
-    for (int s = 0; s < S; ++s)  // NaN where the new rows go
-      for (int64_t i = 0; i < row && s != pad; ++i) {
-        hc.kc[size_t(slots[size_t(s)] * row + i)] = 0x7FC0;
-        hc.vc[size_t(slots[size_t(s)] * row + i)] = 0x7FC0;
-      }
+    const auto style = c.neox ? ops::RopeStyle::NeoX : ops::RopeStyle::GptJ;
+    const NewTokens nt(hc, c.rotary, style, pad, rng);
     const std::vector<uint16_t> q0 = hc.q, kc0 = hc.kc, vc0 = hc.vc;
-    const std::vector<uint16_t> k_new = test::random_bf16(size_t(S) * row, rng, 2.0f);
-    const std::vector<uint16_t> v_new = test::random_bf16(size_t(S) * row, rng, 1.0f);
-    ops::RopeShape rs;
-    rs.head_dim = c.D;
-    rs.rotary_dim = c.rotary;
-    rs.n_q_heads = c.heads;
-    rs.n_k_heads = c.kv_heads;
-    rs.q_stride = hc.sh.q_step();
-    rs.k_stride = row;
-    rs.style = c.neox ? ops::RopeStyle::NeoX : ops::RopeStyle::GptJ;
-    const std::vector<float> inv_freq = ops::rope_inv_freq(1e6, rs.rotary_dim);
-    tetra::test::GuardedDeviceArray<uint16_t> dk_new(k_new), dv_new(v_new);
-    tetra::test::GuardedDeviceArray<int32_t> dpos(positions);
-    tetra::test::GuardedDeviceArray<int64_t> dslots(slots);
-    tetra::test::GuardedDeviceArray<float> dinv(inv_freq);
+    NewTokensDev d(nt);
     DevCase dev(hc);
     const int64_t num_slots = int64_t(hc.num_blocks) * hc.block_size;
     const size_t out_row = size_t(hc.sh.n_heads) * c.D;
@@ -239,29 +237,29 @@ TEST(SplitDecodeAttention, RopeInsideEqualsRopeKvWriteThenAttention) {
       dev.q.upload(q0);
       dev.k.upload(kc0);
       dev.v.upload(vc0);
-      dk_new.upload(k_new);
-      TETRA_CUDA_CHECK(ops::cuda::rope_and_write_kv(dev.q.ptr(), dk_new.ptr(), dv_new.ptr(), row,
-                                                    dpos.ptr(), dslots.ptr(), S, dinv.ptr(), rs,
-                                                    num_slots, dev.k.ptr(), dev.v.ptr(), nullptr));
+      d.k_new.upload(nt.k_new);
+      TETRA_CUDA_CHECK(ops::cuda::rope_and_write_kv(
+          dev.q.ptr(), d.k_new.ptr(), d.v_new.ptr(), row, d.pos.ptr(), d.slots.ptr(), S,
+          d.inv.ptr(), nt.rs, num_slots, dev.k.ptr(), dev.v.ptr(), nullptr));
       const std::vector<uint16_t> want = dev.run(splits, PredecessorWrites::QAndNewKvRow);
       const std::vector<uint16_t> want_k = dev.k.download(), want_v = dev.v.download();
       for (int s = 0; s < pad; ++s)
-        ASSERT_NE(want_k[size_t(slots[size_t(s)] * row)], 0x7FC0) << label << " seq " << s;
+        ASSERT_NE(want_k[size_t(nt.slots[size_t(s)] * row)], 0x7FC0) << label << " seq " << s;
 
       dev.q.upload(q0);
       dev.k.upload(kc0);
       dev.v.upload(vc0);
-      dk_new.upload(k_new);
+      d.k_new.upload(nt.k_new);
       DecodeRope r;
-      r.k_new = dk_new.ptr();
-      r.v_new = dv_new.ptr();
+      r.k_new = d.k_new.ptr();
+      r.v_new = d.v_new.ptr();
       r.k_stride = r.v_stride = row;
-      r.positions = dpos.ptr();
-      r.slots = dslots.ptr();
+      r.positions = d.pos.ptr();
+      r.slots = d.slots.ptr();
       r.num_slots = num_slots;
       r.k_cache = dev.k.ptr();
       r.v_cache = dev.v.ptr();
-      r.inv_freq = dinv.ptr();
+      r.inv_freq = d.inv.ptr();
       r.rotary_dim = c.rotary;
       r.neox = c.neox;
       for (int rep = 0; rep < 2; ++rep) {  // the second run finds its rows already written

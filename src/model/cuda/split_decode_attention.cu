@@ -370,7 +370,8 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   // rope_on: the block holding position len - 1 makes that row itself, in whichever chunk it
   // falls: the thread holding piece `new_piece` of it (row new_j of its chunk) turns it now,
   // stores it to the cache and into the stage when its chunk is issued (the copies skip it).
-  const int new_j = a.rope_on && len - 1 >= begin && len - 1 < end ? (len - 1 - begin) % kChunk : -1;
+  const int new_j =
+      a.rope_on && len - 1 >= begin && len - 1 < end ? (len - 1 - begin) % kChunk : -1;
   int new_piece = -1;
 #pragma unroll
   for (int it = 0; it < kPieces; ++it) {
