@@ -151,7 +151,6 @@ __device__ __forceinline__ void chunk_rows(const SplitArgs& a, const int32_t* ta
 struct LatePiece {
   int64_t off = -1;
   uint32_t k_dst = 0, v_dst = 0;
-  int piece = 0;  // c: dims 8c .. 8c + 7 of the row
 };
 
 // late_j: staged row (token c0 + late_j) whose pieces get no copy here but are noted in `late`;
@@ -168,7 +167,7 @@ __device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
     const int64_t off = slot[it] >= 0 ? int64_t(slot[it]) * a.n_kv * D + kh * D + c * 8 : 0;
     const uint32_t o = swizzled<D>(j, c);
     if (j == late_j) {  // j < n, so slot[it] >= 0
-      late.off = off, late.k_dst = k_dst + o, late.v_dst = v_dst + o, late.piece = c;
+      late.off = off, late.k_dst = k_dst + o, late.v_dst = v_dst + o;
       continue;
     }
     cp_async_16(k_dst + o, a.k_cache + off, slot[it] >= 0);
@@ -183,12 +182,6 @@ __device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
   issue_chunk<D>(a, kh, slot, k_dst, v_dst, -1, none);
 }
 
-// RoPE of the q fragments in registers (SplitArgs::rope_on). Fragment qa[ks][r] holds dims
-// 16ks + 2t (+1) (r = 0, 1) or 16ks + 8 + 2t (+1) (r = 2, 3) of heads g (r even), g + 8 (r odd),
-// so this thread holds both dims of every pair it needs: NeoX pairs (i, i + half) sit
-// STEP = half/16 steps apart, GPT-J pairs (2i, 2i + 1) in one register (STEP = 0: GPT-J over
-// `pairs` pairs). STEP is a template argument so that every register index is a constant.
-// sn/cs [half]: the angles of the sequence's position, from shared memory.
 // Element e of register lo and of register hi (two distinct registers) turned as one pair.
 __device__ __forceinline__ void rope_pair(uint32_t& lo, uint32_t& hi, int e, float sn, float cs) {
   __nv_bfloat162 l = *reinterpret_cast<__nv_bfloat162*>(&lo);
@@ -199,6 +192,12 @@ __device__ __forceinline__ void rope_pair(uint32_t& lo, uint32_t& hi, int e, flo
   lo = *reinterpret_cast<uint32_t*>(&l);
   hi = *reinterpret_cast<uint32_t*>(&h);
 }
+// RoPE of the q fragments in registers (SplitArgs::rope_on). Fragment qa[ks][r] holds dims
+// 16ks + 2t (+1) (r = 0, 1) or 16ks + 8 + 2t (+1) (r = 2, 3) of heads g (r even), g + 8 (r odd),
+// so this thread holds both dims of every pair it needs: NeoX pairs (i, i + half) sit
+// STEP = half/16 steps apart, GPT-J pairs (2i, 2i + 1) in one register (STEP = 0: GPT-J over
+// `pairs` pairs). STEP is a template argument so that every register index is a constant.
+// sn/cs [half]: the angles of the sequence's position, from shared memory.
 template <int D, int STEP>
 __device__ __forceinline__ void rope_q_fragments(uint32_t (&qa)[D / 16][4], int pairs, int t,
                                                  const float* sn, const float* cs) {
@@ -314,9 +313,9 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   cg::cluster_group cluster = cg::this_cluster();
   const int splits = int(gridDim.x), split = int(blockIdx.x), kh = int(blockIdx.y), s = int(blockIdx.z);
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  // rope_on: the position's angles, one pair per thread (positions and inv_freq are step inputs
-  // and constants: read before the wait), published by the chunk loop's first __syncthreads...
-  // which comes after q is turned, so by a barrier of their own.
+  // rope_on: the position's angles into shared memory, one pair per thread (positions and
+  // inv_freq are step inputs and a constant: read before the wait). q is turned before the chunk
+  // loop's first barrier, so they need a barrier of their own.
   if (a.rope_on) {
     const float pos = float(a.rope.positions[s]);
     for (int i = tid; i < a.rope.rotary_dim / 2; i += kThreads)
