@@ -41,6 +41,18 @@ int current_device_sm_count() {
   });
 }
 
+int current_device_smem_per_sm() {
+  static std::atomic<int> cache[64] = {};  // per device ordinal
+  int dev = 0;
+  TETRA_CUDA_CHECK(cudaGetDevice(&dev));
+  return read_once(cache, dev, [dev] {
+    int bytes = 0;
+    TETRA_CUDA_CHECK(
+        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    return bytes;
+  });
+}
+
 int current_device_compute_capability() {
   static std::atomic<int> cache[64] = {};  // per device ordinal
   int dev = 0;

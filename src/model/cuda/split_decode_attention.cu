@@ -290,7 +290,8 @@ __device__ __forceinline__ void rope_new_row_piece(const SplitArgs& a, int s, in
 // (sequence blockIdx.z, kv head blockIdx.y). Warp w owns tokens 16w .. 16w+15 of every chunk
 // and keeps the softmax state (max m, sum l, unnormalised acc) of its tokens for the group's
 // heads; in the m16n8k16 fragments lane (g, t) = (lane / 4, lane % 4) holds heads g and g + 8.
-// Three 32 KB stages (D = 128) let 2 blocks share an SM. Measured on the H200 against two stages
+// Three 32 KB stages (D = 128) let 2 blocks share an SM (small grids ask for one SM each, see
+// launch_split_decode). Measured on the H200 against two stages
 // at 3 blocks per SM: batch 64 x 1025 tokens 77.7 vs 84.7 us (best split count of each),
 // batch 1 9.6 vs 10.7 us; batch 8 was within 10% either way.
 // With a.early_kv (PredecessorWrites::QAndNewKvRow) the prologue's reads overlap the preceding
@@ -574,10 +575,26 @@ cudaError_t allow_large_clusters() {
   return ensure_func_attribute<Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed>(1);
 }
 
+// Dynamic shared memory that leaves no room for a second block on the SM: more than half of it.
+int one_block_per_sm_smem() { return current_device_smem_per_sm() / 2 + 1024; }
+
+// A grid of at most half the SMs runs one block per SM, by asking for more than half an SM's
+// shared memory (the stages use 96 KB of it; the rest stays idle). Otherwise the blocks placed
+// while the previous kernel (the q/k/v projection) drains pair up on the first SMs it frees:
+// GLM-4.5-Air batch 1 (64 blocks) ran on ~37 SMs, two latency chains per SM, with the o_proj
+// blocks that start streaming beside them. Spread over 64 SMs the attention ends ~2 us earlier
+// per layer (H200, bench/results/2026-12-01-session18-h200.md). Larger grids keep two blocks per
+// SM: with clusters of 4-8 (batch 2 and 4, 128 blocks) one block per SM left clusters waiting
+// for a GPC with enough free SMs (+4-5% per step).
 template <int D>
 cudaError_t launch_split_decode(const SplitArgs& a, int splits, int num_seqs, cudaStream_t stream) {
   constexpr auto kernel = split_decode_kernel<D>;
-  cudaError_t err = ensure_max_dynamic_smem<kernel>(smem_bytes<D>());
+  const int blocks = splits * a.n_kv * num_seqs;
+  const bool spread = 2 * blocks <= current_device_sm_count();
+  const int smem = spread ? std::max(smem_bytes<D>(), one_block_per_sm_smem()) : smem_bytes<D>();
+  // The opt-in is set once per GPU: to the larger of the two sizes.
+  cudaError_t err =
+      ensure_max_dynamic_smem<kernel>(std::max(smem_bytes<D>(), one_block_per_sm_smem()));
   if (err == cudaSuccess && splits > 8) err = allow_large_clusters<kernel>();
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[2] = {};
@@ -592,7 +609,7 @@ cudaError_t launch_split_decode(const SplitArgs& a, int splits, int num_seqs, cu
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(splits), unsigned(a.n_kv), unsigned(num_seqs));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = size_t(smem_bytes<D>());
+  cfg.dynamicSmemBytes = size_t(smem);
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 2;
