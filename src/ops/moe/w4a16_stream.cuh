@@ -53,6 +53,21 @@ template <int C, int J>
 constexpr int stream_smem_bytes(int stages) {
   return stages * stream_seg_chunks<C, J>() * (kTileChunkBytes + kTileChunkScales) + stages * 16;
 }
+// Ring reads at 32-bit shared addresses (after the stage's full barrier was waited on).
+__device__ __forceinline__ uint4 lds_u4(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u16(uint32_t a) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a) : "memory");
+  return v;
+}
+
 // Diagnostic modes for the benchmark: 0 = the GEMV; 1 = stream only (no activation loads, no
 // math: the ring's own rate); 2 = no activation loads (math on constant activations).
 enum StreamMode { kStreamFull = 0, kStreamCopyOnly = 1, kStreamNoX = 2 };
@@ -122,13 +137,21 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
   asm volatile("griddepcontrol.wait;" ::: "memory");
   int st = 0, buf = 0;  // ring slot, partial-sum buffer
   uint32_t ph = 0;      // ring wraps mod 2 (the full barrier's phase parity)
+  // This warp's chunk j of a stage sits at ring offset (warp + j * C) * 512 (+ 64 for scales);
+  // shared addresses are 32-bit, and everything that does not change per stage is set here
+  // (the consumers issue ~60 instructions of dequant + MMA per chunk, so per-stage address
+  // arithmetic costs throughput).
+  const uint32_t w_lane = smem_u32(ring_w) + uint32_t(warp * kTileChunkBytes + lane * kLaneBytes);
+  const uint32_t s_lane = smem_u32(ring_s) + uint32_t(warp * kTileChunkScales + lane * 2);
+  const bool whole_stages = chunks % S == 0;  // no short last stage: every warp has its chunks
   for (int u = u_begin; u < u_end; ++u) {
     const typename Work::Unit un = work.unit(u);
     if (un.rows <= 0) continue;
     for (int p = 0; p * 8 < un.rows; ++p) {
-      // This lane's activation row (MMA column lane / 4) at k = 16 * (lane % 4); rows past the
-      // count read the last row and their sums are dropped.
-      const uint16_t* xp = work.x_row(un, min(p * 8 + lane / 4, un.rows - 1)) + 16 * (lane % 4);
+      // This lane's activation row (MMA column lane / 4) at k = 16 * (lane % 4) of this warp's
+      // first chunk; rows past the count read the last row and their sums are dropped.
+      const uint16_t* x_warp =
+          work.x_row(un, min(p * 8 + lane / 4, un.rows - 1)) + 16 * (lane % 4) + warp * kChunkK;
       float acc[TPU][J][4];
 #pragma unroll
       for (int t = 0; t < TPU; ++t)
@@ -138,26 +161,19 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
           for (int r = 0; r < 4; ++r) acc[t][j][r] = 0.0f;
 #pragma unroll
       for (int t = 0; t < TPU; ++t) {
-        for (int c0 = 0; c0 < chunks; c0 += S) {
-          const int n = min(S, chunks - c0);
+        const uint16_t* xc = x_warp;  // chunk c0 + warp of this stage
+        for (int c0 = 0; c0 < chunks; c0 += S, xc += S * kChunkK) {
+          const int n = whole_stages ? S : min(S, chunks - c0);
           mbar_wait(&full[st], ph);
-          const uint8_t* sw = ring_w + size_t(st) * S * kTileChunkBytes + lane * kLaneBytes;
-          const uint8_t* ss = ring_s + size_t(st) * S * kTileChunkScales + lane * 2;
-          uint4 wv[J], x0[J], x1[J];
+          const uint32_t sw = w_lane + uint32_t(st) * (S * kTileChunkBytes);
+          const uint32_t ss = s_lane + uint32_t(st) * (S * kTileChunkScales);
+          uint4 wv[J];
           uint32_t sv[J];
 #pragma unroll
           for (int j = 0; j < J; ++j) {
-            const int ci = warp + j * C;
-            if (ci < n) {
-              wv[j] = *reinterpret_cast<const uint4*>(sw + ci * kTileChunkBytes);
-              sv[j] = *reinterpret_cast<const uint16_t*>(ss + ci * kTileChunkScales);
-              if constexpr (MODE == kStreamFull) {
-                x0[j] = ld_cached_u4(xp + size_t(c0 + ci) * kChunkK);
-                x1[j] = ld_cached_u4(xp + size_t(c0 + ci) * kChunkK + 8);
-              } else {
-                x0[j] = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
-                x1[j] = x0[j];
-              }
+            if (warp + j * C < n) {
+              wv[j] = lds_u4(sw + uint32_t(j * C * kTileChunkBytes));
+              sv[j] = lds_u16(ss + uint32_t(j * C * kTileChunkScales));
             }
           }
           // The stage's bytes are in registers: hand it back to the producer before the math.
@@ -169,16 +185,26 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
           }
 #pragma unroll
           for (int j = 0; j < J; ++j) {
+            if (warp + j * C >= n) continue;
+            uint4 x0, x1;
+            if constexpr (MODE == kStreamFull) {
+              x0 = ld_cached_u4(xc + j * C * kChunkK);
+              x1 = ld_cached_u4(xc + j * C * kChunkK + 8);
+            } else {
+              x0 = make_uint4(0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u);
+              x1 = x0;
+            }
             if (MODE == kStreamCopyOnly) {  // keep the loads alive, skip the math
-              acc[t][j][0] += __uint_as_float(wv[j].x ^ wv[j].y ^ wv[j].z ^ wv[j].w ^ sv[j]) * 0.0f;
-            } else if (warp + j * C < n) {
+              acc[t][j][0] += __uint_as_float(wv[j].x ^ wv[j].y ^ wv[j].z ^ wv[j].w ^ sv[j] ^
+                                              x0.x ^ x1.x) * 0.0f;
+            } else {
               uint32_t sg, sg8;
               scale_pair_to_bf16x2(sv[j], sg, sg8);
 #pragma unroll
               for (int q = 0; q < 4; ++q) {
                 uint32_t A[4];
                 dequant_word(word_of(wv[j], q), sg, sg8, A);
-                const uint4& xh = (q >> 1) ? x1[j] : x0[j];
+                const uint4& xh = (q >> 1) ? x1 : x0;
                 mma_bf16_16816(acc[t][j], A, (q & 1) ? xh.z : xh.x, (q & 1) ? xh.w : xh.y);
               }
             }
