@@ -23,6 +23,7 @@
 #include "model/model.h"
 #include "model/parallel/parallel_model_ops.h"
 #include "moe/moe_layer.h"
+#include "perf/block_stamps.h"
 #include "perf/gpu_spec.h"
 #include "perf/roofline.h"
 #include "server/kernel_tracer.h"
@@ -364,6 +365,8 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
     }
   }
 
+  // Stamps need their buffer before the first decode graph is captured (launches keep it).
+  if (!o.block_stamps_path.empty()) perf::enable_block_stamps();
   const GpuSpec gpu = gpu_spec("h200");
   for (int C : o.contexts)
     for (int B : o.batches) {
@@ -376,6 +379,12 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
       for (int i = 0; i < o.warmup; ++i) timed_forward(*ops, st);
       std::vector<double> t;
       for (int i = 0; i < o.iters; ++i) t.push_back(timed_forward(*ops, st));
+      if (!o.block_stamps_path.empty()) {  // one more step, its records alone
+        perf::reset_block_stamps();
+        timed_forward(*ops, st);
+        perf::dump_block_stamps(o.block_stamps_path + ".b" + std::to_string(B) + ".c" +
+                                std::to_string(C) + ".bin");
+      }
       row.median_us = percentile(t, 0.5);
       row.p90_us = percentile(t, 0.9);
       row.tokens_per_s = B / (row.median_us * 1e-6);

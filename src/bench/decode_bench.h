@@ -45,6 +45,8 @@ struct DecodeBenchOptions {
   bool rope_in_attention = true;  // CudaOpsOptions::rope_in_attention (false: --rope-kernel)
   bool per_op = true;             // one eager step timed per op
   int timeline_steps = 0;         // > 0: trace that many steps per row with CUPTI (one GPU)
+  std::string block_stamps_path;  // non-empty: per-block stamps of one step per row to
+                                  // PATH.b<batch>.c<context>.bin (perf/block_stamps.h, one GPU)
   uint64_t seed = 1;
   double bandwidth = 4.46e12;     // bytes/s, DEVICE.md's measured HBM read
   int tp = 1, ep = 1;             // tensor / expert parallel: GPUs 0 .. max(tp, ep) - 1

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "bench/decode_bench.h"
+#include "perf/block_stamps.h"
 #include "cli/bench_commands.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
@@ -53,6 +54,13 @@ void run_bench_decode(BenchDecodeArgs& a) {
   if (a.opts.timeline_steps < 0) TETRA_FAIL("--timeline must be >= 0");
   if (a.opts.timeline_steps > 0 && a.opts.tp * a.opts.ep > 1)
     TETRA_FAIL("--timeline traces one GPU; drop --tp/--ep");
+  if (!a.opts.block_stamps_path.empty()) {
+    cmd << " --block-stamps " << a.opts.block_stamps_path;
+    if (!perf::block_stamps_compiled())
+      TETRA_FAIL("--block-stamps: this build has no block stamps (configure with "
+                 "-DTETRA_BLOCK_STAMPS=ON)");
+    if (a.opts.tp * a.opts.ep > 1) TETRA_FAIL("--block-stamps records one GPU; drop --tp/--ep");
+  }
   a.opts.command_line = cmd.str();
   if (!cuda_available()) {
     std::fprintf(stderr, "tetra: error: tetra bench decode needs a CUDA GPU; none was found on "
@@ -102,6 +110,10 @@ static void add_bench_decode(CLI::App& app) {
   cmd->add_option("--timeline", a->opts.timeline_steps,
                   "trace N more steps per row with CUPTI: per-kernel duration, gap and exposed "
                   "time inside the step (needs libcupti)");
+  cmd->add_option("--block-stamps", a->opts.block_stamps_path,
+                  "write per-block time stamps of the attention-side kernels, one step per row, "
+                  "to PATH.b<batch>.c<context>.bin (builds with -DTETRA_BLOCK_STAMPS=ON; read "
+                  "with scripts/gpu/block_stamps.py)");
   cmd->add_option("--json", a->json_path, "also write the results as JSON to this file");
   cmd->add_option("--markdown", a->markdown_path, "also write the markdown table to this file");
   cmd->callback([a] { run_bench_decode(*a); });

@@ -4,6 +4,7 @@
 
 #include "core/cuda_check.h"
 #include "cpu/cli_runner.h"
+#include "perf/block_stamps.h"
 
 using tetra::test::run_tetra;
 
@@ -38,6 +39,17 @@ TEST(CliBench, BenchNeedsASubcommand) {
 TEST(CliBench, WithoutAGpuTheMoeBenchSaysSoAndExits4) {
   if (tetra::cuda_available()) GTEST_SKIP() << "this machine has a GPU";
   expect_error("bench moe --preset glm5 --tokens 1,4", 4, "needs a CUDA GPU; none was found");
+}
+
+// The per-block stamps are a build option: without it the flag is refused before any GPU work,
+// saying how to get them; with --tp/--ep (several GPUs) it is refused too.
+TEST(CliBench, BlockStampsNeedTheirBuildOptionAndOneGpu) {
+  const std::string run = "bench decode --preset glm4.5-air --random-weights --block-stamps /tmp/s";
+  if (!tetra::perf::block_stamps_compiled()) {
+    expect_error(run, 1, "this build has no block stamps (configure with -DTETRA_BLOCK_STAMPS=ON)");
+  } else {
+    expect_error(run + " --tp 2", 1, "--block-stamps records one GPU");
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/fast_div.h"
 #include "core/kernel_smem_attr.h"
+#include "perf/block_stamps.cuh"
 #include "ops/attention/attention_cuda.h"
 #include "ops/rope/rope_turn.cuh"
 
@@ -48,6 +49,8 @@ struct SplitArgs {
   // position len - 1 comes from rope.k_new / v_new, turned here and stored to the cache.
   bool rope_on;
   DecodeRope rope;
+  unsigned long long* stamps = nullptr;  // perf/block_stamps.h (nullptr: none)
+  int stamp_launch = 0;
 };
 
 template <int D>
@@ -303,6 +306,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   __shared__ float block_m[kMaxGroup], block_l[kMaxGroup];
   __shared__ float rope_sn[D / 2], rope_cs[D / 2];  // rope_on: angles of the sequence's position
 
+  const uint64_t t_start = perf::stamp_time();
   // A programmatic dependent (the o_proj GEMV) may start streaming its weights now; it waits for
   // this grid before it reads the attention output.
   asm volatile("griddepcontrol.launch_dependents;");
@@ -379,6 +383,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
     if (idx / (D / 8) == new_j) new_piece = idx % (D / 8);
   }
   if (a.early_kv) asm volatile("griddepcontrol.wait;" ::: "memory");
+  const uint64_t t_waited = perf::stamp_time();
   uint4 late_k = make_uint4(0u, 0u, 0u, 0u), late_v = late_k;
   if (new_piece >= 0) {
     rope_new_row_piece<D>(a, s, kh, new_piece, rope_sn, rope_cs, late_k, late_v);
@@ -493,6 +498,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   }
   cp_async_wait<0>();
   __syncthreads();
+  const uint64_t t_chunks = perf::stamp_time();
 
   // Merge the 4 warps' partials of this block (stage memory reused).
   constexpr int kRow = warp_row_floats<D>();
@@ -536,7 +542,9 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
 
   // Merge the cluster's blocks through distributed shared memory: block r writes items
   // r*128 + tid, (r + splits)*128 + tid, ...
+  const uint64_t t_block_merged = perf::stamp_time();
   cluster.sync();
+  const uint64_t t_cluster_synced = perf::stamp_time();
   for (int idx = split * kThreads + tid; idx < items; idx += splits * kThreads) {
     const int i = idx / (D / 4);
     float mp[kMaxSplits];
@@ -566,7 +574,13 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
     const int d4 = idx % (D / 4);
     *reinterpret_cast<uint2*>(a.out + (int64_t(s) * a.n_kv * G + int64_t(kh) * G + i) * D + 4 * d4) = packed;
   }
+  const uint64_t t_merged = perf::stamp_time();
   cluster.sync();  // peers may still be reading this block's shared memory
+  // Stamps: start, wait returned, chunks done, block merge done, first cluster barrier passed,
+  // cluster merge done, end.
+  if (tid == 0)
+    perf::block_stamp(a.stamps, perf::kStampAttention, a.stamp_launch, t_start, t_waited,
+                      t_chunks, t_block_merged, t_cluster_synced, t_merged, perf::stamp_time());
 }
 
 // Clusters of more than 8 blocks are "non-portable": each kernel opts in, once per GPU.
@@ -697,6 +711,8 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
                 "split decode attention with RoPE: missing pointers or short rows");
     a.rope = *rope;
   }
+  a.stamps = perf::block_stamp_buffer();
+  if (a.stamps) a.stamp_launch = perf::next_block_stamp_launch();
   if (splits == 0) splits = split_decode_auto_splits(num_seqs, s);
   if (s.head_dim == 64) return launch_split_decode<64>(a, splits, num_seqs, stream);
   return launch_split_decode<128>(a, splits, num_seqs, stream);

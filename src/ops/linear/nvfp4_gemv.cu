@@ -21,6 +21,7 @@
 #include "ops/linear/nvfp4_outputs_arg.h"
 #include "ops/moe/w4a16_fragment.cuh"
 #include "ops/moe/w4a16_stream.cuh"
+#include "perf/block_stamps.cuh"
 
 namespace tetra::ops::cuda {
 
@@ -37,6 +38,8 @@ struct GemvArgs : Nvfp4OutputsArg {
   int tile_end[kNvfp4GemvMaxOutputs];  // cumulative 16-row tile counts
   const uint16_t* x;                   // [M, k] bf16
   int m, k;
+  unsigned long long* stamps = nullptr;  // perf/block_stamps.h (nullptr: none)
+  int stamp_launch = 0;
 };
 
 // Tile u of the launch (all outputs' tiles in order) as output o's tile `tile`.
@@ -139,6 +142,7 @@ template <int S>
 __global__ void __launch_bounds__(kWarps * 32, 3) nvfp4_gemv_rolling_kernel(const GemvArgs a,
                                                                             int tiles) {
   __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
+  const uint64_t t_start = perf::stamp_time();
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = a.k / kChunkK, cpw = chunks / kWarps, nb = cpw / S;
@@ -162,6 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32, 3) nvfp4_gemv_rolling_kernel(cons
     sv[s] = moe_detail::ld_stream_u16(sp + size_t(s) * kTileChunkScales);
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  const uint64_t t_waited = perf::stamp_time();
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   while (u < tiles) {
     // The next batch: of this tile, or batch 0 of the block's next tile (none past the end).
@@ -204,6 +209,10 @@ __global__ void __launch_bounds__(kWarps * 32, 3) nvfp4_gemv_rolling_kernel(cons
     }
     u = nu, b = nbi, wp = nwp, sp = nsp;
   }
+  // Stamps: start, wait returned, end.
+  if (threadIdx.x == 0)
+    perf::block_stamp(a.stamps, perf::kStampQkvGemv, a.stamp_launch, t_start, t_waited,
+                      perf::stamp_time());
 }
 
 // The streaming kernel's view of the same outputs: a unit is one 16-row tile of one output.
@@ -212,6 +221,8 @@ struct DenseStreamWork {
   GemvArgs a;
   int total_units, chunks;
   const uint16_t* x;  // [M, k] bf16 (= a.x)
+  unsigned long long* stamps;  // = a.stamps (perf/block_stamps.h)
+  int stamp_launch;
 
   struct Unit {
     const uint8_t* w;
@@ -283,6 +294,8 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   a.x = x;
   a.m = M;
   a.k = outs[0].w->k;
+  a.stamps = perf::block_stamp_buffer();
+  if (a.stamps) a.stamp_launch = perf::next_block_stamp_launch();
   // Auto: the streaming kernel (two blocks of 16 consumer warps per SM) when every block of its
   // grid gets at most one tile, i.e. few long tiles (Air o_proj: 256 tiles of k = 12288, 11.5 vs
   // 14.1 us at M = 1, 12.2 vs 16.0 at M = 8, H200 graph-timed); with several tiles per block it
@@ -319,7 +332,7 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
                       reinterpret_cast<uintptr_t>(a.s[i]) % 16 == 0,
                   "NVFP4 GEMV output ", i, ": weights or scales not 16-byte aligned");
     const Nvfp4GemvStreamConfig c = stream_cfg ? *stream_cfg : Nvfp4GemvStreamConfig{};
-    const DenseStreamWork work{a, tiles, a.k / kChunkK, x};
+    const DenseStreamWork work{a, tiles, a.k / kChunkK, x, a.stamps, a.stamp_launch};
     switch (c.consumer_warps * 100 + c.chunks_per_warp * 10 + c.mode) {
       case 420: return launch_dense_stream<4, 2>(work, c, stream);
       case 820: return launch_dense_stream<8, 2>(work, c, stream);

@@ -42,6 +42,7 @@
 #include "core/kernel_launch.h"
 #include "ops/moe/mbarrier.cuh"
 #include "ops/moe/w4a16_fragment.cuh"
+#include "perf/block_stamps.cuh"
 
 namespace tetra::moe_detail {
 
@@ -86,6 +87,8 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
   uint64_t* empty = full + stages;                               // [stages] each
   __shared__ float red[2][C][TPU][4][32];  // [buffer][warp][tile][acc reg][lane] partial sums
 
+  const uint64_t t_start = perf::stamp_time();
+  uint64_t t_first = 0;  // consumer 0's first full stage
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int i = 0; i < stages; ++i) {
@@ -135,6 +138,7 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
 
   // Consumers. x (and the outputs) may belong to the previous kernel until it completes.
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  const uint64_t t_waited = perf::stamp_time();
   int st = 0, buf = 0;  // ring slot, partial-sum buffer
   uint32_t ph = 0;      // ring wraps mod 2 (the full barrier's phase parity)
   // This warp's chunk j of a stage sits at ring offset (warp + j * C) * 512 (+ 64 for scales);
@@ -165,6 +169,9 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
         for (int c0 = 0; c0 < chunks; c0 += S, xc += S * kChunkK) {
           const int n = whole_stages ? S : min(S, chunks - c0);
           mbar_wait(&full[st], ph);
+#ifdef TETRA_BLOCK_STAMPS
+          if (t_first == 0) t_first = perf::stamp_time();
+#endif
           const uint32_t sw = w_lane + uint32_t(st) * (S * kTileChunkBytes);
           const uint32_t ss = s_lane + uint32_t(st) * (S * kTileChunkScales);
           uint4 wv[J];
@@ -241,6 +248,11 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
       buf ^= 1;
     }
   }
+  // Stamps (Works that carry them): start, wait returned, first stage full, end.
+  if constexpr (requires { work.stamps; })
+    if (threadIdx.x == 0)
+      perf::block_stamp(work.stamps, perf::kStampStreamGemv, work.stamp_launch, t_start,
+                        t_waited, t_first, perf::stamp_time());
 }
 
 // Host side: one persistent grid of min(units, SMs * blocks_per_sm) blocks. pdl: launch as a
