@@ -30,27 +30,27 @@ int read_once(std::atomic<int> (&cache)[64], int dev, Read read) {
 
 }  // namespace
 
-int current_device_sm_count() {
+namespace {
+// Attribute `kAttr` of the current device, read once per device; throws when CUDA cannot say.
+template <cudaDeviceAttr kAttr>
+int current_device_attribute() {
   static std::atomic<int> cache[64] = {};  // per device ordinal
   int dev = 0;
   TETRA_CUDA_CHECK(cudaGetDevice(&dev));
   return read_once(cache, dev, [dev] {
-    int sms = 0;
-    TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms;
+    int v = 0;
+    TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&v, kAttr, dev));
+    return v;
   });
+}
+}  // namespace
+
+int current_device_sm_count() {
+  return current_device_attribute<cudaDevAttrMultiProcessorCount>();
 }
 
 int current_device_smem_per_sm() {
-  static std::atomic<int> cache[64] = {};  // per device ordinal
-  int dev = 0;
-  TETRA_CUDA_CHECK(cudaGetDevice(&dev));
-  return read_once(cache, dev, [dev] {
-    int bytes = 0;
-    TETRA_CUDA_CHECK(
-        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    return bytes;
-  });
+  return current_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
 }
 
 int current_device_compute_capability() {
