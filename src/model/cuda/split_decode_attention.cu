@@ -604,11 +604,10 @@ template <int D>
 cudaError_t launch_split_decode(const SplitArgs& a, int splits, int num_seqs, cudaStream_t stream) {
   constexpr auto kernel = split_decode_kernel<D>;
   const int blocks = splits * a.n_kv * num_seqs;
-  const bool spread = 2 * blocks <= current_device_sm_count();
-  const int smem = spread ? std::max(smem_bytes<D>(), one_block_per_sm_smem()) : smem_bytes<D>();
+  const int spread_smem = std::max(smem_bytes<D>(), one_block_per_sm_smem());
+  const int smem = 2 * blocks <= current_device_sm_count() ? spread_smem : smem_bytes<D>();
   // The opt-in is set once per GPU: to the larger of the two sizes.
-  cudaError_t err =
-      ensure_max_dynamic_smem<kernel>(std::max(smem_bytes<D>(), one_block_per_sm_smem()));
+  cudaError_t err = ensure_max_dynamic_smem<kernel>(spread_smem);
   if (err == cudaSuccess && splits > 8) err = allow_large_clusters<kernel>();
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[2] = {};

@@ -221,8 +221,10 @@ struct DenseStreamWork {
   GemvArgs a;
   int total_units, chunks;
   const uint16_t* x;  // [M, k] bf16 (= a.x)
-  unsigned long long* stamps;  // = a.stamps (perf/block_stamps.h)
-  int stamp_launch;
+
+  // perf/block_stamps.h: the launch's stamp buffer (nullptr: none) and number.
+  __device__ unsigned long long* stamps() const { return a.stamps; }
+  __device__ int stamp_launch() const { return a.stamp_launch; }
 
   struct Unit {
     const uint8_t* w;
@@ -332,7 +334,7 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
                       reinterpret_cast<uintptr_t>(a.s[i]) % 16 == 0,
                   "NVFP4 GEMV output ", i, ": weights or scales not 16-byte aligned");
     const Nvfp4GemvStreamConfig c = stream_cfg ? *stream_cfg : Nvfp4GemvStreamConfig{};
-    const DenseStreamWork work{a, tiles, a.k / kChunkK, x, a.stamps, a.stamp_launch};
+    const DenseStreamWork work{a, tiles, a.k / kChunkK, x};
     switch (c.consumer_warps * 100 + c.chunks_per_warp * 10 + c.mode) {
       case 420: return launch_dense_stream<4, 2>(work, c, stream);
       case 820: return launch_dense_stream<8, 2>(work, c, stream);

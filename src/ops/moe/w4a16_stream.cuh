@@ -25,6 +25,8 @@
 //   __device__ const uint16_t* x_row(const Unit&, int row) const;        // 0 <= row < rows
 //   __device__ void store(const Unit&, int row, int col, const float (&v)[kTilesPerUnit]) const;
 // where col is the weight row inside the tile (0..15) and v the finished sums (gate, up).
+// Optional: __device__ unsigned long long* stamps() const; int stamp_launch() const; (per-block
+// stamps, perf/block_stamps.h).
 // Units with more than 8 rows are run in passes of 8, each pass streaming the unit again.
 //
 // Measured (H200, bench/results/2026-11-30-stream-gemv-h200.md): the ring alone (copy-only mode)
@@ -249,9 +251,9 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
     }
   }
   // Stamps (Works that carry them): start, wait returned, first stage full, end.
-  if constexpr (requires { work.stamps; })
+  if constexpr (requires { work.stamps(); })
     if (threadIdx.x == 0)
-      perf::block_stamp(work.stamps, perf::kStampStreamGemv, work.stamp_launch, t_start,
+      perf::block_stamp(work.stamps(), perf::kStampStreamGemv, work.stamp_launch(), t_start,
                         t_waited, t_first, perf::stamp_time());
 }
 
