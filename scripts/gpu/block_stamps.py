@@ -3,16 +3,21 @@
 build with -DTETRA_BLOCK_STAMPS=ON; layout in src/perf/block_stamps.h) and prints, averaged over
 the step's layers, where the q/k/v GEMV -> attention -> o_proj chain spends its time: when each
 kernel's blocks start, when their griddepcontrol.wait returns, the attention's phases, how many
-SMs the attention's blocks share, and how long o_proj's blocks compute after their wait.
+SMs the attention's blocks share, and how long o_proj's blocks compute after their wait; then the
+same for the MoE chain at up to 8 rows per expert (tiny token path -> GEMM1 -> GEMM2 decode
+kernels): routing's phases, when the GEMMs' first weights have been multiplied, how many blocks
+each SM ran and how far apart the SMs finish.
 
     python3 scripts/gpu/block_stamps.py stamps.b1.c1024.bin
-Times are microseconds from the first q/k/v GEMV block's start in the same layer."""
+Times are microseconds from the first block's start of the chain's first kernel in the same
+layer."""
 import statistics
 import struct
 import sys
 
 WORDS = 10  # kBlockStampWords
 QKV, ATTN, STREAM = 1, 2, 3
+TOKEN_PATH, GEMM1, GEMM2 = 4, 5, 6
 
 
 def read(path):
@@ -22,14 +27,16 @@ def read(path):
         w = struct.unpack_from("<%dQ" % WORDS, data, i * 8 * WORDS)
         kind, launch = w[0] >> 56, (w[0] >> 32) & 0xFFFFFF
         launches.setdefault((kind, launch), []).append({"sm": w[1], "t": w[2:]})
-    # In time order; a layer is a q/k/v GEMV, then the attention, then the o_proj GEMV.
+    # In time order; a layer is a q/k/v GEMV, then the attention, then the o_proj GEMV, and a
+    # token path, then GEMM1, then GEMM2 (a step at more than 8 rows per expert has neither).
     ordered = sorted(launches.items(), key=lambda kv: min(b["t"][0] for b in kv[1]))
-    layers = []
-    for i in range(len(ordered) - 2):
-        kinds = [ordered[i + j][0][0] for j in range(3)]
-        if kinds == [QKV, ATTN, STREAM]:
-            layers.append(tuple(ordered[i + j][1] for j in range(3)))
-    return layers
+    def chains(pattern):
+        found = []
+        for i in range(len(ordered) - len(pattern) + 1):
+            if [ordered[i + j][0][0] for j in range(len(pattern))] == pattern:
+                found.append(tuple(ordered[i + j][1] for j in range(len(pattern))))
+        return found
+    return chains([QKV, ATTN, STREAM]), chains([TOKEN_PATH, GEMM1, GEMM2])
 
 
 def median(v):
@@ -63,16 +70,71 @@ def layer_figures(qkv, attn, oproj):
     return f
 
 
+def per_sm(blocks):
+    sms = {}
+    for b in blocks:
+        sms.setdefault(b["sm"], []).append(b)
+    return sms
+
+
+def moe_figures(path, gemm1, gemm2):
+    t0 = min(b["t"][0] for b in path)
+    us = lambda ns: (ns - t0) / 1000.0
+    routed = [b["t"][3] for b in path if b["t"][3]]
+    g1_end = max(b["t"][3] for b in gemm1)
+    # Blocks that ran (an empty slot's blocks return before the wait: no mid stamps).
+    run1 = [b for b in gemm1 if b["t"][2]]
+    run2 = [b for b in gemm2 if b["t"][2]]
+    sm1 = per_sm(run1)
+    sm_end1 = sorted(max(b["t"][3] for b in v) for v in sm1.values())
+    sm2 = per_sm(run2)
+    f = {
+        "token path: blocks": len(path),
+        "token path: wait returned (median)": us(median([b["t"][1] for b in path])),
+        "token path: logits counted (last)": us(max(b["t"][2] for b in path)),
+        "token path: routed": us(routed[0]) if routed else 0.0,
+        "token path: last block end": us(max(b["t"][4] for b in path)),
+        "GEMM1: blocks run": len(run1),
+        "GEMM1: first block start": us(min(b["t"][0] for b in gemm1)),
+        "GEMM1: wait returned (median)": us(median([b["t"][1] for b in run1])),
+        "GEMM1: first batch multiplied (median)": us(median([b["t"][2] for b in run1])),
+        "GEMM1: block time after wait (median us)":
+            median([(b["t"][3] - b["t"][1]) / 1e3 for b in run1]),
+        "GEMM1: SMs": len(sm1),
+        "GEMM1: blocks per SM (min)": min(len(v) for v in sm1.values()),
+        "GEMM1: blocks per SM (max)": max(len(v) for v in sm1.values()),
+        "GEMM1: SM end, 10th percentile": us(sm_end1[len(sm_end1) // 10]),
+        "GEMM1: last block end": us(g1_end),
+        "GEMM2: blocks run": len(run2),
+        "GEMM2: blocks started before GEMM1 end": sum(b["t"][0] < g1_end for b in gemm2),
+        "GEMM2: wait returned (median)": us(median([b["t"][1] for b in run2])),
+        "GEMM2: first batch multiplied (median)": us(median([b["t"][2] for b in run2])),
+        "GEMM2: block time after wait (median us)":
+            median([(b["t"][3] - max(b["t"][1], b["t"][0])) / 1e3 for b in run2]),
+        "GEMM2: blocks per SM (max)": max(len(v) for v in sm2.values()),
+        "GEMM2: blocks started after the first GEMM2 block ended":
+            sum(b["t"][0] > min(x["t"][3] for x in run2) for b in run2),
+        "GEMM2: last block end": us(max(b["t"][3] for b in gemm2)),
+    }
+    return f
+
+
+def report(title, figs):
+    print("%d layers; mean over layers (us from the %s)" % (len(figs), title))
+    for key in figs[0]:
+        print("  %-55s %9.2f" % (key, sum(f[key] for f in figs) / len(figs)))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    layers = read(sys.argv[1])
-    if not layers:
-        sys.exit("no q/k/v -> attention -> o_proj layers in " + sys.argv[1])
-    figs = [layer_figures(*l) for l in layers]
-    print("%d layers; mean over layers (us from the layer's first q/k/v GEMV block start)" % len(figs))
-    for key in figs[0]:
-        print("  %-45s %9.2f" % (key, sum(f[key] for f in figs) / len(figs)))
+    attention, moe = read(sys.argv[1])
+    if not attention and not moe:
+        sys.exit("no q/k/v -> attention -> o_proj or MoE chains in " + sys.argv[1])
+    if attention:
+        report("layer's first q/k/v GEMV block start", [layer_figures(*l) for l in attention])
+    if moe:
+        report("layer's first token path block start", [moe_figures(*l) for l in moe])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-// Per-block time stamps of the decode step's attention-side kernels (the q/k/v Rolling GEMV, the
-// split decode attention, the o_proj streaming GEMV): a diagnostic compiled in with
+// Per-block time stamps of the decode step's kernels (the q/k/v Rolling GEMV, the split decode
+// attention, the o_proj streaming GEMV, the tiny MoE token path and the MoE decode GEMMs): a
+// diagnostic compiled in with
 // -DTETRA_BLOCK_STAMPS=ON (the kernels' stamp calls are empty otherwise) and switched on by
 // `tetra bench decode --block-stamps PATH`. Thread 0 of every block records, at kernel exit, the
 // global timer at phases of its own (see each kernel's stamp call) with its SM; the step's
@@ -14,7 +15,14 @@
 
 namespace tetra::perf {
 
-enum BlockStampKind : int { kStampQkvGemv = 1, kStampAttention = 2, kStampStreamGemv = 3 };
+enum BlockStampKind : int {
+  kStampQkvGemv = 1,
+  kStampAttention = 2,
+  kStampStreamGemv = 3,
+  kStampTokenPath = 4,  // the tiny MoE token path (router logits, routing, layout)
+  kStampMoeGemm1 = 5,   // the MoE decode kernel, gated (GEMM1)
+  kStampMoeGemm2 = 6,   // the MoE decode kernel, down projection (GEMM2)
+};
 inline constexpr int kBlockStampWords = 10;
 inline constexpr unsigned long long kBlockStampCapacity = 1ull << 20;  // records
 

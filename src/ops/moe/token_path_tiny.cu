@@ -12,6 +12,7 @@
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/router_dot.cuh"
 #include "ops/moe/routing_device.cuh"
+#include "perf/block_stamps.cuh"
 
 namespace tetra::moe::cuda::detail {
 
@@ -41,6 +42,8 @@ struct TinyArgs {
   int bias_off = -1;    // byte offset of every block's shared copy of the bias, -1: read global
   // Profiling only (tiny_token_path_profiled): phase stamps, see there.
   unsigned long long* stamps = nullptr;
+  unsigned long long* block_stamps = nullptr;  // perf/block_stamps.h (nullptr: none)
+  int block_stamp_launch = 0;
 };
 
 // The last block's shared memory: ids, weights, per-expert counts and bases, scan, tallies, then
@@ -105,6 +108,7 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   const uint16_t* gsrc = a.gate + size_t(e0) * H;
   unsigned long long* stamps = blockIdx.x == 0 ? g.stamps : nullptr;
   stamp(stamps, 0);
+  const uint64_t t_start = perf::stamp_time();
   for (int i = threadIdx.x; i < ne * H8; i += kTinyThreads)
     cp_async16(ws + size_t(i) * 8, gsrc + size_t(i) * 8);
   if (threadIdx.x < SmallTokenPath::kMaxWarm)
@@ -117,6 +121,7 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   // As a programmatic dependent launch, the gate rows (weights) stream in while the previous
   // kernel drains; everything it may write (x) or read (this kernel's outputs) waits for it.
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  const uint64_t t_waited = perf::stamp_time();
   bool wrote = false;
   for (int t0 = 0; t0 < T; t0 += g.TC) {
     const int tc = min(g.TC, T - t0);
@@ -137,9 +142,15 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   if (wrote && lane == 0) __threadfence();  // visible to the last block before this one counts
   __syncthreads();
   stamp(stamps, 2);
+  const uint64_t t_logits = perf::stamp_time();
   if (threadIdx.x == 0) last_block = atomicAdd(a.counter, 1u) == gridDim.x - 1;
   __syncthreads();
-  if (!last_block) return;
+  if (!last_block) {
+    if (threadIdx.x == 0)
+      perf::block_stamp(g.block_stamps, perf::kStampTokenPath, g.block_stamp_launch, t_start,
+                        t_waited, t_logits, 0, perf::stamp_time());
+    return;
+  }
   __threadfence();  // every block's logits are visible now (read through L2: __ldcg)
   stamps = g.stamps;
   stamp(stamps, 3);
@@ -196,6 +207,7 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   }
   __syncthreads();
   stamp(stamps, 4);
+  const uint64_t t_routed = perf::stamp_time();
 
   // 3. Layout: pair p = threadIdx.x; its rank among the earlier pairs of its expert.
   const int p = threadIdx.x;
@@ -288,6 +300,10 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   }
   stamp(stamps, 6);
   if (stamps && threadIdx.x == 0) stamps[7] = blockIdx.x;
+  // Block stamps: start, wait returned, logits counted, routed, end (0: not this block's phase).
+  if (threadIdx.x == 0)
+    perf::block_stamp(g.block_stamps, perf::kStampTokenPath, g.block_stamp_launch, t_start,
+                      t_waited, t_logits, t_routed, perf::stamp_time());
 }
 
 template <bool kSoftmax, int kPerLane>
@@ -374,6 +390,8 @@ cudaError_t launch_tiny(const SmallTokenPath& a, int T, cudaStream_t stream,
     smem += size_t(Eg) * 4;
   }
   g.stamps = stamps;
+  g.block_stamps = perf::block_stamp_buffer();
+  if (g.block_stamps) g.block_stamp_launch = perf::next_block_stamp_launch();
   const int blocks = (Eg + g.G - 1) / g.G;
   const bool narrow = Eg <= 32 * 8;
   const KernelLaunch launch(dim3(blocks), dim3(kTinyThreads), stream, a.pdl, smem);

@@ -15,6 +15,7 @@
 #include "core/kernel_launch.h"
 #include "ops/moe/w4a16_fragment.cuh"
 #include "ops/moe/w4a16_launch.h"
+#include "perf/block_stamps.cuh"
 
 namespace tetra::moe_detail {
 namespace {
@@ -26,13 +27,18 @@ namespace {
 // read by weak loads (the read-only path may not see them). wait_x() runs in every warp before
 // its first activation read (griddepcontrol.wait as a programmatic dependent; a per-expert
 // counter in the pair kernel). Returns false when the slot has no rows (nothing written).
+// t_mid: for block stamps (perf/block_stamps.h), when the wait returned and when the first
+// weight batch had been multiplied (left as they are without stamps).
 template <int NT, int KW, int U, bool LATE, bool GATED, bool OUT_F32, int DIAG, bool XWEAK,
           class WaitX>
 __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair, int slot,
-                                             WaitX wait_x) {
+                                             WaitX wait_x, uint64_t (&t_mid)[2]) {
   static_assert(DIAG == kDecodeFull || (LATE && NT == 1), "diagnostics: the late n8 kernel only");
   // GEMM1 as a programmatic dependent of the token path: the row mapping is its output.
-  if (a.wait_first) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (a.wait_first) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    t_mid[0] = perf::stamp_time();
+  }
   const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
   if (e < 0) return false;
   const int cnt = a.rows.row_count[e];
@@ -138,9 +144,13 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
       uint4 wv[U][2];
       uint32_t sv[U][2];
       load_w(c, wv, sv);
-      if (LATE && tok0 == 0 && c == c_begin) wait_x();
+      if (LATE && tok0 == 0 && c == c_begin) {
+        wait_x();
+        if (!a.wait_first) t_mid[0] = perf::stamp_time();
+      }
       if constexpr (LATE) {
         compute_batch_late(c, wv, sv);
+        if (tok0 == 0 && c == c_begin) t_mid[1] = perf::stamp_time();
       } else {
         uint4 xv[U][NT][2];
 #pragma unroll
@@ -209,11 +219,18 @@ template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32,
           int DIAG = kDecodeFull>
 __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
     moe_decode_kernel(const GroupedGemmArgs a) {
+  const uint64_t t_start = perf::stamp_time();
+  uint64_t t_mid[2] = {0, 0};
   // Launched as a programmatic dependent (GEMM2 after GEMM1), a block may start while the
   // previous grid still runs: it waits for that grid before reading activations (a no-op for a
   // normal launch).
   decode_block<NT, KW, U, LATE, GATED, OUT_F32, DIAG, false>(
-      a, int(blockIdx.x), int(blockIdx.y), [] { asm volatile("griddepcontrol.wait;" ::: "memory"); });
+      a, int(blockIdx.x), int(blockIdx.y),
+      [] { asm volatile("griddepcontrol.wait;" ::: "memory"); }, t_mid);
+  // Block stamps: start, wait returned, first batch multiplied, end (0 where it did not run).
+  if (threadIdx.x == 0)
+    perf::block_stamp(a.stamps, GATED ? perf::kStampMoeGemm1 : perf::kStampMoeGemm2,
+                      a.stamp_launch, t_start, t_mid[0], t_mid[1], perf::stamp_time());
 }
 
 // The spin reads relaxed (an acquire load invalidates the SM's L1, where the resident GEMM1
@@ -241,8 +258,9 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
   if (int(blockIdx.x) < blocks1) {
     const int slot = int(blockIdx.x) / pairs1;
     // x was written before this (normal) launch: nothing to wait for.
+    uint64_t t_mid[2];  // unused: the pair kernel records no stamps
     if (decode_block<1, kLateKWarps, kLateChunks, true, true, false, kDecodeFull, false>(
-            a1, int(blockIdx.x) % pairs1, slot, [] {})) {
+            a1, int(blockIdx.x) % pairs1, slot, [] {}, t_mid)) {
       __threadfence();  // this thread's act stores, before the block counts in
       __syncthreads();
       if (threadIdx.x == 0) atomicAdd(done + slot, 1u);
@@ -259,8 +277,9 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
     __syncwarp();
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
   };
+  uint64_t t_mid[2];
   if (decode_block<1, kLateKWarps, kLateChunks, true, false, true, kDecodeFull, true>(
-          a2, b % pairs2, slot, wait_gemm1)) {
+          a2, b % pairs2, slot, wait_gemm1, t_mid)) {
     __syncthreads();
     if (threadIdx.x == 0 && atomicAdd(in2, 1u) == uint32_t(pairs2 - 1)) {
       *in1 = 0;  // every GEMM1 and GEMM2 block of the slot is done with them
@@ -270,7 +289,10 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
 }
 
 template <int NT, int KW, int U, bool LATE, int MINB, int DIAG = kDecodeFull>
-cudaError_t launch_variant(const GroupedGemmArgs& a, cudaStream_t stream) {
+cudaError_t launch_variant(const GroupedGemmArgs& args, cudaStream_t stream) {
+  GroupedGemmArgs a = args;
+  a.stamps = perf::block_stamp_buffer();
+  if (a.stamps) a.stamp_launch = perf::next_block_stamp_launch();
   const dim3 grid{unsigned(a.n / 32), unsigned(a.num_slots), 1u};
   const dim3 block(KW * 32);
   // a.pdl: programmatic dependent launch (the kernel waits before reading activations).
@@ -314,6 +336,8 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
     case key(1, 4, 4, 5): return launch_variant<1, 4, 4, true, 5>(a, stream);
     case key(1, 4, 4, 6): return launch_variant<1, 4, 4, true, 6>(a, stream);
     case key(1, 4, 2, 8): return launch_variant<1, 4, 2, true, 8>(a, stream);
+    case key(1, kLateNarrowKWarps, 2, kLateNarrowBlocksPerSm):
+      return launch_variant<1, kLateNarrowKWarps, 2, true, kLateNarrowBlocksPerSm>(a, stream);
     case key(1, 2, 8, 8): return launch_variant<1, 2, 8, true, 8>(a, stream);
     default: return cudaErrorInvalidValue;
   }
@@ -332,6 +356,18 @@ cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs&
   b2.wait_first = a1.wait_first;
   const KernelLaunch launch(dim3(blocks), dim3(kLateKWarps * 32), stream, a1.pdl);
   return launch(moe_decode_pair_kernel, a1, b2, done);
+}
+
+DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c) {
+  const bool is_default = c.late_x && c.token_tiles == 1 && c.k_warps == kLateKWarps &&
+                          c.chunks_per_batch == kLateChunks &&
+                          c.min_blocks_per_sm == kLateBlocksPerSm && c.diag == kDecodeFull;
+  const long blocks = long(a.n / 32) * a.num_slots, sms = current_device_sm_count();
+  if (is_default && blocks > kLateBlocksPerSm * sms && blocks <= kLateNarrowBlocksPerSm * sms) {
+    c.k_warps = kLateNarrowKWarps;
+    c.min_blocks_per_sm = kLateNarrowBlocksPerSm;
+  }
+  return c;
 }
 
 int classic_decode_k_warps(const GroupedGemmArgs& a) {

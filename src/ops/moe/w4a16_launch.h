@@ -28,6 +28,8 @@ struct GroupedGemmArgs {
   bool out_f32 = false;
   bool pdl = false;                // launch as a programmatic dependent (see MoeGemmProblem)
   bool wait_first = false;         // decode kernel: wait for the previous kernel before any read
+  unsigned long long* stamps = nullptr;  // decode kernel: perf/block_stamps.h (nullptr: none)
+  int stamp_launch = 0;
 };
 
 // Diagnostic modes of the late decode kernel, to place its time (tests/gpu/bench_w4a16_moe):
@@ -43,6 +45,8 @@ enum DecodeDiag {
 // k-warps, 2-chunk batches, a register cap for 8 blocks per SM. The pair kernel and the
 // diagnostics are built for it alone.
 inline constexpr int kLateKWarps = 4, kLateChunks = 2, kLateBlocksPerSm = 8;
+// Its 3-warp variant, 10 blocks per SM under the same 64-register cap.
+inline constexpr int kLateNarrowKWarps = 3, kLateNarrowBlocksPerSm = 10;
 
 struct DecodeConfig {
   int token_tiles = 1;  // n8 tiles of tokens per pass (1, 2 or 4)
@@ -62,6 +66,9 @@ inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
 }
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
+// The default late configuration c, or its 3-warp variant where only that one runs a's grid in
+// one wave on this device.
+DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c);
 // k-warps for the classic decode kernel on a's grid: 8 under two blocks per SM (more bytes in
 // flight per SM where blocks are few: a dense linear, a shared expert's own launch), else 4.
 int classic_decode_k_warps(const GroupedGemmArgs& a);

@@ -139,6 +139,12 @@ cudaError_t run(const MoeGemmProblem& p, moe_detail::GroupedGemmArgs a, MoeKerne
   if (kernel == MoeKernel::kWgmma && !moe_wgmma_available()) return cudaErrorInvalidDeviceFunction;
   moe_detail::DecodeConfig c = cfg ? *cfg : decode_config(p);
   if (cfg == nullptr && !c.late_x) c.k_warps = moe_detail::classic_decode_k_warps(a);
+  // A GEMM2 launched as a programmatic dependent has its first weights in registers when GEMM1
+  // ends and then streams the rest at full bandwidth, so a second wave of a few blocks costs it a
+  // whole block time: take 3-warp blocks where only they fit one wave (GLM-4.5-Air at 1 token:
+  // 1152 blocks on 132 SMs; decode step -0.5%, the MoE layer -1%, H200). GEMM1 starts cold and
+  // needs the bytes in flight of 4-warp blocks (3-warp blocks measured slower there).
+  if (cfg == nullptr && c.late_x && a.pdl && !a.gated) c = moe_detail::one_wave_late_config(a, c);
   if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, c.tiled_blocks_per_sm, stream);
   if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream);
   return moe_detail::launch_decode(a, c, stream);
