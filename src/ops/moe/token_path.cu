@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/atomics.cuh"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "ops/moe/layout_device.cuh"
@@ -84,17 +85,14 @@ __global__ void __launch_bounds__(kThreads) small_token_path_kernel(const SmallA
       const int t = d / Eg, e = d - t * Eg;
       const float v = detail::router_dot<uint16_t, kVec>(a.x + size_t(t) * a.H,
                                                          a.gate + size_t(e) * a.H, a.H, lane);
-      if (lane == 0) {
-        a.logits[d] = v;
-        __threadfence();  // visible to the last block before this block is counted
-      }
+      if (lane == 0) a.logits[d] = v;
     }
   }
-  __syncthreads();
-  if (threadIdx.x == 0) last_block = atomicAdd(a.counter, 1u) == gridDim.x - 1;
-  __syncthreads();
+  __syncthreads();  // the block's logits stores, before thread 0 counts it in (release)
+  if (threadIdx.x == 0) last_block = atomic_add_acq_rel_gpu(a.counter, 1u) == gridDim.x - 1;
+  __syncthreads();  // the last block's reads below come after thread 0's acquire
   if (!last_block) return;
-  __threadfence();  // every block's logits are visible now (read through L2: __ldcg)
+  // Every block's logits are visible now (read through L2: __ldcg).
 
   // 2. Routing: warp w < route_warps routes tokens w, w + route_warps, ...
   if (warp < g.route_warps) {

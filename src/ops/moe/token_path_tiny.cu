@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "core/atomics.cuh"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/global_timer.cuh"
@@ -122,7 +123,6 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   // kernel drains; everything it may write (x) or read (this kernel's outputs) waits for it.
   asm volatile("griddepcontrol.wait;" ::: "memory");
   const uint64_t t_waited = perf::stamp_time();
-  bool wrote = false;
   for (int t0 = 0; t0 < T; t0 += g.TC) {
     const int tc = min(g.TC, T - t0);
     const uint16_t* xsrc = a.x + size_t(t0) * H;
@@ -135,23 +135,21 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
       const int t = d / ne, j = d - t * ne;
       const float v = router_dot<uint16_t, true>(xs + size_t(t) * H, ws + size_t(j) * H, H, lane);
       if (lane == 0) a.logits[size_t(t0 + t) * Eg + e0 + j] = v;
-      wrote = true;
     }
     __syncthreads();  // xs is refilled by the next chunk
   }
-  if (wrote && lane == 0) __threadfence();  // visible to the last block before this one counts
-  __syncthreads();
+  __syncthreads();  // the block's logits stores, before thread 0 counts it in (release)
   stamp(stamps, 2);
   const uint64_t t_logits = perf::stamp_time();
-  if (threadIdx.x == 0) last_block = atomicAdd(a.counter, 1u) == gridDim.x - 1;
-  __syncthreads();
+  if (threadIdx.x == 0) last_block = atomic_add_acq_rel_gpu(a.counter, 1u) == gridDim.x - 1;
+  __syncthreads();  // the last block's reads below come after thread 0's acquire
   if (!last_block) {
     if (threadIdx.x == 0)
       perf::block_stamp(g.block_stamps, perf::kStampTokenPath, g.block_stamp_launch, t_start,
                         t_waited, t_logits, 0, perf::stamp_time());
     return;
   }
-  __threadfence();  // every block's logits are visible now (read through L2: __ldcg)
+  // Every block's logits are visible now (read through L2: __ldcg).
   stamps = g.stamps;
   stamp(stamps, 3);
   const float* bias = g.bias_off >= 0 ? bias_s : a.bias;
