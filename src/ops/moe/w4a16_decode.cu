@@ -6,7 +6,9 @@
 // first use, then the partial sums meet in shared memory for the epilogue. The "late" variant (the
 // default at <= 8 rows per expert) reads activations from L1 just before their MMA and caps
 // registers so 8 blocks (32 warps) fit per SM: at 1..64 tokens more warps with 2 chunks each beat
-// fewer warps with 4-8 chunks each (bench/moe_kernels/RESULTS.md).
+// fewer warps with 4-8 chunks each (bench/moe_kernels/RESULTS.md). A GEMM2 launched as a
+// programmatic dependent takes 3-warp blocks (10 per SM) where only they fit its grid in one
+// wave (one_wave_late_config).
 // The pair kernel runs GEMM1 and GEMM2 of that configuration as one grid, GEMM2's blocks waiting
 // per expert on counters instead of for the whole GEMM1 grid (moe_w4a16_gemm_pair).
 #include <cuda_runtime.h>
