@@ -361,11 +361,8 @@ cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs&
 }
 
 DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c) {
-  const bool is_default = c.late_x && c.token_tiles == 1 && c.k_warps == kLateKWarps &&
-                          c.chunks_per_batch == kLateChunks &&
-                          c.min_blocks_per_sm == kLateBlocksPerSm && c.diag == kDecodeFull;
   const long blocks = long(a.n / 32) * a.num_slots, sms = current_device_sm_count();
-  if (is_default && blocks > kLateBlocksPerSm * sms && blocks <= kLateNarrowBlocksPerSm * sms) {
+  if (is_default_late(c) && blocks > kLateBlocksPerSm * sms && blocks <= kLateNarrowBlocksPerSm * sms) {
     c.k_warps = kLateNarrowKWarps;
     c.min_blocks_per_sm = kLateNarrowBlocksPerSm;
   }

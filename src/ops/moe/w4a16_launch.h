@@ -64,6 +64,12 @@ inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
   if (c.late_x) os << ",late,u" << c.chunks_per_batch << ",b" << c.min_blocks_per_sm;
   return os << ")";
 }
+// Whether c is the default late configuration (kLate* above), the one the pair kernel runs.
+inline bool is_default_late(const DecodeConfig& c) {
+  return c.late_x && c.token_tiles == 1 && c.k_warps == kLateKWarps &&
+         c.chunks_per_batch == kLateChunks && c.min_blocks_per_sm == kLateBlocksPerSm &&
+         c.diag == kDecodeFull;
+}
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
 // The default late configuration c, or its 3-warp variant where only that one runs a's grid in

@@ -194,10 +194,7 @@ namespace {
 bool default_late(const MoeGemmProblem& p) {
   if (!moe_gemm_unsupported_reason(p).empty() || moe_pick_kernel(p) != MoeKernel::kDecode)
     return false;
-  const moe_detail::DecodeConfig c = decode_config(p);
-  return c.late_x && c.token_tiles == 1 && c.k_warps == moe_detail::kLateKWarps &&
-         c.chunks_per_batch == moe_detail::kLateChunks &&
-         c.min_blocks_per_sm == moe_detail::kLateBlocksPerSm;
+  return moe_detail::is_default_late(decode_config(p));
 }
 }  // namespace
 
