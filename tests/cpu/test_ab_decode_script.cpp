@@ -1,0 +1,80 @@
+// scripts/gpu/ab_decode.sh against a stand-in `tetra` that prints the tables of `bench decode` and
+// `bench moe` with figures set by an environment knob and a per-call counter: the summary must
+// give each variant's lowest and highest median per batch over the rounds, apply `@K=V` knobs to
+// its variant only, and name the variants whose binary failed.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kScript = std::string(TETRA_TEST_DATA_DIR) + "/../../scripts/gpu/ab_decode.sh";
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// A `tetra` whose batch-1 median is 3600 + SHIFT + 10 * (its call number), batch 2 4800 + SHIFT,
+// and whose MoE layer takes 40.SHIFT us.
+void write_fake_tetra(const fs::path& dir) {
+  const fs::path bin = dir / "tetra";
+  std::ofstream f(bin);
+  f << "#!/usr/bin/env bash\n"
+       "shift_us=${SHIFT:-0}\n"
+       "n=$(cat \"$(dirname \"$0\")/calls\" 2>/dev/null || echo 0); echo $((n + 1)) > "
+       "\"$(dirname \"$0\")/calls\"\n"
+       "if [ \"$2\" = decode ]; then\n"
+       "  echo '| batch | context | median us/step | p90 us | tokens/s | floor us | efficiency | "
+       "unique experts/layer |'\n"
+       "  echo '|---|---|---|---|---|---|---|---|'\n"
+       "  echo \"| 1 | 1024 | $((3600 + shift_us + 10 * n)).5 | 3700 | 270 | 1866.1 | 50% |"
+       " 8.0 |\"\n"
+       "  echo \"| 2 | 1024 | $((4800 + shift_us)).0 | 4900 | 410 | 2645.9 | 54% | 15.5 |\"\n"
+       "  echo '| moe | 1929.1 | 45 |'\n"
+       "else\n"
+       "  echo \"| cuda-w4a16 | 1 | 8.0 | 40.$shift_us | 41.6 | 2176 | 7.7 | 19.9 | 48.8% |"
+       " memory |\"\n"
+       "  echo '| cuda-w4a16 | 1 | 14.5 | 20.1 | 13.0 | 4.5 | 52.3 |'\n"
+       "fi\n";
+  f.close();
+  fs::permissions(bin, fs::perms::owner_all);
+}
+
+TEST(AbDecodeScript, SummarisesInterleavedRoundsPerVariant) {
+  const fs::path dir = fs::temp_directory_path() / ("tetra_ab_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_fake_tetra(dir);
+  const std::string bin = (dir / "tetra").string();
+  const std::string cmd = "MOE_PRESETS=glm5 bash " + kScript + " " + (dir / "out").string() +
+                          " 2 base=" + bin + " knob=" + bin + "@SHIFT=7 gone=" +
+                          (dir / "missing").string() + " > " + (dir / "stdout.txt").string() +
+                          " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(dir / "stdout.txt");
+  const std::string summary = read_file(dir / "out" / "ab_summary.md");
+  // Calls in order: base r1 (decode n=0, moe n=1), knob r1 (n=2, 3), base r2 (n=4, 5), knob r2
+  // (n=6, 7): batch 1 of base is 3600.5 and 3640.5, of knob 3627.5 and 3667.5.
+  EXPECT_NE(summary.find("| base | 1 | 3600.5-3640.5 |"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| base | 2 | 4800.0-4800.0 |"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| knob | 1 | 3627.5-3667.5 |"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| knob | 2 | 4807.0-4807.0 |"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| base | 1 | 40 40 |"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| knob | 1 | 40.7 40.7 |"), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("| gone | 1 |"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("gone round 2: decode exit 127"), std::string::npos) << summary;
+  EXPECT_TRUE(fs::exists(dir / "out" / "logs" / "knob.r2.decode.log"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
