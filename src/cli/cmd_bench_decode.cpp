@@ -111,9 +111,9 @@ static void add_bench_decode(CLI::App& app) {
                   "trace N more steps per row with CUPTI: per-kernel duration, gap and exposed "
                   "time inside the step (needs libcupti)");
   cmd->add_option("--block-stamps", a->opts.block_stamps_path,
-                  "write per-block time stamps of the attention-side kernels, one step per row, "
-                  "to PATH.b<batch>.c<context>.bin (builds with -DTETRA_BLOCK_STAMPS=ON; read "
-                  "with scripts/gpu/block_stamps.py)");
+                  "write per-block time stamps of the attention and MoE chains' kernels, one "
+                  "step per row, to PATH.b<batch>.c<context>.bin (builds with "
+                  "-DTETRA_BLOCK_STAMPS=ON; read with scripts/gpu/block_stamps.py)");
   cmd->add_option("--json", a->json_path, "also write the results as JSON to this file");
   cmd->add_option("--markdown", a->markdown_path, "also write the markdown table to this file");
   cmd->callback([a] { run_bench_decode(*a); });

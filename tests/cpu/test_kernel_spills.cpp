@@ -68,9 +68,10 @@ std::vector<KernelBudget> compile_and_read(const std::string& source) {
 }
 
 std::vector<KernelBudget> matching(const std::vector<KernelBudget>& all, const std::string& re) {
+  const std::regex name(re);
   std::vector<KernelBudget> out;
   for (const KernelBudget& k : all)
-    if (std::regex_search(k.name, std::regex(re))) out.push_back(k);
+    if (std::regex_search(k.name, name)) out.push_back(k);
   return out;
 }
 
