@@ -95,13 +95,13 @@ TEST(KernelSpills, DecodeMoeGemmsAtTheirDecodeConfigurations) {
   expect_no_spills(late);
   expect_no_spills(narrow);
   for (const KernelBudget& k : late) EXPECT_LE(k.registers, 64) << k.name;  // 8 blocks per SM
-  // GEMM1 + GEMM2 as one grid: both paths under the 64-register cap spill today (44/52 bytes at
-  // 77c2f04); this bound keeps it from growing until it is fixed.
+  // GEMM1 + GEMM2 as one grid: both paths under the 64-register cap still spill 16/16 bytes
+  // (44/52 before the second tile was addressed by index); the bound keeps it from growing.
   const auto pair = matching(all, "moe_decode_pair_kernel");
   ASSERT_EQ(pair.size(), 1u);
   EXPECT_LE(pair[0].registers, 64);
-  EXPECT_LE(pair[0].spill_stores, 48);
-  EXPECT_LE(pair[0].spill_loads, 56);
+  EXPECT_LE(pair[0].spill_stores, 16);
+  EXPECT_LE(pair[0].spill_loads, 16);
 }
 
 TEST(KernelSpills, DenseAndLatencyBoundDecodeKernels) {
