@@ -184,19 +184,26 @@ struct GemvProblem {
 // The decode GEMV: one to three outputs (fused q/k/v) with and without bias against the CPU
 // linear, and against the W4A16 kernel + add_bias on the GPU (same rounding steps, so only the
 // float summation order differs). Outputs of different sizes in one launch, odd M.
-// The Rolling kernel's slot count: the largest of 8..4 dividing a warp's k / 512 chunks.
-TEST_F(LinearCuda, Nvfp4GemvRollingSlots) {
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(4096), 8);
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(8192), 8);
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(5120), 5);
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(6144), 6);
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(3584), 7);
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(2048), 4);
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(12288), 8);  // 24 chunks per warp
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(4608), 0);   // 9 per warp
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(1536), 0);   // 3 per warp
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(4160), 0);   // not whole chunks per warp
-  EXPECT_EQ(cuda::nvfp4_gemv_rolling_slots(0), 0);
+// The Rolling kernel's shape: 4 slots at 4 blocks per SM where 4 divides a warp's k / 512 chunks,
+// else the largest of 7..5 at 3 blocks per SM, else none.
+TEST_F(LinearCuda, Nvfp4GemvRollingShape) {
+  const auto expect_shape = [](int k, int slots, int blocks_per_sm) {
+    const cuda::Nvfp4GemvRollingShape got = cuda::nvfp4_gemv_rolling_shape(k);
+    EXPECT_EQ(got.slots, slots) << "k " << k;
+    EXPECT_EQ(got.blocks_per_sm, blocks_per_sm) << "k " << k;
+  };
+  expect_shape(4096, 4, 4);   // 8 chunks per warp
+  expect_shape(8192, 4, 4);   // 16
+  expect_shape(2048, 4, 4);   // 4
+  expect_shape(12288, 4, 4);  // 24
+  expect_shape(6144, 4, 4);   // 12
+  expect_shape(5120, 5, 3);   // 10
+  expect_shape(3072, 6, 3);   // 6
+  expect_shape(3584, 7, 3);   // 7
+  expect_shape(4608, 0, 0);   // 9 per warp
+  expect_shape(1536, 0, 0);   // 3 per warp
+  expect_shape(4160, 0, 0);   // not whole chunks per warp
+  expect_shape(0, 0, 0);
 }
 
 TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
@@ -209,11 +216,13 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
                         {4096, {{12288, true}, {1024, true}, {1024, true}}},  // GLM-4.5-Air q/k/v
                         {12288, {{4096, false}}},                             // its o_proj
                         {1408, {{224, false}, {4096, true}}},
-                        // Rolling over 416 tiles (blocks roll into a second tile) at every M,
-                        // with 8, 5, 6 and 7 register slots per warp
+                        // Rolling at every M with 4 (at 4 blocks per SM), 5, 6 and 7 register
+                        // slots per warp; over 416 tiles the 3-per-SM grids' blocks roll into a
+                        // second tile (the 4-slot grid rolls on the q/k/v case's 896 tiles)
                         {4096, {{6656, true}}},
                         {5120, {{6656, true}}},
                         {6144, {{6656, false}}},
+                        {3072, {{6656, true}}},
                         {3584, {{6656, true}}},
                         // Qwen3-30B-A3B q/k/v: 320 tiles, 4 slots
                         {2048, {{4096, true}, {512, true}, {512, true}}},
@@ -240,7 +249,7 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
                               {cuda::Nvfp4GemvKernel::Stream, {16, 2, 1, 1}, "stream c16 st2 b1 j1"},
                               {cuda::Nvfp4GemvKernel::Rolling, {}, "rolling"}};
       for (const Kern& kn : kernels) {
-        if (kn.kernel == cuda::Nvfp4GemvKernel::Rolling && cuda::nvfp4_gemv_rolling_slots(c.k) == 0)
+        if (kn.kernel == cuda::Nvfp4GemvKernel::Rolling && cuda::nvfp4_gemv_rolling_shape(c.k).slots == 0)
           continue;
         auto launch = [&] {
           sync_ok(cuda::linear_nvfp4_gemv(outs.data(), int(outs.size()), pb.dx.ptr(), M, nullptr,

@@ -110,14 +110,20 @@ std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_out
 // (ops/moe/w4a16_stream.cuh); Batched, one block per tile, weights loaded straight into
 // registers. Auto: Stream when the tiles fit one per block of its grid (long k: o_proj), else
 // Batched.
-// Rolling (Auto's pick for more tiles than its grid, where k allows): a persistent grid, 3 blocks
-// per SM, each warp's register slots reloaded with the next batch (of its tile or its block's
-// next tile) as they are consumed, so the weight stream does not stop between tiles.
+// Rolling (Auto's pick for more tiles than its grid, where k allows): a persistent grid of 3-4
+// blocks per SM, each warp's register slots reloaded with the next batch (of its tile or its
+// block's next tile) as they are consumed, so the weight stream does not stop between tiles.
 enum class Nvfp4GemvKernel { Auto, Batched, Stream, Rolling };
-// The Rolling kernel's register slots per warp for this k: the largest of 8..4 that divides a
-// warp's chunks (k / 512: 8 at k = 4096, 5 at 5120, 6 at 6144, 4 at 2048), 0 when none does
-// (k % 512 != 0, or k / 512 = 9, 11, 13, ...: those take Batched).
-int nvfp4_gemv_rolling_slots(int k);
+// The Rolling kernel's shape for this k (a warp's share is k / 512 chunks): 4 register slots per
+// warp at 4 blocks per SM (64 registers) where 4 divides that share (8 at k = 4096, 10 at 5120 does
+// not), else the largest of 8..5 that divides it at 3 blocks per SM (80 registers: 5 at 5120, 6 at
+// 3072, 7 at 3584); slots 0 when none does (k % 512 != 0, or k / 512 = 9, 11, 13, ...: those take
+// Batched). 4 slots at 4 per SM ran GLM-4.5-Air's batch-1 decode step ~1% faster than 8 at 3
+// (bench/results/2026-12-01-session21-h200.md).
+struct Nvfp4GemvRollingShape {
+  int slots = 0, blocks_per_sm = 0;
+};
+Nvfp4GemvRollingShape nvfp4_gemv_rolling_shape(int k);
 // Stream kernel shape (benchmarks sweep it; null = these defaults, measured best for o_proj:
 // 4 stages rather than 5 took the GLM-4.5-Air batch-1 decode step 4041-4059 -> 4026-4033 us,
 // bench/results/2026-11-30-session12-h200.md).

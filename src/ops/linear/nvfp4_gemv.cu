@@ -137,10 +137,10 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
 // tile), so a block's weight stream never stops at a tile boundary (the one-tile-per-block grid
 // above runs its 2.3 waves of GLM-4.5-Air's q/k/v in lockstep, each wave paying a full memory
 // latency at its start). S slots per warp, each warp's k range a whole number of S-chunk batches:
-// nvfp4_gemv_rolling_slots(k).
-template <int S>
-__global__ void __launch_bounds__(kWarps * 32, 3) nvfp4_gemv_rolling_kernel(const GemvArgs a,
-                                                                            int tiles) {
+// nvfp4_gemv_rolling_shape(k) (S, and MINB blocks per SM).
+template <int S, int MINB>
+__global__ void __launch_bounds__(kWarps * 32, MINB) nvfp4_gemv_rolling_kernel(const GemvArgs a,
+                                                                               int tiles) {
   __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
   const uint64_t t_start = perf::stamp_time();
   asm volatile("griddepcontrol.launch_dependents;");
@@ -258,12 +258,13 @@ cudaError_t launch_dense_stream(const DenseStreamWork& w, const Nvfp4GemvStreamC
 
 }  // namespace
 
-int nvfp4_gemv_rolling_slots(int k) {
-  if (k <= 0 || k % (kChunkK * kWarps) != 0) return 0;
+Nvfp4GemvRollingShape nvfp4_gemv_rolling_shape(int k) {
+  if (k <= 0 || k % (kChunkK * kWarps) != 0) return {};
   const int per_warp = k / (kChunkK * kWarps);
-  for (int s = kBatch; s >= 4; --s)
-    if (per_warp % s == 0) return s;
-  return 0;
+  if (per_warp % 4 == 0) return {4, 4};
+  for (int s = 7; s >= 5; --s)
+    if (per_warp % s == 0) return {s, 3};
+  return {};
 }
 
 std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M) {
@@ -303,28 +304,27 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   // 14.1 us at M = 1, 12.2 vs 16.0 at M = 8, H200 graph-timed); with several tiles per block it
   // lost (Air q/k/v, 896 tiles: 16.5 vs 13.5 us). bench/results/2026-11-30-stream-gemv-h200.md.
   // Otherwise the Rolling kernel where its grid is too small for one tile per block (so blocks
-  // roll into further tiles) and k allows: batch 1 decode GLM-4.5-Air (896 tiles, 8 slots)
-  // -2.2..-3.3% per step (bench/results/2026-12-01-session16-h200.md), GLM-4.7 (896 tiles, 5
-  // slots) -2.6%; with fewer tiles than its grid (Qwen3-30B-A3B, 320) it was +2.5% against
+  // roll into further tiles) and k allows: batch 1 decode GLM-4.5-Air (896 tiles, then 8 slots
+  // at 3 blocks per SM) -2.2..-3.3% per step (bench/results/2026-12-01-session16-h200.md), -1%
+  // more at 4 slots and 4 blocks per SM (session21), GLM-4.7 (896 tiles, 5 slots) -2.6%; with fewer tiles than its grid (Qwen3-30B-A3B, 320) it was +2.5% against
   // Batched (bench/results/2026-12-01-session17-h200.md). Else Batched.
-  constexpr int kRollingBlocksPerSm = 3;
+  const Nvfp4GemvRollingShape rolling = nvfp4_gemv_rolling_shape(a.k);
   if (kernel == Nvfp4GemvKernel::Auto) {
     const Nvfp4GemvStreamConfig c{};
     const int sms = current_device_sm_count();
     kernel = tiles <= c.blocks_per_sm * sms ? Nvfp4GemvKernel::Stream
-             : tiles > kRollingBlocksPerSm * sms && nvfp4_gemv_rolling_slots(a.k) > 0
+             : rolling.slots > 0 && tiles > rolling.blocks_per_sm * sms
                  ? Nvfp4GemvKernel::Rolling
                  : Nvfp4GemvKernel::Batched;
   }
   if (kernel == Nvfp4GemvKernel::Rolling) {
-    const int grid = std::min(tiles, kRollingBlocksPerSm * current_device_sm_count());
+    const int grid = std::min(tiles, rolling.blocks_per_sm * current_device_sm_count());
     const KernelLaunch launch(dim3(unsigned(grid)), dim3(kWarps * 32), stream);
-    switch (nvfp4_gemv_rolling_slots(a.k)) {
-      case 8: return launch(nvfp4_gemv_rolling_kernel<8>, a, tiles);
-      case 7: return launch(nvfp4_gemv_rolling_kernel<7>, a, tiles);
-      case 6: return launch(nvfp4_gemv_rolling_kernel<6>, a, tiles);
-      case 5: return launch(nvfp4_gemv_rolling_kernel<5>, a, tiles);
-      case 4: return launch(nvfp4_gemv_rolling_kernel<4>, a, tiles);
+    switch (rolling.slots) {
+      case 4: return launch(nvfp4_gemv_rolling_kernel<4, 4>, a, tiles);
+      case 5: return launch(nvfp4_gemv_rolling_kernel<5, 3>, a, tiles);
+      case 6: return launch(nvfp4_gemv_rolling_kernel<6, 3>, a, tiles);
+      case 7: return launch(nvfp4_gemv_rolling_kernel<7, 3>, a, tiles);
       default: return cudaErrorInvalidValue;
     }
   }
