@@ -39,7 +39,9 @@ tests_lane() {
   [ "$mode" = quick ] && tests="test_runtime_ops_cuda test_linear_cuda test_paged_extend_attention
                                 test_moe_ops_cuda test_model_cuda"
   for t in $tests; do step "$t" 240 0 "$bin/tests/$t"; done
-  [ "$mode" = quick ] && step test_moe_layer_new 120 0 "$bin/tests/test_moe_layer" \
+  # 300 s: TokenPathSettingsAgree alone takes ~100 s beside the reference lane (120 s cut it in
+  # session 21, every case passed when re-run)
+  [ "$mode" = quick ] && step test_moe_layer_new 300 0 "$bin/tests/test_moe_layer" \
     --gtest_filter='*W4a4*:*ExpertParallel*:*TokenPath*:*CapturedGraph*:*Tiny*'
   step demo_cuda 120 0 "$bin/tetra" demo --cache-dir "$out/cache"
   [ "$mode" = quick ] || step memcheck_moe_layer 180 0 compute-sanitizer --tool memcheck \
