@@ -46,6 +46,10 @@ tests_lane() {
   step demo_cuda 120 0 "$bin/tetra" demo --cache-dir "$out/cache"
   [ "$mode" = quick ] || step memcheck_moe_layer 180 0 compute-sanitizer --tool memcheck \
     --error-exitcode 1 "$bin/tests/test_moe_layer" --gtest_filter='*MostExpertsEmpty*:*AllTokensOnOneExpert*'
+  # The GEMVs' shared-memory hand-offs (the stream kernel's bulk-copy ring): 0 hazards since
+  # session 21 made every consumer thread arrive on the ring's empty barrier.
+  [ "$mode" = quick ] || step racecheck_gemv 240 0 compute-sanitizer --tool racecheck \
+    --error-exitcode 1 "$bin/tests/test_linear_cuda" --gtest_filter='*Nvfp4GemvSeveralOutputsMatchCpu*'
 }
 
 bench_lane() {
