@@ -306,8 +306,9 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   // Otherwise the Rolling kernel where its grid is too small for one tile per block (so blocks
   // roll into further tiles) and k allows: batch 1 decode GLM-4.5-Air (896 tiles, then 8 slots
   // at 3 blocks per SM) -2.2..-3.3% per step (bench/results/2026-12-01-session16-h200.md), -1%
-  // more at 4 slots and 4 blocks per SM (session21), GLM-4.7 (896 tiles, 5 slots) -2.6%; with fewer tiles than its grid (Qwen3-30B-A3B, 320) it was +2.5% against
-  // Batched (bench/results/2026-12-01-session17-h200.md). Else Batched.
+  // more at 4 slots and 4 blocks per SM (session 21), GLM-4.7 (896 tiles, 5 slots) -2.6%; with
+  // fewer tiles than its grid (Qwen3-30B-A3B, 320) it was +2.5% against Batched
+  // (bench/results/2026-12-01-session17-h200.md). Else Batched.
   const Nvfp4GemvRollingShape rolling = nvfp4_gemv_rolling_shape(a.k);
   if (kernel == Nvfp4GemvKernel::Auto) {
     const Nvfp4GemvStreamConfig c{};
