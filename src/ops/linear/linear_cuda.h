@@ -117,9 +117,9 @@ enum class Nvfp4GemvKernel { Auto, Batched, Stream, Rolling };
 // The Rolling kernel's shape for this k (a warp's share is k / 512 chunks): 4 register slots per
 // warp at 4 blocks per SM (64 registers) where 4 divides that share (8 at k = 4096, not 10 at
 // 5120), else the largest of 7..5 that divides it at 3 blocks per SM (80 registers: 5 at 5120, 6
-// at 3072, 7 at 3584); slots 0 when none does (k % 512 != 0, or k / 512 = 9, 11, 13, ...: those take
-// Batched). 4 slots at 4 per SM ran GLM-4.5-Air's batch-1 decode step ~1% faster than 8 at 3
-// (bench/results/2026-12-01-session21-h200.md).
+// at 3072, 7 at 3584); slots 0 when none does (k % 512 != 0, or k / 512 = 9, 11, 13, ...: those
+// take Batched). 4 slots at 4 per SM ran GLM-4.5-Air's batch-1 decode step ~1% faster than 8 at
+// 3 (bench/results/2026-12-01-session21-h200.md).
 struct Nvfp4GemvRollingShape {
   int slots = 0, blocks_per_sm = 0;
 };
