@@ -104,6 +104,9 @@ class TimedOps final : public model::ModelOps {
     timed("dense mlp", [&] { in_.dense_gate_up(l, i, g, u, w); });
   }
   void head_norm(NormId w, int l, Buf x) override { timed("norms", [&] { in_.head_norm(w, l, x); }); }
+  void qk_head_norm(int l, Buf q, Buf k) override {
+    timed("norms", [&] { in_.qk_head_norm(l, q, k); });
+  }
   void rope_write_kv(int l, Buf q, Buf k, Buf v) override {
     timed("rope + kv write", [&] { in_.rope_write_kv(l, q, k, v); });
   }

@@ -17,8 +17,12 @@ void attention(ModelOps& ops, const LayerWeights& lw, const StepBatch& step) {
   const int L = lw.index;
   ops.qkv(L, Buf::Normed, Buf::Q, Buf::K, Buf::V);
   // GLM-4.x use_qk_norm and Qwen3: per-head RMSNorm before RoPE.
-  if (lw.attn.q_norm) ops.head_norm(NormId::QHead, L, Buf::Q);
-  if (lw.attn.k_norm) ops.head_norm(NormId::KHead, L, Buf::K);
+  if (lw.attn.q_norm && lw.attn.k_norm) {
+    ops.qk_head_norm(L, Buf::Q, Buf::K);
+  } else {
+    if (lw.attn.q_norm) ops.head_norm(NormId::QHead, L, Buf::Q);
+    if (lw.attn.k_norm) ops.head_norm(NormId::KHead, L, Buf::K);
+  }
   if (step.kind != StepKind::Prefill && !step.has_cached_prefix()) {
     ops.rope_decode_attention(L, Buf::Q, Buf::K, Buf::V, Buf::Attn);
   } else {

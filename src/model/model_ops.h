@@ -87,6 +87,11 @@ class ModelOps {
   }
   // In place per-head RMSNorm of x ([T, heads, head_dim]; which = QHead on Q, KHead on K).
   virtual void head_norm(NormId which, int layer, Buf x) = 0;
+  // Both of a layer's head norms (q's, then k's); a backend may run them as one launch.
+  virtual void qk_head_norm(int layer, Buf q, Buf k) {
+    head_norm(NormId::QHead, layer, q);
+    head_norm(NormId::KHead, layer, k);
+  }
   // In place RoPE of q [T, n_heads, head_dim] and k [T, n_kv_heads, head_dim] at the step's
   // positions (config rope theta, partial rotary factor, NeoX or GPT-J pairing), then k and
   // v [T, n_kv_heads, head_dim] into layer's cache at the step's slots (one op: a backend may

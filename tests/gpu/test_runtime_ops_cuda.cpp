@@ -113,6 +113,42 @@ TEST_F(RuntimeOpsCuda, HeadRmsNormInAStridedBuffer) {
     }
 }
 
+// q's and k's head norms in one launch: bit-identical to two head_rms_norm launches (the same
+// arithmetic per row), close to the CPU twin, gaps between a token's heads untouched.
+TEST_F(RuntimeOpsCuda, HeadRmsNormQkEqualsTwoLaunches) {
+  std::mt19937 rng(107);
+  for (int T : kTokenCounts)
+    for (int D : {64, 128, 256}) {
+      const int qh = 12, kh = 3;
+      const int64_t q_stride = int64_t(qh + 2) * D, k_stride = int64_t(kh) * D;
+      auto q = random_bf16(size_t(T) * q_stride, rng, 2.0f);
+      auto k = random_bf16(size_t(T) * k_stride, rng, 3.0f);
+      auto wq = random_bf16(D, rng, 1.5f), wk = random_bf16(D, rng, 1.5f);
+      const std::string what = "T=" + std::to_string(T) + " D=" + std::to_string(D);
+      Dev<uint16_t> dq(q), dk(k), dq2(q), dk2(k), dwq(wq), dwk(wk);
+      sync_ok(cuda::head_rms_norm_qk(dq.ptr(), q_stride, qh, dwq.ptr(), dk.ptr(), k_stride, kh,
+                                     dwk.ptr(), T, D, 1e-6f, nullptr));
+      sync_ok(cuda::head_rms_norm(dq2.ptr(), T, qh, D, q_stride, dwq.ptr(), 1e-6f, nullptr));
+      sync_ok(cuda::head_rms_norm(dk2.ptr(), T, kh, D, k_stride, dwk.ptr(), 1e-6f, nullptr));
+      const auto got_q = dq.download(), got_k = dk.download();
+      EXPECT_EQ(got_q, dq2.download()) << what;
+      EXPECT_EQ(got_k, dk2.download()) << what;
+      auto want_q = q, want_k = k;
+      head_rms_norm_cpu(want_q.data(), T, qh, D, q_stride, wq.data(), 1e-6f);
+      head_rms_norm_cpu(want_k.data(), T, kh, D, k_stride, wk.data(), 1e-6f);
+      for (int t = 0; t < T; ++t)
+        for (int64_t i = int64_t(qh) * D; i < q_stride; ++i)
+          ASSERT_EQ(got_q[size_t(t * q_stride + i)], q[size_t(t * q_stride + i)]) << what;
+      expect_close_bf16(got_q, want_q, "head_rms_norm_qk q " + what);
+      expect_close_bf16(got_k, want_k, "head_rms_norm_qk k " + what);
+      EXPECT_TRUE(dq.guards_intact() && dk.guards_intact()) << what;
+    }
+  uint16_t* none = nullptr;
+  EXPECT_THROW(cuda::head_rms_norm_qk(none, 512, 1, none, none, 512, 1, none, 1, 512, 1e-6f,
+                                      nullptr),
+               Error);  // head_dim over 256
+}
+
 // ---------------------------------------------------------------- rope
 TEST_F(RuntimeOpsCuda, RopeAllStyles) {
   std::mt19937 rng(103);

@@ -69,6 +69,9 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
   void head_norm(NormId which, int layer, Buf x) override {
     record([=](ModelOps& o) { o.head_norm(which, layer, x); });
   }
+  void qk_head_norm(int layer, Buf q, Buf k) override {
+    record([=](ModelOps& o) { o.qk_head_norm(layer, q, k); });
+  }
   void rope_write_kv(int layer, Buf q, Buf k, Buf v) override {
     record([=](ModelOps& o) { o.rope_write_kv(layer, q, k, v); });
   }

@@ -62,6 +62,47 @@ __global__ void __launch_bounds__(kBlock)
         __float2bfloat16_rn(__bfloat162float(src[base + i]) * inv_rms * __bfloat162float(w[i]));
 }
 
+// The q and k heads of one step in one launch (head_rms_norm_qk), a warp per head row as in
+// rms_norm_kernel<32> and with the same arithmetic per element: rows [0, T * q.heads) are q's,
+// the rest k's. A programmatic dependent of the q/k/v projection: the weights (parameters) are
+// read before waiting for it, q and k after.
+struct HeadNormPart {
+  __nv_bfloat16* x;                // [T, heads, n] rows at token stride `stride`, in place
+  const __nv_bfloat16* w;          // [n]
+  int heads;
+  int64_t stride;
+};
+constexpr int kHeadMaxPerLane = 8;  // n <= 256
+
+__global__ void __launch_bounds__(kBlock)
+    head_rms_norm_qk_kernel(const HeadNormPart q, const HeadNormPart k, int T, int n, float eps) {
+  asm volatile("griddepcontrol.launch_dependents;");  // the attention's prologue may start
+  const int row = blockIdx.x * (kBlock / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int q_rows = T * q.heads;
+  if (row >= q_rows + T * k.heads) return;
+  const bool is_q = row < q_rows;
+  const HeadNormPart& p = is_q ? q : k;
+  const int r = is_q ? row : row - q_rows;
+  float w[kHeadMaxPerLane];
+#pragma unroll
+  for (int j = 0; j < kHeadMaxPerLane; ++j)
+    if (lane + 32 * j < n) w[j] = __bfloat162float(p.w[lane + 32 * j]);
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  __nv_bfloat16* x = p.x + int64_t(r / p.heads) * p.stride + int64_t(r % p.heads) * n;
+  float v[kHeadMaxPerLane];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kHeadMaxPerLane; ++j)
+    if (lane + 32 * j < n) {
+      v[j] = __bfloat162float(x[lane + 32 * j]);
+      ss += v[j] * v[j];
+    }
+  const float inv_rms = rsqrtf(group_sum<32>(ss, nullptr) / float(n) + eps);
+#pragma unroll
+  for (int j = 0; j < kHeadMaxPerLane; ++j)
+    if (lane + 32 * j < n) x[lane + 32 * j] = __float2bfloat16_rn(v[j] * inv_rms * w[j]);
+}
+
 // Hidden-size rows, one pass: each thread keeps its VPT 16-byte vectors (8 bf16 each) in
 // registers between the sum of squares and the write, so the row is read once and written once
 // (at batch 1 the two-pass kernel's dependent scalar loads made a 4096-wide norm latency-bound).
@@ -211,6 +252,27 @@ cudaError_t head_rms_norm(uint16_t* x, int T, int n_heads, int head_dim, int64_t
   TETRA_CHECK(n_heads > 0 && token_stride >= int64_t(n_heads) * head_dim, "head_rms_norm: heads=",
               n_heads, " head_dim=", head_dim, " token_stride=", token_stride);
   return launch(x, nullptr, w, x, T * n_heads, head_dim, n_heads, token_stride, eps, stream);
+}
+
+cudaError_t head_rms_norm_qk(uint16_t* q, int64_t q_stride, int q_heads, const uint16_t* wq,
+                             uint16_t* k, int64_t k_stride, int k_heads, const uint16_t* wk, int T,
+                             int head_dim, float eps, cudaStream_t stream) {
+  check(T, head_dim, eps, "head_rms_norm_qk");
+  TETRA_CHECK(head_dim <= 32 * kHeadMaxPerLane, "head_rms_norm_qk: head_dim ", head_dim,
+              " (at most ", 32 * kHeadMaxPerLane, ")");
+  TETRA_CHECK(q_heads > 0 && k_heads > 0 && q_stride >= int64_t(q_heads) * head_dim &&
+                  k_stride >= int64_t(k_heads) * head_dim,
+              "head_rms_norm_qk: q heads=", q_heads, " stride=", q_stride, ", k heads=", k_heads,
+              " stride=", k_stride, ", head_dim=", head_dim);
+  const int64_t rows = int64_t(T) * (q_heads + k_heads);
+  if (rows == 0) return cudaSuccess;
+  const HeadNormPart qp{reinterpret_cast<__nv_bfloat16*>(q),
+                        reinterpret_cast<const __nv_bfloat16*>(wq), q_heads, q_stride};
+  const HeadNormPart kp{reinterpret_cast<__nv_bfloat16*>(k),
+                        reinterpret_cast<const __nv_bfloat16*>(wk), k_heads, k_stride};
+  const KernelLaunch launch(dim3(unsigned((rows + kBlock / 32 - 1) / (kBlock / 32))), dim3(kBlock),
+                            stream);
+  return launch(head_rms_norm_qk_kernel, qp, kp, T, head_dim, eps);
 }
 
 }  // namespace tetra::ops::cuda
