@@ -1,6 +1,7 @@
-// scripts/gpu/block_stamps.py read against records written in perf/block_stamps.h's layout: synthetic
-// decode steps whose figures are known (phase times, blocks per SM, a GEMM2 second wave), so a
-// change of the record layout on either side, or of what the report computes, fails here.
+// scripts/gpu/block_stamps.py read against records written in perf/block_stamps.h's layout:
+// synthetic decode steps whose figures are known (phase times, blocks per SM, a GEMM2 second
+// wave), so a change of the record layout on either side, or of what the report computes, fails
+// here.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -68,7 +69,8 @@ double figure(const std::string& out, const std::string& key) {
 }
 
 std::string temp_path(const char* name) {
-  return testing::TempDir() + "/" + name + "_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed());
+  const int seed = ::testing::UnitTest::GetInstance()->random_seed();
+  return testing::TempDir() + "/" + name + "_" + std::to_string(seed);
 }
 
 // One MoE chain per layer, times in ns from t0 (the first token-path block's start):

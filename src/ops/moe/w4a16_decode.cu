@@ -362,7 +362,8 @@ cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs&
 
 DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c) {
   const long blocks = long(a.n / 32) * a.num_slots, sms = current_device_sm_count();
-  if (is_default_late(c) && blocks > kLateBlocksPerSm * sms && blocks <= kLateNarrowBlocksPerSm * sms) {
+  if (is_default_late(c) && blocks > kLateBlocksPerSm * sms &&
+      blocks <= kLateNarrowBlocksPerSm * sms) {
     c.k_warps = kLateNarrowKWarps;
     c.min_blocks_per_sm = kLateNarrowBlocksPerSm;
   }

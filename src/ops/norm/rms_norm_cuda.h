@@ -22,9 +22,9 @@ cudaError_t fused_add_rms_norm(const uint16_t* x, uint16_t* residual, const uint
 cudaError_t head_rms_norm(uint16_t* x, int T, int n_heads, int head_dim, int64_t token_stride,
                           const uint16_t* w, float eps, cudaStream_t stream);
 
-// head_rms_norm of q (q_heads per token, weight wq) and k (k_heads, wk) in one launch, bit-identical
-// to the two launches; head_dim <= 256. A programmatic dependent: q and k may come from the kernel
-// just before, wq and wk may not.
+// head_rms_norm of q (q_heads per token, weight wq) and k (k_heads, wk) in one launch,
+// bit-identical to the two launches; head_dim <= 256. A programmatic dependent: q and k may come
+// from the kernel just before, wq and wk may not.
 cudaError_t head_rms_norm_qk(uint16_t* q, int64_t q_stride, int q_heads, const uint16_t* wq,
                              uint16_t* k, int64_t k_stride, int k_heads, const uint16_t* wk, int T,
                              int head_dim, float eps, cudaStream_t stream);
