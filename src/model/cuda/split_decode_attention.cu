@@ -128,18 +128,46 @@ __device__ __forceinline__ float quad_max(float x) {
 // A chunk's copies take two steps, so the block-table reads of the next chunk can be in flight
 // while this one computes: chunk_rows reads the table (every read independent), issue_chunk
 // starts the cp.async copies. Thread piece `it` of a chunk: idx = tid + it * 128, token
-// j = idx / (D/8), 16-byte piece c = idx % (D/8).
+// j = idx / (D/8), 16-byte piece c = idx % (D/8). Since D/8 divides 128, c is the same for all
+// of a thread's pieces and j = j0 + it * kRowStep; the swizzle key j % 8 is j0 % 8 for every
+// piece (kRowStep is a multiple of 8), so a piece's shared offset is one constant plus
+// it * kRowStep rows. These run once per block, from a cold instruction cache (about one cycle
+// per instruction, session 18), so the per-thread terms are computed once (PieceGeometry).
 template <int D>
 constexpr int pieces_per_thread() { return kChunk * (D / 8) / kThreads; }
+template <int D>
+constexpr int piece_row_step() { return kThreads / (D / 8); }
+static_assert(piece_row_step<64>() % 8 == 0 && piece_row_step<128>() % 8 == 0);
+
+// This thread's share of every staged chunk.
+struct PieceGeometry {
+  int j0;            // row of piece 0 (piece it: row j0 + it * piece_row_step)
+  int c;             // 16-byte piece of each row
+  uint32_t smem0;    // stage offset of piece 0's bytes (piece it: + it * row step * D * 2)
+  int64_t head_off;  // element offset of (kv head, piece) inside a cache row
+  int64_t row_elems; // elements per cache row: n_kv * D
+};
+template <int D>
+__device__ __forceinline__ PieceGeometry piece_geometry(const SplitArgs& a, int kh) {
+  const unsigned tid = threadIdx.x;
+  PieceGeometry p;
+  p.j0 = int(tid / (D / 8));
+  p.c = int(tid % (D / 8));
+  p.smem0 = swizzled<D>(p.j0, p.c);
+  p.head_off = int64_t(kh) * D + p.c * 8;
+  p.row_elems = int64_t(a.n_kv) * D;
+  return p;
+}
 
 // slot[it]: cache row (block * block_size + offset) of the thread's piece it of tokens
 // c0 .. c0+n-1, -1 past the end.
 template <int D>
-__device__ __forceinline__ void chunk_rows(const SplitArgs& a, const int32_t* table, int c0, int n,
+__device__ __forceinline__ void chunk_rows(const SplitArgs& a, const PieceGeometry& pg,
+                                           const int32_t* table, int c0, int n,
                                            int32_t (&slot)[pieces_per_thread<D>()]) {
 #pragma unroll
   for (int it = 0; it < pieces_per_thread<D>(); ++it) {
-    const int j = (int(threadIdx.x) + it * kThreads) / (D / 8), tok = c0 + j;
+    const int j = pg.j0 + it * piece_row_step<D>(), tok = c0 + j;
     slot[it] = -1;
     if (j < n) {
       const int blk = int(a.block_div.div(uint32_t(tok)));
@@ -160,16 +188,16 @@ struct LatePiece {
 // -1 for none. Nothing else writes a skipped piece's shared memory, so the late copy does not
 // race with a zero fill.
 template <int D>
-__device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
+__device__ __forceinline__ void issue_chunk(const SplitArgs& a, const PieceGeometry& pg,
                                             const int32_t (&slot)[pieces_per_thread<D>()],
                                             uint32_t k_dst, uint32_t v_dst, int late_j,
                                             LatePiece& late) {
+  constexpr uint32_t kPieceStride = uint32_t(piece_row_step<D>()) * D * 2;  // bytes per it
 #pragma unroll
   for (int it = 0; it < pieces_per_thread<D>(); ++it) {
-    const int idx = int(threadIdx.x) + it * kThreads, j = idx / (D / 8), c = idx % (D / 8);
-    const int64_t off = slot[it] >= 0 ? int64_t(slot[it]) * a.n_kv * D + kh * D + c * 8 : 0;
-    const uint32_t o = swizzled<D>(j, c);
-    if (j == late_j) {  // j < n, so slot[it] >= 0
+    const int64_t off = slot[it] >= 0 ? int64_t(slot[it]) * pg.row_elems + pg.head_off : 0;
+    const uint32_t o = pg.smem0 + uint32_t(it) * kPieceStride;
+    if (pg.j0 + it * piece_row_step<D>() == late_j) {  // j < n, so slot[it] >= 0
       late.off = off, late.k_dst = k_dst + o, late.v_dst = v_dst + o;
       continue;
     }
@@ -178,11 +206,11 @@ __device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
   }
 }
 template <int D>
-__device__ __forceinline__ void issue_chunk(const SplitArgs& a, int kh,
+__device__ __forceinline__ void issue_chunk(const SplitArgs& a, const PieceGeometry& pg,
                                             const int32_t (&slot)[pieces_per_thread<D>()],
                                             uint32_t k_dst, uint32_t v_dst) {
   LatePiece none;
-  issue_chunk<D>(a, kh, slot, k_dst, v_dst, -1, none);
+  issue_chunk<D>(a, pg, slot, k_dst, v_dst, -1, none);
 }
 
 // Element e of register lo and of register hi (two distinct registers) turned as one pair.
@@ -289,6 +317,45 @@ __device__ __forceinline__ void rope_new_row_piece(const SplitArgs& a, int s, in
   k = make_uint4(x[0], x[1], x[2], x[3]);
 }
 
+// The cluster's merge through distributed shared memory: block `split` of `splits` (<= P)
+// finishes items split*128 + tid, (split + splits)*128 + tid, ... (item = 4 dims of one head)
+// from every block's partial (block_m, block_l [16], block_acc [16][D/4] float4) and stores them
+// as bf16 to out_kh ([G][D]: this kv head's query heads).
+template <int D, int P>
+__device__ __forceinline__ void cluster_merge(const cg::cluster_group& cluster, int splits,
+                                              int split, int items, const float* block_m,
+                                              const float* block_l, const float4* block_acc,
+                                              uint16_t* out_kh) {
+  for (int idx = split * kThreads + int(threadIdx.x); idx < items; idx += splits * kThreads) {
+    const int i = idx / (D / 4);
+    float mp[P];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      mp[p] = p < splits ? *cluster.map_shared_rank(block_m + i, p) : -INFINITY;
+      mx = fmaxf(mx, mp[p]);
+    }
+    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float den = 0.0f;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (p < splits && mp[p] != -INFINITY) {
+        const float e = exp2f(mp[p] - mx);
+        const float4 v = *cluster.map_shared_rank(block_acc + idx, p);
+        num.x += e * v.x, num.y += e * v.y, num.z += e * v.z, num.w += e * v.w;
+        den += e * *cluster.map_shared_rank(block_l + i, p);
+      }
+    }
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;  // an empty sequence gives zeros
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(num.x * inv, num.y * inv);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(num.z * inv, num.w * inv);
+    uint2 packed;
+    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(out_kh + int64_t(i) * D + 4 * (idx % (D / 4))) = packed;
+  }
+}
+
 // Grid (splits, n_kv, S), clusters of (splits, 1, 1): block r of a cluster owns split r of
 // (sequence blockIdx.z, kv head blockIdx.y). Warp w owns tokens 16w .. 16w+15 of every chunk
 // and keeps the softmax state (max m, sum l, unnormalised acc) of its tokens for the group's
@@ -342,13 +409,14 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   // starts) except the copy of position len - 1, the row the predecessor may be writing: it is
   // in at most one chunk, the last of the block holding the end of the sequence.
   constexpr int kPieces = pieces_per_thread<D>();
+  const PieceGeometry pg = piece_geometry<D>(a, kh);
   LatePiece late;
   {
     int32_t first[kStages][kPieces];
 #pragma unroll
     for (int c = 0; c < kStages; ++c) {
       const int c0 = begin + c * kChunk;
-      chunk_rows<D>(a, table, c0, c < chunks ? min(kChunk, end - c0) : 0, first[c]);
+      chunk_rows<D>(a, pg, table, c0, c < chunks ? min(kChunk, end - c0) : 0, first[c]);
     }
 #pragma unroll
     for (int c = 0; c < kStages; ++c) {
@@ -357,14 +425,14 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
       const bool has_late = a.early_kv && len - 1 >= c0 && len - 1 < min(end, c0 + kChunk);
       const int late_j = has_late ? len - 1 - c0 : -1;
       if (c < chunks)
-        issue_chunk<D>(a, kh, first[c], k_dst, k_dst + stage_bytes<D>() / 2, late_j, late);
+        issue_chunk<D>(a, pg, first[c], k_dst, k_dst + stage_bytes<D>() / 2, late_j, late);
       cp_async_commit();  // empty groups too: the wait count below stays kStages - 1
     }
   }
   int32_t next[kPieces];  // table rows of chunk c + kStages
   {
     const int c0 = begin + kStages * kChunk;
-    chunk_rows<D>(a, table, c0, kStages < chunks ? min(kChunk, end - c0) : 0, next);
+    chunk_rows<D>(a, pg, table, c0, kStages < chunks ? min(kChunk, end - c0) : 0, next);
   }
   // After the wait the predecessor's writes are visible. The late piece is loaded here and
   // stored to shared memory below, after q's loads are issued (two round trips would otherwise
@@ -376,12 +444,13 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   // stores it to the cache and into the stage when its chunk is issued (the copies skip it).
   const int new_j =
       a.rope_on && len - 1 >= begin && len - 1 < end ? (len - 1 - begin) % kChunk : -1;
-  int new_piece = -1;
-#pragma unroll
-  for (int it = 0; it < kPieces; ++it) {
-    const int idx = tid + it * kThreads;
-    if (idx / (D / 8) == new_j) new_piece = idx % (D / 8);
-  }
+  // The thread's rows are j0 + it * row step (it < kPieces): it holds a piece of row new_j
+  // when the difference is a non-negative multiple of the step inside that range.
+  const int new_dj = new_j - pg.j0;
+  const int new_piece = new_j >= 0 && new_dj >= 0 && new_dj % piece_row_step<D>() == 0 &&
+                                new_dj / piece_row_step<D>() < kPieces
+                            ? pg.c
+                            : -1;
   if (a.early_kv) asm volatile("griddepcontrol.wait;" ::: "memory");
   const uint64_t t_waited = perf::stamp_time();
   uint4 late_k = make_uint4(0u, 0u, 0u, 0u), late_v = late_k;
@@ -486,13 +555,13 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
       const int cn0 = begin + (c + kStages) * kChunk;
       const int lj = new_j >= 0 && len - 1 >= cn0 && len - 1 < cn0 + kChunk ? new_j : -1;
       LatePiece lp;
-      issue_chunk<D>(a, kh, next, k_st, v_st, lj, lp);
+      issue_chunk<D>(a, pg, next, k_st, v_st, lj, lp);
       if (lp.off >= 0) {
         store_16_shared(lp.k_dst, late_k);
         store_16_shared(lp.v_dst, late_v);
       }
       const int c1 = c + kStages + 1, n0 = begin + c1 * kChunk;
-      chunk_rows<D>(a, table, n0, c1 < chunks ? min(kChunk, end - n0) : 0, next);
+      chunk_rows<D>(a, pg, table, n0, c1 < chunks ? min(kChunk, end - n0) : 0, next);
     }
     cp_async_commit();
   }
@@ -545,35 +614,15 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   const uint64_t t_block_merged = perf::stamp_time();
   cluster.sync();
   const uint64_t t_cluster_synced = perf::stamp_time();
-  for (int idx = split * kThreads + tid; idx < items; idx += splits * kThreads) {
-    const int i = idx / (D / 4);
-    float mp[kMaxSplits];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int p = 0; p < kMaxSplits; ++p) {
-      mp[p] = p < splits ? *cluster.map_shared_rank(block_m + i, p) : -INFINITY;
-      mx = fmaxf(mx, mp[p]);
-    }
-    float4 num = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float den = 0.0f;
-#pragma unroll
-    for (int p = 0; p < kMaxSplits; ++p) {
-      if (p < splits && mp[p] != -INFINITY) {
-        const float e = exp2f(mp[p] - mx);
-        const float4 v = *cluster.map_shared_rank(reinterpret_cast<const float4*>(block_acc) + idx, p);
-        num.x += e * v.x, num.y += e * v.y, num.z += e * v.z, num.w += e * v.w;
-        den += e * *cluster.map_shared_rank(block_l + i, p);
-      }
-    }
-    const float inv = den > 0.0f ? 1.0f / den : 0.0f;  // an empty sequence gives zeros
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(num.x * inv, num.y * inv);
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(num.z * inv, num.w * inv);
-    uint2 packed;
-    packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-    packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-    const int d4 = idx % (D / 4);
-    *reinterpret_cast<uint2*>(a.out + (int64_t(s) * a.n_kv * G + int64_t(kh) * G + i) * D + 4 * d4) = packed;
-  }
+  // The loops over the cluster's blocks are unrolled to the split count's power-of-two bound, so
+  // a block runs (and fetches from a cold instruction cache) only the remote loads it can need.
+  const float4* block_acc4 = reinterpret_cast<const float4*>(block_acc);
+  uint16_t* out_kh = a.out + (int64_t(s) * a.n_kv * G + int64_t(kh) * G) * D;
+  if (splits <= 1) cluster_merge<D, 1>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
+  else if (splits <= 2) cluster_merge<D, 2>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
+  else if (splits <= 4) cluster_merge<D, 4>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
+  else if (splits <= 8) cluster_merge<D, 8>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
+  else cluster_merge<D, kMaxSplits>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
   const uint64_t t_merged = perf::stamp_time();
   cluster.sync();  // peers may still be reading this block's shared memory
   // Stamps: start, wait returned, chunks done, block merge done, first cluster barrier passed,
