@@ -141,11 +141,16 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
 template <int S, int MINB>
 __global__ void __launch_bounds__(kWarps * 32, MINB) nvfp4_gemv_rolling_kernel(const GemvArgs a,
                                                                                int tiles) {
-  __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
+  // Per-warp partial sums, lane fastest, in two buffers used by alternate tiles: a warp writes
+  // buffer b again two tiles later, after the barrier of the tile between, which the reducing
+  // threads pass only once they have read b. So a tile costs one block barrier, not two (the
+  // others' warps no longer wait for the reducing warps before rolling on).
+  __shared__ float red[2][kWarps][4][32];
   const uint64_t t_start = perf::stamp_time();
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = a.k / kChunkK, cpw = chunks / kWarps, nb = cpw / S;
+  int buf = 0;
   const uint16_t* xp = a.x + size_t(min(lane / 4, a.m - 1)) * a.k + 16 * (lane % 4) +
                        size_t(warp) * cpw * kChunkK;
   // This lane's weight and scale pointers at chunk 0 of its k range in tile u.
@@ -189,7 +194,7 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) nvfp4_gemv_rolling_kernel(c
     }
     if (nbi == 0) {  // tile u is complete: reduce over the warps and store
 #pragma unroll
-      for (int r = 0; r < 4; ++r) red[warp][r][lane] = acc[r], acc[r] = 0.0f;
+      for (int r = 0; r < 4; ++r) red[buf][warp][r][lane] = acc[r], acc[r] = 0.0f;
       __syncthreads();
       if (threadIdx.x < 128) {
         const auto [o, tile] = output_tile(a, u);
@@ -199,13 +204,13 @@ __global__ void __launch_bounds__(kWarps * 32, MINB) nvfp4_gemv_rolling_kernel(c
         if (row < a.m) {
           float sum = 0.0f;
 #pragma unroll
-          for (int w = 0; w < kWarps; ++w) sum += red[w][r][l];
+          for (int w = 0; w < kWarps; ++w) sum += red[buf][w][r][l];
           float y = __bfloat162float(__float2bfloat16_rn(sum * a.alpha[o][0]));
           if (a.bias[o] != nullptr) y += __bfloat162float(__ushort_as_bfloat16(a.bias[o][col]));
           a.y[o][size_t(row) * a.n[o] + col] = moe_detail::f32_to_bf16_bits(y);
         }
       }
-      __syncthreads();  // red is rewritten by the next tile
+      buf ^= 1;
     }
     u = nu, b = nbi, wp = nwp, sp = nsp;
   }
