@@ -129,10 +129,11 @@ __device__ __forceinline__ float quad_max(float x) {
 // while this one computes: chunk_rows reads the table (every read independent), issue_chunk
 // starts the cp.async copies. Thread piece `it` of a chunk: idx = tid + it * 128, token
 // j = idx / (D/8), 16-byte piece c = idx % (D/8). Since D/8 divides 128, c is the same for all
-// of a thread's pieces and j = j0 + it * kRowStep; the swizzle key j % 8 is j0 % 8 for every
-// piece (kRowStep is a multiple of 8), so a piece's shared offset is one constant plus
-// it * kRowStep rows. These run once per block, from a cold instruction cache (about one cycle
-// per instruction, session 18), so the per-thread terms are computed once (PieceGeometry).
+// of a thread's pieces and j = j0 + it * piece_row_step; the swizzle key j % 8 is j0 % 8 for
+// every piece (the step is a multiple of 8), so a piece's shared offset is one constant plus
+// it * step rows. At batch 1 each warp has a scheduler to itself and issues at ~5 cycles per
+// instruction (Nsight Compute, session 22), so the per-thread terms are computed once
+// (PieceGeometry) rather than per piece.
 template <int D>
 constexpr int pieces_per_thread() { return kChunk * (D / 8) / kThreads; }
 template <int D>
@@ -618,11 +619,17 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   // a block runs (and fetches from a cold instruction cache) only the remote loads it can need.
   const float4* block_acc4 = reinterpret_cast<const float4*>(block_acc);
   uint16_t* out_kh = a.out + (int64_t(s) * a.n_kv * G + int64_t(kh) * G) * D;
-  if (splits <= 1) cluster_merge<D, 1>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
-  else if (splits <= 2) cluster_merge<D, 2>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
-  else if (splits <= 4) cluster_merge<D, 4>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
-  else if (splits <= 8) cluster_merge<D, 8>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
-  else cluster_merge<D, kMaxSplits>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
+  if (splits <= 1)
+    cluster_merge<D, 1>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
+  else if (splits <= 2)
+    cluster_merge<D, 2>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
+  else if (splits <= 4)
+    cluster_merge<D, 4>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
+  else if (splits <= 8)
+    cluster_merge<D, 8>(cluster, splits, split, items, block_m, block_l, block_acc4, out_kh);
+  else
+    cluster_merge<D, kMaxSplits>(cluster, splits, split, items, block_m, block_l, block_acc4,
+                                 out_kh);
   const uint64_t t_merged = perf::stamp_time();
   cluster.sync();  // peers may still be reading this block's shared memory
   // Stamps: start, wait returned, chunks done, block merge done, first cluster barrier passed,
