@@ -137,10 +137,14 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
 // tile), so a block's weight stream never stops at a tile boundary (the one-tile-per-block grid
 // above runs its 2.3 waves of GLM-4.5-Air's q/k/v in lockstep, each wave paying a full memory
 // latency at its start). S slots per warp, each warp's k range a whole number of S-chunk batches:
-// nvfp4_gemv_rolling_shape(k) (S, and MINB blocks per SM).
-template <int S, int MINB>
-__global__ void __launch_bounds__(kWarps * 32, MINB) nvfp4_gemv_rolling_kernel(const GemvArgs a,
-                                                                               int tiles) {
+// nvfp4_gemv_rolling_shape(k) (S, and rolling_blocks_per_sm(S) blocks per SM).
+// Blocks per SM of the Rolling grid with S register slots per warp: 4 slots fit 64 registers
+// (4 blocks), 5..7 fit 80 (3 blocks). One rule for the kernel's register bound and the grid.
+constexpr int rolling_blocks_per_sm(int slots) { return slots == 4 ? 4 : 3; }
+
+template <int S>
+__global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
+    nvfp4_gemv_rolling_kernel(const GemvArgs a, int tiles) {
   // Per-warp partial sums, lane fastest, in two buffers used by alternate tiles: a warp writes
   // buffer b again two tiles later, after the barrier of the tile between, which the reducing
   // threads pass only once they have read b. So a tile costs one block barrier, not two (the
@@ -266,9 +270,9 @@ cudaError_t launch_dense_stream(const DenseStreamWork& w, const Nvfp4GemvStreamC
 Nvfp4GemvRollingShape nvfp4_gemv_rolling_shape(int k) {
   if (k <= 0 || k % (kChunkK * kWarps) != 0) return {};
   const int per_warp = k / (kChunkK * kWarps);
-  if (per_warp % 4 == 0) return {4, 4};
+  if (per_warp % 4 == 0) return {4, rolling_blocks_per_sm(4)};
   for (int s = 7; s >= 5; --s)
-    if (per_warp % s == 0) return {s, 3};
+    if (per_warp % s == 0) return {s, rolling_blocks_per_sm(s)};
   return {};
 }
 
@@ -327,10 +331,10 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
     const int grid = std::min(tiles, rolling.blocks_per_sm * current_device_sm_count());
     const KernelLaunch launch(dim3(unsigned(grid)), dim3(kWarps * 32), stream);
     switch (rolling.slots) {
-      case 4: return launch(nvfp4_gemv_rolling_kernel<4, 4>, a, tiles);
-      case 5: return launch(nvfp4_gemv_rolling_kernel<5, 3>, a, tiles);
-      case 6: return launch(nvfp4_gemv_rolling_kernel<6, 3>, a, tiles);
-      case 7: return launch(nvfp4_gemv_rolling_kernel<7, 3>, a, tiles);
+      case 4: return launch(nvfp4_gemv_rolling_kernel<4>, a, tiles);
+      case 5: return launch(nvfp4_gemv_rolling_kernel<5>, a, tiles);
+      case 6: return launch(nvfp4_gemv_rolling_kernel<6>, a, tiles);
+      case 7: return launch(nvfp4_gemv_rolling_kernel<7>, a, tiles);
       default: return cudaErrorInvalidValue;
     }
   }
