@@ -1,7 +1,8 @@
-// RMSNorm kernels. A "group" of threads owns one row: a whole block for hidden-size rows, one
-// warp for head-size rows (so a block normalises 8 heads at once). Two passes over the row: sum
-// of squares, then scale and write; each thread touches the same elements in both passes, so the
-// fused residual it stored in pass one is its own to read in pass two.
+// RMSNorm kernels. A "group" of threads owns one row: a whole block for hidden-size rows (two
+// passes over the row: sum of squares, then scale and write; each thread touches the same elements
+// in both passes, so the fused residual it stored in pass one is its own to read in pass two), one
+// warp for rows of at most 256 elements (heads; the row stays in registers between the two steps),
+// and the one-pass vector kernel for hidden-size rows whose shape it takes.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -33,20 +34,16 @@ __device__ __forceinline__ float group_sum(float v, float* scratch) {
 }
 
 // Row r = (token r / heads, head r % heads) starts at t*stride + h*n in x, residual and out.
-template <int kGroup>
+// Hidden-size rows (n > 256) that the one-pass vector kernel below does not take: a block per row.
 __global__ void __launch_bounds__(kBlock)
     rms_norm_kernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
                     const __nv_bfloat16* __restrict__ w, __nv_bfloat16* out, int rows, int n,
                     int heads, int64_t stride, float eps) {
   __shared__ float scratch[kBlock / 32];
-  constexpr int kRowsPerBlock = kBlock / kGroup;
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kGroup;
-  const int lane = threadIdx.x % kGroup;
-  // Warp groups leave whole; the block group (one row per block) never has row >= rows.
-  if (row >= rows) return;
+  const int row = blockIdx.x;
   const int64_t base = int64_t(row / heads) * stride + int64_t(row % heads) * n;
   float ss = 0.0f;
-  for (int i = lane; i < n; i += kGroup) {
+  for (int i = threadIdx.x; i < n; i += kBlock) {
     float v = __bfloat162float(x[base + i]);
     if (residual != nullptr) {
       const __nv_bfloat16 r = __float2bfloat16_rn(v + __bfloat162float(residual[base + i]));
@@ -55,24 +52,71 @@ __global__ void __launch_bounds__(kBlock)
     }
     ss += v * v;
   }
-  const float inv_rms = rsqrtf(group_sum<kGroup>(ss, scratch) / float(n) + eps);
+  const float inv_rms = rsqrtf(group_sum<kBlock>(ss, scratch) / float(n) + eps);
   const __nv_bfloat16* src = residual != nullptr ? residual : x;
-  for (int i = lane; i < n; i += kGroup)
+  for (int i = threadIdx.x; i < n; i += kBlock)
     out[base + i] =
         __float2bfloat16_rn(__bfloat162float(src[base + i]) * inv_rms * __bfloat162float(w[i]));
 }
 
-// The q and k heads of one step in one launch (head_rms_norm_qk), a warp per head row as in
-// rms_norm_kernel<32> and with the same arithmetic per element: rows [0, T * q.heads) are q's,
-// the rest k's. A programmatic dependent of the q/k/v projection: the weights (parameters) are
-// read before waiting for it, q and k after.
+// Rows of at most 256 elements (heads, tiny hidden sizes): one warp per row, element lane + 32 j
+// in register j between the sum of squares and the write, with the same float arithmetic per
+// element as rms_norm_kernel.
+constexpr int kWarpRowMax = 8;  // elements per lane: n <= 256
+
+__device__ __forceinline__ void load_warp_row_weights(const __nv_bfloat16* w, int n, int lane,
+                                                      float (&wr)[kWarpRowMax]) {
+#pragma unroll
+  for (int j = 0; j < kWarpRowMax; ++j)
+    if (lane + 32 * j < n) wr[j] = __bfloat162float(w[lane + 32 * j]);
+}
+
+// out = bf16(v * inv_rms * w) with v = x, or (residual != nullptr) v = bf16(x + residual), which
+// is also stored to residual. x and out may be the same row.
+__device__ __forceinline__ void warp_row_rms_norm(const __nv_bfloat16* x, __nv_bfloat16* residual,
+                                                  const float (&wr)[kWarpRowMax],
+                                                  __nv_bfloat16* out, int n, float eps, int lane) {
+  float v[kWarpRowMax];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kWarpRowMax; ++j)
+    if (const int i = lane + 32 * j; i < n) {
+      v[j] = __bfloat162float(x[i]);
+      if (residual != nullptr) {
+        const __nv_bfloat16 r = __float2bfloat16_rn(v[j] + __bfloat162float(residual[i]));
+        residual[i] = r;
+        v[j] = __bfloat162float(r);
+      }
+      ss += v[j] * v[j];
+    }
+  const float inv_rms = rsqrtf(group_sum<32>(ss, nullptr) / float(n) + eps);
+#pragma unroll
+  for (int j = 0; j < kWarpRowMax; ++j)
+    if (lane + 32 * j < n) out[lane + 32 * j] = __float2bfloat16_rn(v[j] * inv_rms * wr[j]);
+}
+
+__global__ void __launch_bounds__(kBlock)
+    rms_norm_warp_rows_kernel(const __nv_bfloat16* x, __nv_bfloat16* residual,
+                              const __nv_bfloat16* __restrict__ w, __nv_bfloat16* out, int rows,
+                              int n, int heads, int64_t stride, float eps) {
+  const int row = blockIdx.x * (kBlock / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= rows) return;  // whole warps leave
+  const int64_t base = int64_t(row / heads) * stride + int64_t(row % heads) * n;
+  float wr[kWarpRowMax];
+  load_warp_row_weights(w, n, lane, wr);
+  warp_row_rms_norm(x + base, residual != nullptr ? residual + base : nullptr, wr, out + base, n,
+                    eps, lane);
+}
+
+// The q and k heads of one step in one launch (head_rms_norm_qk): rows [0, T * q.heads) are q's,
+// the rest k's, normalised in place. A programmatic dependent of the q/k/v projection: the
+// weights (parameters) are read before waiting for it, q and k after.
 struct HeadNormPart {
   __nv_bfloat16* x;                // [T, heads, n] rows at token stride `stride`, in place
   const __nv_bfloat16* w;          // [n]
   int heads;
   int64_t stride;
 };
-constexpr int kHeadMaxPerLane = 8;  // n <= 256
 
 __global__ void __launch_bounds__(kBlock)
     head_rms_norm_qk_kernel(const HeadNormPart q, const HeadNormPart k, int T, int n, float eps) {
@@ -83,24 +127,11 @@ __global__ void __launch_bounds__(kBlock)
   const bool is_q = row < q_rows;
   const HeadNormPart& p = is_q ? q : k;
   const int r = is_q ? row : row - q_rows;
-  float w[kHeadMaxPerLane];
-#pragma unroll
-  for (int j = 0; j < kHeadMaxPerLane; ++j)
-    if (lane + 32 * j < n) w[j] = __bfloat162float(p.w[lane + 32 * j]);
+  float wr[kWarpRowMax];
+  load_warp_row_weights(p.w, n, lane, wr);
   asm volatile("griddepcontrol.wait;" ::: "memory");
   __nv_bfloat16* x = p.x + int64_t(r / p.heads) * p.stride + int64_t(r % p.heads) * n;
-  float v[kHeadMaxPerLane];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kHeadMaxPerLane; ++j)
-    if (lane + 32 * j < n) {
-      v[j] = __bfloat162float(x[lane + 32 * j]);
-      ss += v[j] * v[j];
-    }
-  const float inv_rms = rsqrtf(group_sum<32>(ss, nullptr) / float(n) + eps);
-#pragma unroll
-  for (int j = 0; j < kHeadMaxPerLane; ++j)
-    if (lane + 32 * j < n) x[lane + 32 * j] = __float2bfloat16_rn(v[j] * inv_rms * w[j]);
+  warp_row_rms_norm(x, nullptr, wr, x, n, eps, lane);
 }
 
 // Hidden-size rows, one pass: each thread keeps its VPT 16-byte vectors (8 bf16 each) in
@@ -215,13 +246,15 @@ cudaError_t launch(const uint16_t* x, uint16_t* residual, const uint16_t* w, uin
   auto* wb = reinterpret_cast<const __nv_bfloat16*>(w);
   auto* ob = reinterpret_cast<__nv_bfloat16*>(out);
   cudaError_t vec_err = cudaSuccess;
-  if (n > 256 && launch_vec(x, residual, w, out, rows, n, heads, stride, eps, stream, vec_err))
+  if (n > 32 * kWarpRowMax &&
+      launch_vec(x, residual, w, out, rows, n, heads, stride, eps, stream, vec_err))
     return vec_err;
-  if (n <= 256) {  // a warp per row: head-size rows
+  if (n <= 32 * kWarpRowMax) {  // a warp per row: head-size rows
     const int grid = (rows + kBlock / 32 - 1) / (kBlock / 32);
-    rms_norm_kernel<32><<<grid, kBlock, 0, stream>>>(xb, rb, wb, ob, rows, n, heads, stride, eps);
+    rms_norm_warp_rows_kernel<<<grid, kBlock, 0, stream>>>(xb, rb, wb, ob, rows, n, heads, stride,
+                                                           eps);
   } else {
-    rms_norm_kernel<kBlock><<<rows, kBlock, 0, stream>>>(xb, rb, wb, ob, rows, n, heads, stride, eps);
+    rms_norm_kernel<<<rows, kBlock, 0, stream>>>(xb, rb, wb, ob, rows, n, heads, stride, eps);
   }
   return cudaGetLastError();
 }
@@ -258,8 +291,8 @@ cudaError_t head_rms_norm_qk(uint16_t* q, int64_t q_stride, int q_heads, const u
                              uint16_t* k, int64_t k_stride, int k_heads, const uint16_t* wk, int T,
                              int head_dim, float eps, cudaStream_t stream) {
   check(T, head_dim, eps, "head_rms_norm_qk");
-  TETRA_CHECK(head_dim <= 32 * kHeadMaxPerLane, "head_rms_norm_qk: head_dim ", head_dim,
-              " (at most ", 32 * kHeadMaxPerLane, ")");
+  TETRA_CHECK(head_dim <= 32 * kWarpRowMax, "head_rms_norm_qk: head_dim ", head_dim,
+              " (at most ", 32 * kWarpRowMax, ")");
   TETRA_CHECK(q_heads > 0 && k_heads > 0 && q_stride >= int64_t(q_heads) * head_dim &&
                   k_stride >= int64_t(k_heads) * head_dim,
               "head_rms_norm_qk: q heads=", q_heads, " stride=", q_stride, ", k heads=", k_heads,
