@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -16,6 +17,7 @@
 #include "core/half.h"
 #include "guarded_device_array.h"
 #include "model/cuda/split_decode_attention.h"
+#include "model/cuda/split_decode_plan.h"
 #include "ops/attention/attention.h"
 
 namespace tetra::model::cuda::test {
@@ -111,22 +113,37 @@ struct DevCase {
     d.seq_lens = lens.ptr();
     return d;
   }
-  // Enqueues the attention on `stream` (no poisoning, no sync): for tests that launch a
-  // predecessor right before it.
-  void launch(int splits, PredecessorWrites mode, cudaStream_t stream) {
-    TETRA_CUDA_CHECK(split_decode_attention(q.ptr(), kv(), host.num_seqs(), host.sh, out.ptr(),
-                                            stream, splits, mode));
+  // The step plan (split_decode_plan.h) of this case at `splits` (0: the count the op picks),
+  // uploaded; returns the explicit count the plan is for.
+  int upload_plan(int splits) {
+    if (splits == 0) splits = split_decode_auto_splits(host.num_seqs(), host.sh);
+    std::vector<int32_t> p(split_decode_plan_ints(host.num_seqs(), splits));
+    build_split_decode_plan(host.lens.data(), host.tables.data(), host.mb, host.block_size,
+                            host.num_seqs(), splits, p.data());
+    plan = std::make_unique<tetra::test::GuardedDeviceArray<int32_t>>(p);
+    return splits;
   }
-  // One launch over a poisoned output (0xFFFF: NaN); returns the output.
-  std::vector<uint16_t> run(int splits, PredecessorWrites mode, cudaStream_t stream = nullptr) {
+  // Enqueues the attention on `stream` (no poisoning, no sync): for tests that launch a
+  // predecessor right before it. plan_ptr: a plan for this `splits` (nonzero), or nullptr.
+  void launch(int splits, PredecessorWrites mode, cudaStream_t stream,
+              const int32_t* plan_ptr = nullptr) {
+    TETRA_CUDA_CHECK(split_decode_attention(q.ptr(), kv(), host.num_seqs(), host.sh, out.ptr(),
+                                            stream, splits, mode, nullptr, plan_ptr));
+  }
+  // One launch over a poisoned output (0xFFFF: NaN); returns the output. planned: with the
+  // case's step plan (upload_plan) instead of the kernel's own length and table reads.
+  std::vector<uint16_t> run(int splits, PredecessorWrites mode, cudaStream_t stream = nullptr,
+                            bool planned = false) {
+    if (planned) splits = upload_plan(splits);
     out.poison();
-    launch(splits, mode, stream);
+    launch(splits, mode, stream, planned ? plan->ptr() : nullptr);
     TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
     EXPECT_TRUE(out.guards_intact()) << host.label();
     return out.download();
   }
   tetra::test::GuardedDeviceArray<uint16_t> q, k, v;
   tetra::test::GuardedDeviceArray<int32_t> tables, lens;
+  std::unique_ptr<tetra::test::GuardedDeviceArray<int32_t>> plan;  // upload_plan's
   tetra::test::GuardedDeviceArray<uint16_t> out;
   const HostCase& host;
 };

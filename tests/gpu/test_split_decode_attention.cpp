@@ -96,6 +96,8 @@ TEST(SplitDecodeAttention, MatchesCpu) {
       const std::string label = hc.label() + " splits " + std::to_string(splits);
       const std::vector<uint16_t> got = dev.run(splits, PredecessorWrites::Anything);
       EXPECT_EQ(dev.run(splits, PredecessorWrites::Anything), got) << "second launch, " << label;
+      EXPECT_EQ(dev.run(splits, PredecessorWrites::Anything, nullptr, true), got)
+          << "with the step plan, " << label;
       expect_matches_cpu(got, want, label);
     }
   }
@@ -127,6 +129,8 @@ TEST(SplitDecodeAttention, NewRowAfterWaitMatchesCpuAndDefaultBits) {
             const std::vector<uint16_t> early = dev.run(splits, PredecessorWrites::QAndNewKvRow);
             EXPECT_EQ(early, dev.run(splits, PredecessorWrites::Anything))
                 << "new-row mode vs default, " << label;
+            EXPECT_EQ(early, dev.run(splits, PredecessorWrites::QAndNewKvRow, nullptr, true))
+                << "with the step plan, " << label;
             expect_matches_cpu(early, want, label);
             ++checked;
           }
@@ -262,10 +266,14 @@ TEST(SplitDecodeAttention, RopeInsideEqualsRopeKvWriteThenAttention) {
       r.inv_freq = d.inv.ptr();
       r.rotary_dim = c.rotary;
       r.neox = c.neox;
-      for (int rep = 0; rep < 2; ++rep) {  // the second run finds its rows already written
+      // Runs 0-1 read the lengths and tables, 2-3 the step plan; runs after the first find their
+      // rows already written.
+      for (int rep = 0; rep < 4; ++rep) {
+        const int n = rep < 2 ? splits : dev.upload_plan(splits);
         dev.out.poison();
         TETRA_CUDA_CHECK(split_decode_attention(dev.q.ptr(), dev.kv(), S, hc.sh, dev.out.ptr(),
-                                                nullptr, splits, PredecessorWrites::Anything, &r));
+                                                nullptr, n, PredecessorWrites::Anything, &r,
+                                                rep < 2 ? nullptr : dev.plan->ptr()));
         TETRA_CUDA_CHECK(cudaDeviceSynchronize());
         EXPECT_EQ(body(dev.out.download()), body(want)) << label << " run " << rep;
         EXPECT_EQ(dev.k.download(), want_k) << label << " k cache, run " << rep;

@@ -19,6 +19,7 @@
 #include "model/attention_shapes.h"
 #include "model/moe_layer_views.h"
 #include "model/cuda/split_decode_attention.h"
+#include "model/cuda/split_decode_plan.h"
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention_cuda.h"
@@ -131,7 +132,9 @@ struct DevLayer {
 
 // Step arrays: one pinned host block and one device block with the same offsets, one copy.
 struct StepArrays {
-  size_t tokens = 0, positions = 0, slots = 0, cu = 0, tables = 0, lens = 0, rows = 0, end = 0;
+  // plan: the decode attention's (split_decode_plan.h), last, so a step copies only its part.
+  size_t tokens = 0, positions = 0, slots = 0, cu = 0, tables = 0, lens = 0, rows = 0, plan = 0,
+         end = 0;
   void layout(int max_tokens, int max_seqs, int mbps) {
     auto take = [&](size_t bytes) {
       const size_t at = end;
@@ -145,6 +148,7 @@ struct StepArrays {
     tables = take(size_t(max_seqs) * mbps * 4);
     lens = take(size_t(max_seqs) * 4);
     rows = take(size_t(max_tokens) * 4);
+    plan = take(split_decode_plan_ints(max_seqs, kMaxSplits) * 4);
   }
 };
 
@@ -188,10 +192,6 @@ class CudaModelOps final : public CudaModelOpsApi {
     const int R_run = bucket > 0 ? bucket : R_;
     S_run_ = S_run;
     R_run_ = R_run;
-    stage(step, S_run, R_run);
-    max_seqlen_ = 0;
-    for (int s = 0; s < S_; ++s)
-      max_seqlen_ = std::max(max_seqlen_, step.cu_seqlens[s + 1] - step.cu_seqlens[s]);
     // Decode attention splits for this step's longest context; graphs are kept per (bucket,
     // splits), so a context crossing a split threshold captures one more graph (at most five
     // per bucket) instead of replaying a split count chosen for another length.
@@ -201,6 +201,10 @@ class CudaModelOps final : public CudaModelOpsApi {
       for (int s = 0; s < S_; ++s) max_len = std::max(max_len, step.seq_lens[size_t(s)]);
       attn_splits_ = split_decode_auto_splits(S_run, attn_, max_len);
     }
+    stage(step, S_run, R_run);
+    max_seqlen_ = 0;
+    for (int s = 0; s < S_; ++s)
+      max_seqlen_ = std::max(max_seqlen_, step.cu_seqlens[s + 1] - step.cu_seqlens[s]);
     if (bucket > 0) {
       const GraphKey key{bucket, attn_splits_};
       auto it = graphs_.find(key);
@@ -310,7 +314,7 @@ class CudaModelOps final : public CudaModelOpsApi {
     const ops::PagedKv kv = paged_kv(layer);
     if (split_decode_)
       ck(split_decode_attention(buf(q), kv, S_run_, attn_, buf(out), stream_, attn_splits_,
-                                PredecessorWrites::QAndNewKvRow));
+                                PredecessorWrites::QAndNewKvRow, nullptr, d_plan()));
     else
       ck(ops::cuda::paged_decode_attention(buf(q), kv, S_run_, attn_, attn_ws_.as(),
                                            attn_ws_.bytes(), buf(out), stream_));
@@ -337,7 +341,7 @@ class CudaModelOps final : public CudaModelOpsApi {
     r.rotary_dim = rope_.rotary_dim;
     r.neox = rope_.style == ops::RopeStyle::NeoX;
     ck(split_decode_attention(buf(q), paged_kv(layer), S_run_, attn_, buf(out), stream_,
-                              attn_splits_, PredecessorWrites::QAndNewKvRow, &r));
+                              attn_splits_, PredecessorWrites::QAndNewKvRow, &r, d_plan()));
   }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
     if (skip()) return;
@@ -592,7 +596,14 @@ class CudaModelOps final : public CudaModelOpsApi {
       }
     }
     for (int r = 0; r < R_run; ++r) rows[r] = r < R_ ? st.logit_rows[size_t(r)] : 0;
-    TETRA_CUDA_CHECK(cudaMemcpyAsync(dev_arrays_.as(), host_, arrays_.end, cudaMemcpyHostToDevice,
+    // The decode attention's plan for these lengths and tables (same for every layer).
+    size_t bytes = arrays_.plan;
+    if (attn_splits_ > 0) {
+      build_split_decode_plan(lens, tab, mb, lim_.kv_block_size, S_run, attn_splits_,
+                              reinterpret_cast<int32_t*>(h + arrays_.plan));
+      bytes += split_decode_plan_ints(S_run, attn_splits_) * 4;
+    }
+    TETRA_CUDA_CHECK(cudaMemcpyAsync(dev_arrays_.as(), host_, bytes, cudaMemcpyHostToDevice,
                                      stream_));
     TETRA_CUDA_CHECK(cudaEventRecord(staged_, stream_));
   }
@@ -682,6 +693,10 @@ class CudaModelOps final : public CudaModelOpsApi {
   const int32_t* d_tables() const { return reinterpret_cast<const int32_t*>(dev_base() + arrays_.tables); }
   const int32_t* d_lens() const { return reinterpret_cast<const int32_t*>(dev_base() + arrays_.lens); }
   const int32_t* d_rows() const { return reinterpret_cast<const int32_t*>(dev_base() + arrays_.rows); }
+  // The step's decode attention plan (stage() writes it when the step has a split count).
+  const int32_t* d_plan() const {
+    return attn_splits_ > 0 ? reinterpret_cast<const int32_t*>(dev_base() + arrays_.plan) : nullptr;
+  }
 
   CudaOpsOptions opt_;
   AllReduceHook all_reduce_;  // tensor parallel sum, or empty

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/fast_div.h"
 #include "core/kernel_smem_attr.h"
+#include "model/cuda/split_decode_plan.h"
 #include "perf/block_stamps.cuh"
 #include "ops/attention/attention_cuda.h"
 #include "ops/rope/rope_turn.cuh"
@@ -28,7 +29,6 @@ constexpr int kChunk = 64;                 // tokens staged at once: 16 per warp
 constexpr int kWarpTokens = kChunk / kWarps;
 constexpr int kStages = 3;                 // chunks in flight per block
 constexpr int kMaxGroup = ops::cuda::kDecodeMaxGroup;  // query heads per kv head: the MMA's M side
-constexpr int kSplitAlign = 16;            // split ranges start on a warp's 16 tokens
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct SplitArgs {
@@ -37,6 +37,7 @@ struct SplitArgs {
   const uint16_t* v_cache;  // [blocks, block_size, n_kv, D] bf16
   const int32_t* tables;    // [S, max_blocks]
   const int32_t* lens;      // [S]
+  const int32_t* plan;      // [S][splits][kSplitPlanInts] (split_decode_plan.h), or nullptr
   int max_blocks, block_size, n_kv, group;
   FastDiv block_div;  // position -> KV block: three instructions, not an integer division
   int64_t q_step;
@@ -139,6 +140,7 @@ constexpr int pieces_per_thread() { return kChunk * (D / 8) / kThreads; }
 template <int D>
 constexpr int piece_row_step() { return kThreads / (D / 8); }
 static_assert(piece_row_step<64>() % 8 == 0 && piece_row_step<128>() % 8 == 0);
+static_assert(kStages * kChunk == kSplitPlanRows && kWarpTokens == kSplitAlign);
 
 // This thread's share of every staged chunk.
 struct PieceGeometry {
@@ -175,6 +177,16 @@ __device__ __forceinline__ void chunk_rows(const SplitArgs& a, const PieceGeomet
       slot[it] = table[blk] * a.block_size + (tok - blk * a.block_size);
     }
   }
+}
+
+// chunk_rows from the step's plan: rows [kChunk] of one chunk, -1 past the block's end (loaded
+// whatever the chunk's length, so they need not wait for the plan's header).
+template <int D>
+__device__ __forceinline__ void plan_rows(const PieceGeometry& pg, const int32_t* rows,
+                                          int32_t (&slot)[pieces_per_thread<D>()]) {
+#pragma unroll
+  for (int it = 0; it < pieces_per_thread<D>(); ++it)
+    slot[it] = rows[pg.j0 + it * piece_row_step<D>()];
 }
 
 // The thread's 16-byte piece of the K and V row that is copied late (after the wait): element
@@ -396,10 +408,19 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
     __syncthreads();
   }
   const int G = a.group;
-  const int len = a.lens[s];
-  const int per = (len + splits - 1) / splits;
-  const int span = (per + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
-  const int begin = min(len, split * span), end = min(len, begin + span);
+  // This block's tokens and the cache rows of its first kStages chunks: from the step's plan in
+  // one round trip (its header and rows are independent loads), or from the lengths and then
+  // the block table.
+  const int32_t* plan = a.plan ? a.plan + (int64_t(s) * splits + split) * kSplitPlanInts : nullptr;
+  int len, begin, end;
+  if (plan) {
+    const int4 h = *reinterpret_cast<const int4*>(plan);
+    begin = h.x, end = h.y, len = h.z;
+  } else {
+    len = a.lens[s];
+    const SplitRange r = split_range(len, splits, split);
+    begin = r.begin, end = r.end;
+  }
   const int chunks = (end - begin + kChunk - 1) / kChunk;
   const int32_t* table = a.tables + int64_t(s) * a.max_blocks;
   const uint32_t base = uint32_t(__cvta_generic_to_shared(smem));
@@ -417,7 +438,10 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
 #pragma unroll
     for (int c = 0; c < kStages; ++c) {
       const int c0 = begin + c * kChunk;
-      chunk_rows<D>(a, pg, table, c0, c < chunks ? min(kChunk, end - c0) : 0, first[c]);
+      if (plan)
+        plan_rows<D>(pg, plan + kSplitPlanHeader + c * kChunk, first[c]);
+      else
+        chunk_rows<D>(a, pg, table, c0, c < chunks ? min(kChunk, end - c0) : 0, first[c]);
     }
 #pragma unroll
     for (int c = 0; c < kStages; ++c) {
@@ -731,7 +755,8 @@ int split_decode_auto_splits(int num_seqs, const ops::AttentionShape& s, int max
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
                                    const ops::AttentionShape& s, uint16_t* out,
                                    cudaStream_t stream, int splits,
-                                   PredecessorWrites predecessor, const DecodeRope* rope) {
+                                   PredecessorWrites predecessor, const DecodeRope* rope,
+                                   const int32_t* plan) {
   const std::string why = split_decode_unsupported_reason(s);
   if (!why.empty()) TETRA_FAIL("split decode attention: ", why);
   TETRA_CHECK(splits >= 0 && splits <= kMaxSplits, "split decode attention: splits ", splits,
@@ -746,6 +771,9 @@ cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, in
   a.v_cache = kv.v_cache;
   a.tables = kv.block_tables;
   a.lens = kv.seq_lens;
+  TETRA_CHECK(plan == nullptr || (splits > 0 && reinterpret_cast<uintptr_t>(plan) % 16 == 0),
+              "split decode attention: a plan needs an explicit split count and 16-byte alignment");
+  a.plan = plan;
   a.max_blocks = kv.max_blocks_per_seq;
   a.block_size = kv.block_size;
   a.block_div = FastDiv(uint32_t(kv.block_size));

@@ -26,6 +26,9 @@
 // the whole read latency chain (lengths -> tables -> K/V) behind it. With DecodeRope the kernel
 // does that RoPE + KV write itself (the model's decode step since session 17: one launch less
 // per layer, GLM-4.5-Air batch 1 -0.7..-1.8% per step), its predecessor being the projection.
+// With a step plan (split_decode_plan.h, written once per step by the host) a block takes its
+// range and its first chunks' cache rows from the plan in one round trip instead of reading
+// the length and then the block table (since session 23: Air batch 1 -0.9%, Qwen3-30B-A3B -2.9%).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -89,11 +92,14 @@ std::string split_decode_rope_unsupported_reason(const ops::AttentionShape& s, i
 // No scratch: the splits merge on chip. splits: 0 picks split_decode_auto_splits, else
 // 1..kMaxSplits blocks per (sequence, kv head). Results are the same bits for either
 // `predecessor`; only what may overlap the predecessor differs. rope: see DecodeRope (implies
-// what QAndNewKvRow allows, without the new row: the attention writes it).
+// what QAndNewKvRow allows, without the new row: the attention writes it). plan: a device copy
+// of build_split_decode_plan (split_decode_plan.h) for kv's lengths and tables at this `splits`
+// (nonzero), complete before the predecessor starts, or nullptr; the same bits either way.
 cudaError_t split_decode_attention(const uint16_t* q, const ops::PagedKv& kv, int num_seqs,
                                    const ops::AttentionShape& s, uint16_t* out,
                                    cudaStream_t stream, int splits = 0,
                                    PredecessorWrites predecessor = PredecessorWrites::Anything,
-                                   const DecodeRope* rope = nullptr);
+                                   const DecodeRope* rope = nullptr,
+                                   const int32_t* plan = nullptr);
 
 }  // namespace tetra::model::cuda
