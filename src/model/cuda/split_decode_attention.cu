@@ -414,8 +414,8 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
   const int32_t* plan = a.plan ? a.plan + (int64_t(s) * splits + split) * kSplitPlanInts : nullptr;
   int len, begin, end;
   if (plan) {
-    const int4 h = *reinterpret_cast<const int4*>(plan);
-    begin = h.x, end = h.y, len = h.z;
+    const SplitPlanHeader h = *reinterpret_cast<const SplitPlanHeader*>(plan);
+    begin = h.begin, end = h.end, len = h.len;
   } else {
     len = a.lens[s];
     const SplitRange r = split_range(len, splits, split);

@@ -1,6 +1,8 @@
 // See split_decode_plan.h.
 #include "model/cuda/split_decode_plan.h"
 
+#include <cstring>
+
 #include "core/error.h"
 #include "model/cuda/split_decode_attention.h"
 
@@ -12,7 +14,8 @@ size_t split_decode_plan_ints(int num_seqs, int splits) {
 
 void build_split_decode_plan(const int32_t* lens, const int32_t* tables, int max_blocks,
                              int block_size, int num_seqs, int splits, int32_t* plan) {
-  TETRA_CHECK(splits >= 1 && splits <= kMaxSplits && block_size > 0 && max_blocks > 0 && num_seqs >= 0,
+  TETRA_CHECK(splits >= 1 && splits <= kMaxSplits && block_size > 0 && max_blocks > 0 &&
+                  num_seqs >= 0,
               "split decode plan: splits ", splits, ", block_size ", block_size, ", max_blocks ",
               max_blocks, ", seqs ", num_seqs);
   for (int s = 0; s < num_seqs; ++s) {
@@ -24,7 +27,8 @@ void build_split_decode_plan(const int32_t* lens, const int32_t* tables, int max
     for (int r = 0; r < splits; ++r) {
       const SplitRange range = split_range(len, splits, r);
       int32_t* p = plan + (size_t(s) * splits + r) * kSplitPlanInts;
-      p[0] = range.begin, p[1] = range.end, p[2] = len, p[3] = 0;
+      const SplitPlanHeader header{range.begin, range.end, len, 0};
+      std::memcpy(p, &header, sizeof(header));  // the caller's array may be only 4-byte aligned
       // Token tok = begin + j sits at offset `off` of table entry `b` (no division per token:
       // at batch 64 a step plans ~12k rows on the host between its launches).
       int b = range.begin / block_size, off = range.begin % block_size;

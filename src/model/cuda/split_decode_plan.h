@@ -5,7 +5,8 @@
 // projection before it still streams its weights. The host has both at hand and one plan
 // serves every layer of a decode step, so CudaModelOps::stage writes it with the step's arrays
 // and the kernel's prologue needs one round trip (H200, GLM-4.5-Air batch 1: the same step with
-// the table lookups left out was 1.1% faster, batch 2 2%; bench/results/2026-12-01-session23-h200.md).
+// the table lookups left out was 1.1% faster, batch 2 2%;
+// bench/results/2026-12-01-session23-h200.md).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -14,9 +15,14 @@
 
 namespace tetra::model::cuda {
 
-inline constexpr int kSplitAlign = 16;       // split ranges start on a warp's 16 tokens
-inline constexpr int kSplitPlanHeader = 4;   // begin, end, len, 0
-inline constexpr int kSplitPlanRows = 192;   // the first three 64-token chunks of a block
+inline constexpr int kSplitAlign = 16;      // split ranges start on a warp's 16 tokens
+inline constexpr int kSplitPlanRows = 192;  // the first three 64-token chunks of a block
+
+// A block's entry starts with its range and its sequence's length (one 16-byte load).
+struct alignas(16) SplitPlanHeader {
+  int32_t begin, end, len, unused;
+};
+inline constexpr int kSplitPlanHeader = int(sizeof(SplitPlanHeader) / sizeof(int32_t));
 inline constexpr int kSplitPlanInts = kSplitPlanHeader + kSplitPlanRows;  // per block
 
 // Tokens [begin, end) of split `split` of `splits` over a sequence of `len` tokens: equal ranges
@@ -34,8 +40,8 @@ TETRA_HD SplitRange split_range(int len, int splits, int split) {
 // Ints of the plan of num_seqs sequences at `splits` splits.
 size_t split_decode_plan_ints(int num_seqs, int splits);
 
-// plan [num_seqs][splits][kSplitPlanInts], block (s, r): {begin, end, len, 0} of
-// split_range(lens[s], splits, r), then the cache row (tables[s][tok / block_size] * block_size +
+// plan [num_seqs][splits][kSplitPlanInts], block (s, r): its SplitPlanHeader (the range of
+// split_range(lens[s], splits, r)), then the cache row (tables[s][tok / block_size] * block_size +
 // tok % block_size) of tokens begin .. begin + kSplitPlanRows - 1, -1 from `end` on.
 // tables [num_seqs][max_blocks]. Throws tetra::Error on a length or table entry out of range.
 void build_split_decode_plan(const int32_t* lens, const int32_t* tables, int max_blocks,
