@@ -37,6 +37,7 @@ constexpr const char* kPatternName[] = {"sweep", "decode", "no_scales", "interle
 constexpr int kWarps = 4;          // k-warps per block, as the late decode kernel
 constexpr int kBlocksPerSm = 8;    // its register cap's occupancy, held here by shared memory
 constexpr int kSlots = 9;          // 8 routed experts + the shared one
+constexpr int kSets = 16;          // rotating expert sets of the timing tests
 
 struct Geometry {
   const char* name;
@@ -259,6 +260,16 @@ struct Pool {
     TETRA_CUDA_CHECK(cudaMalloc(&out, 4));
   }
   ~Pool() { cudaFree(w), cudaFree(s), cudaFree(ids), cudaFree(out); }
+  // For timing: constant bytes, and kSets sets of kSlots experts in ids (launch i reads set
+  // i % kSets, so no launch finds the previous one's bytes in the L2).
+  void fill_for_timing() {
+    TETRA_CUDA_CHECK(cudaMemset(w, 0x5a, (g.w_bytes() + g.s_bytes()) * experts));
+    TETRA_CUDA_CHECK(cudaMemset(s, 0x3c, g.s_bytes() * experts));
+    std::vector<int> h(size_t(kSets) * kSlots);
+    for (int k = 0; k < kSets; ++k)
+      for (int i = 0; i < kSlots; ++i) h[size_t(k) * kSlots + i] = (k * kSlots + i) * 7 % experts;
+    TETRA_CUDA_CHECK(cudaMemcpy(ids, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice));
+  }
   Geometry g;
   int experts;
   uint8_t *w = nullptr, *s = nullptr;
@@ -366,16 +377,9 @@ TEST(BenchTileStream, OneTokenGemmsFusedVsTwoLaunches) {
     const Geometry g2{"down", l.H / 32, l.I / 64};
     const size_t per_expert = g1.w_bytes() + g1.s_bytes() + g2.w_bytes() + g2.s_bytes();
     const int experts = int(std::max<size_t>(64, (size_t(900) << 20) / per_expert));
-    Pool p1(g1, experts), p2(g2, experts);
-    TETRA_CUDA_CHECK(cudaMemset(p1.w, 0x5a, (g1.w_bytes() + g1.s_bytes()) * experts));
-    TETRA_CUDA_CHECK(cudaMemset(p1.s, 0x3c, g1.s_bytes() * experts));
-    TETRA_CUDA_CHECK(cudaMemset(p2.w, 0x5a, (g2.w_bytes() + g2.s_bytes()) * experts));
-    TETRA_CUDA_CHECK(cudaMemset(p2.s, 0x3c, g2.s_bytes() * experts));
-    constexpr int kSets = 16;
-    std::vector<int> ids(size_t(kSets) * kSlots);
-    for (int k = 0; k < kSets; ++k)
-      for (int i = 0; i < kSlots; ++i) ids[size_t(k) * kSlots + i] = (k * kSlots + i) * 7 % experts;
-    TETRA_CUDA_CHECK(cudaMemcpy(p1.ids, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice));
+    Pool p1(g1, experts), p2(g2, experts);  // launch i reads the same set of both
+    p1.fill_for_timing();
+    p2.fill_for_timing();
     const double bytes = double(per_expert) * kSlots;
     const char* names[] = {"gemm1 alone", "gemm2 alone", "gemm1 + gemm2 (pdl)", "fused",
                            "fused + cluster barrier"};
@@ -411,13 +415,7 @@ TEST(BenchTileStream, PatternTable) {
     // A pool of experts 12x the L2 at least; launch i reads the 9 experts of set i % 16.
     const int experts = int(std::max<size_t>(64, (size_t(800) << 20) / (g.w_bytes() + g.s_bytes())));
     Pool pool(g, experts);
-    TETRA_CUDA_CHECK(cudaMemset(pool.w, 0x5a, (g.w_bytes() + g.s_bytes()) * experts));
-    TETRA_CUDA_CHECK(cudaMemset(pool.s, 0x3c, g.s_bytes() * experts));
-    constexpr int kSets = 16;
-    std::vector<int> ids(size_t(kSets) * kSlots);
-    for (int k = 0; k < kSets; ++k)
-      for (int i = 0; i < kSlots; ++i) ids[size_t(k) * kSlots + i] = (k * kSlots + i) * 7 % experts;
-    TETRA_CUDA_CHECK(cudaMemcpy(pool.ids, ids.data(), ids.size() * sizeof(int), cudaMemcpyHostToDevice));
+    pool.fill_for_timing();
     const double bytes = double(g.w_bytes() + g.s_bytes()) * kSlots;
     for (int pattern : {kSweep, kDecode, kNoScales, kInterleaved, kScalesFirst})
       for (int u : {2, 4}) {
