@@ -563,6 +563,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   // finishes: it reads act_ only after griddepcontrol.wait, and nothing else it reads changes.
   MoeGemmProblem p2 = p;
   p2.gemm2_pdl = true;
+  p2.gemm2_one_wave = path_.gemm2_one_wave;
   MoeRows sh;
   MoeGemmProblem ps;
   if (own) {
@@ -719,12 +720,14 @@ CudaTokenPath cuda_token_path_from_env() {
       p.warm_shared = v != 0;
     } else if (key == "g1pdl") {
       p.gemm1_pdl = v != 0;
+    } else if (key == "g2wave") {
+      p.gemm2_one_wave = v != 0;
     } else if (key == "pair") {
       if (v < 0 || v > 2) TETRA_FAIL("TETRA_MOE_TOKEN_PATH: pair=", v, " (0 never, 1 auto, 2 always)");
       p.gemm_pair = v;
     } else {
       TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key,
-                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1pdl)");
+                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1pdl, g2wave)");
     }
   }
   return p;
@@ -735,7 +738,8 @@ std::string cuda_token_path_label(const CudaTokenPath& p) {
   os << "persist<=" << p.persistent_max_tokens << " fused<=" << p.fused_route_max_tokens << " slot<=" << p.shared_slot_max_tokens
      << " side=" << int(p.shared_side_stream) << " pdl=" << int(p.combine_pdl)
      << " tpdl=" << int(p.token_path_pdl) << " warm=" << int(p.warm_shared)
-     << " pair=" << p.gemm_pair << " g1pdl=" << int(p.gemm1_pdl);
+     << " pair=" << p.gemm_pair << " g1pdl=" << int(p.gemm1_pdl)
+     << " g2wave=" << int(p.gemm2_one_wave);
   return os.str();
 }
 

@@ -74,13 +74,17 @@ struct CudaTokenPath {
   // the one-launch token path, which never triggers early: the grid is staged while routing ends
   // and its blocks wait for it before reading the row mapping (MoeGemmProblem::gemm1_pdl).
   bool gemm1_pdl = true;
+  // The routed GEMM2 in 3-warp blocks where only they fit one wave (MoeGemmProblem::
+  // gemm2_one_wave; GLM-4.5-Air at 1 token: decode step -0.5%, session 19). Off gives the
+  // persistent layer's k split, the same bits as it.
+  bool gemm2_one_wave = true;
 };
 
 // The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1,
-// warm=0|1,pair=0|1|2,g1pdl=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
+// warm=0|1,pair=0|1|2,g1pdl=0|1,g2wave=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
 // the model's layers and `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
 CudaTokenPath cuda_token_path_from_env();
-// The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1 pair=1 g1pdl=1" (for
+// The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1 pair=1 g1pdl=1 g2wave=1" (for
 // reports).
 std::string cuda_token_path_label(const CudaTokenPath& p);
 

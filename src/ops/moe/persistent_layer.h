@@ -18,7 +18,8 @@
 //
 // Numerics: the same device code and summation orders as the separate launches (router_dot,
 // route_token_regs, the decode GEMM's 4-warp k split, combine's pair order), so the output is
-// bit-identical to them; the gpu test holds it to that.
+// bit-identical to them where their GEMM2 keeps 4-warp blocks (CudaTokenPath::gemm2_one_wave
+// off; on, a one-wave grid of 3-warp blocks sums k in another order); the gpu test holds it to that.
 //
 // Status (H200, bench/results/2026-11-30-moe-persistent-h200.md; tests/gpu/bench_persistent_layer
 // prints the phase stamps): GLM-5 shapes, 1 token 72-74 us against 80 us for the launches;

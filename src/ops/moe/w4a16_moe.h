@@ -32,6 +32,11 @@ struct MoeGemmProblem {
   // before its wait: the row mapping and weights (act is waited for). Decode kernel only; the
   // tiled kernel ignores it.
   bool gemm2_pdl = false;
+  // GEMM2 with gemm2_pdl on the default decode configuration: 3-warp blocks where only they fit
+  // the grid in one wave on this GPU (moe_detail::one_wave_late_config). Their k split differs
+  // from the 4-warp blocks', so the sums round differently; false keeps 4 warps (the persistent
+  // layer's split: tests compare the two bit for bit).
+  bool gemm2_one_wave = true;
   // GEMM1 (decode kernel, or the pair launch) as a programmatic dependent of the kernel that writes
   // the row mapping: every block waits for it before reading anything. Valid only when that kernel
   // triggers no dependents before it ends (else blocks would sit waiting in SM slots); the other
