@@ -38,7 +38,17 @@ tests_lane() {
                test_moe_layer test_model_cuda"
   [ "$mode" = quick ] && tests="test_runtime_ops_cuda test_linear_cuda test_paged_extend_attention
                                 test_moe_ops_cuda test_model_cuda"
-  for t in $tests; do step "$t" 240 0 "$bin/tests/$t"; done
+  for t in $tests; do
+    if [ "$t" = test_moe_layer ]; then
+      # Two steps: its real-shape cases alone take ~235 s beside the reference lane, and one
+      # 240 s step cut the cases after them in every full run from session 21 to 24 (a failure
+      # among them went unseen since session 19).
+      step test_moe_layer_shapes 300 0 "$bin/tests/$t" --gtest_filter='*Shape*'
+      step test_moe_layer_rest 240 0 "$bin/tests/$t" --gtest_filter='-*Shape*'
+    else
+      step "$t" 240 0 "$bin/tests/$t"
+    fi
+  done
   # 300 s: TokenPathSettingsAgree alone takes ~100 s beside the reference lane (120 s cut it in
   # session 21, every case passed when re-run)
   [ "$mode" = quick ] && step test_moe_layer_new 300 0 "$bin/tests/test_moe_layer" \
