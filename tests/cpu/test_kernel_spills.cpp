@@ -85,13 +85,13 @@ void expect_no_spills(const std::vector<KernelBudget>& kernels) {
 
 TEST(KernelSpills, DecodeMoeGemmsAtTheirDecodeConfigurations) {
   const auto all = compile_and_read("src/ops/moe/w4a16_decode.cu");
-  // moe_decode_kernel<NT, KW, U, LATE, MINB, GATED, OUT_F32, DIAG>: the default late
-  // configuration (1, 4, 2, true, 8) and the one-wave GEMM2 (1, 3, 2, true, 10), full math
-  // (DIAG 0), in each of their three output forms.
+  // moe_decode_kernel<NT, KW, U, LATE, MINB, GATED, OUT_F32, DIAG, SCALES_SMEM>: the default
+  // late configuration (1, 4, 2, true, 8) and the one-wave GEMM2 (1, 3, 2, true, 10), full math
+  // (DIAG 0), in each of their three output forms, scales loaded or staged in shared memory.
   const auto late = matching(all, R"(moe_decode_kernelILi1ELi4ELi2ELb1ELi8ELb[01]ELb[01]ELi0E)");
   const auto narrow = matching(all, R"(moe_decode_kernelILi1ELi3ELi2ELb1ELi10ELb[01]ELb[01]ELi0E)");
-  ASSERT_EQ(late.size(), 3u);
-  ASSERT_EQ(narrow.size(), 3u);
+  ASSERT_EQ(late.size(), 6u);
+  ASSERT_EQ(narrow.size(), 6u);
   expect_no_spills(late);
   expect_no_spills(narrow);
   for (const KernelBudget& k : late) EXPECT_LE(k.registers, 64) << k.name;  // 8 blocks per SM

@@ -286,10 +286,19 @@ void run_case(const Case& c, uint32_t seed) {
       {MoeKernel::kDecode, true, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 5}, true},
       {MoeKernel::kDecode, true, {.late_x = true, .chunks_per_batch = 4, .min_blocks_per_sm = 6}},
       {MoeKernel::kDecode, true, {.late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 8}, true},
+      // ... with the scales staged in shared memory, and without (whatever decode_scales_in_smem
+      // would pick for the grid)
+      {MoeKernel::kDecode, true,
+       {.late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 8, .scales_smem = 1}, true},
+      {MoeKernel::kDecode, true,
+       {.late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 8, .scales_smem = 0}},
       {MoeKernel::kDecode, true,
        {.k_warps = 2, .late_x = true, .chunks_per_batch = 8, .min_blocks_per_sm = 8}},
       {MoeKernel::kDecode, true,  // the 3-warp one-wave variant (one_wave_late_config)
        {.k_warps = 3, .late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 10}, true},
+      {MoeKernel::kDecode, true,
+       {.k_warps = 3, .late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 10,
+        .scales_smem = 1}, true},
       {MoeKernel::kTiled, true, {.tiled_blocks_per_sm = 1}},  // tiled, one block per SM
       {MoeKernel::kTiled, false, {}},                       // tiled, two blocks per SM
       {MoeKernel::kWgmma, false, {}},                       // warpgroup MMA (SM90a)

@@ -30,9 +30,15 @@ namespace {
 // its first activation read (griddepcontrol.wait as a programmatic dependent; a per-expert
 // counter in the pair kernel). Returns false when the slot has no rows (nothing written).
 // t_mid: for block stamps (perf/block_stamps.h), when the wait returned and when the first
-// weight batch had been multiplied (left as they are without stamps).
+// weight batch had been multiplied (left as they are without stamps). SCALES_SMEM (late kernel,
+// DecodeConfig::scales_smem): each warp copies its k range's scale pieces into shared memory with
+// 16-byte cp.async before its first weight batch, instead of 2-byte loads beside every batch.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
 template <int NT, int KW, int U, bool LATE, bool GATED, bool OUT_F32, int DIAG, bool XWEAK,
-          class WaitX>
+          class WaitX, bool SCALES_SMEM = false>
 __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair, int slot,
                                              WaitX wait_x, uint64_t (&t_mid)[2]) {
   static_assert(DIAG == kDecodeFull || (LATE && NT == 1), "diagnostics: the late n8 kernel only");
@@ -64,6 +70,18 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
   const uint8_t* sp0 = a.s + (size_t(e) * tiles + tile0) * chunks * kTileChunkScales + lane * 2;
 
   __shared__ float red[KW][2][NT][4][32];  // per-warp partial sums, lane fastest
+  // [warp][tile][chunk of the warp's range][lane] scale pairs, as in global memory
+  __shared__ __align__(16) uint8_t
+      sc_s[SCALES_SMEM ? KW : 1][2][SCALES_SMEM ? kScalesSmemMaxWarpChunks * kTileChunkScales : 16];
+  if constexpr (SCALES_SMEM) {
+    const int pieces = (c_end - c_begin) * 4;  // 16-byte pieces per tile
+    const uint8_t* src0 = a.s + ((size_t(e) * tiles + tile0) * chunks + c_begin) * kTileChunkScales;
+    for (int i = lane; i < 2 * pieces; i += 32) {
+      const int t = i >= pieces, j = i - t * pieces;
+      cp_async16(&sc_s[warp][t][j * 16], src0 + size_t(t) * chunks * kTileChunkScales + j * 16);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
   // One pass over the expert's rows reads its weights once: evict them first from L2. More
   // passes read them again, so they keep normal priority there.
   const uint64_t policy = cnt <= 8 * NT ? l2_evict_first_policy() : l2_evict_normal_policy();
@@ -76,8 +94,10 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
         const size_t cc = size_t(c + u);
         wv[u][0] = ld_stream_u4(wp0 + cc * kTileChunkBytes, policy);
         wv[u][1] = ld_stream_u4(wp0 + (cc + chunks) * kTileChunkBytes, policy);
-        sv[u][0] = ld_stream_u16(sp0 + cc * kTileChunkScales, policy);
-        sv[u][1] = ld_stream_u16(sp0 + (cc + chunks) * kTileChunkScales, policy);
+        if constexpr (!SCALES_SMEM) {
+          sv[u][0] = ld_stream_u16(sp0 + cc * kTileChunkScales, policy);
+          sv[u][1] = ld_stream_u16(sp0 + (cc + chunks) * kTileChunkScales, policy);
+        }
       }
     }
   };
@@ -150,6 +170,19 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
         wait_x();
         if (!a.wait_first) t_mid[0] = perf::stamp_time();
       }
+      if constexpr (SCALES_SMEM) {
+        if (tok0 == 0 && c == c_begin) {  // the copies of this warp's range have landed
+          asm volatile("cp.async.wait_group 0;" ::: "memory");
+          __syncwarp();
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+            if (c + u < c_end)
+              sv[u][t] = *reinterpret_cast<const uint16_t*>(
+                  &sc_s[warp][t][(c + u - c_begin) * kTileChunkScales + lane * 2]);
+      }
       if constexpr (LATE) {
         compute_batch_late(c, wv, sv);
         if (tok0 == 0 && c == c_begin) t_mid[1] = perf::stamp_time();
@@ -218,7 +251,7 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
 // MINB: blocks per SM the register allocation must allow (0: no cap); without a cap the compiler
 // hoists the late loads back up and spends the saved registers.
 template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32,
-          int DIAG = kDecodeFull>
+          int DIAG = kDecodeFull, bool SCALES_SMEM = false>
 __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
     moe_decode_kernel(const GroupedGemmArgs a) {
   const uint64_t t_start = perf::stamp_time();
@@ -226,9 +259,9 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
   // Launched as a programmatic dependent (GEMM2 after GEMM1), a block may start while the
   // previous grid still runs: it waits for that grid before reading activations (a no-op for a
   // normal launch).
-  decode_block<NT, KW, U, LATE, GATED, OUT_F32, DIAG, false>(
-      a, int(blockIdx.x), int(blockIdx.y),
-      [] { asm volatile("griddepcontrol.wait;" ::: "memory"); }, t_mid);
+  auto wait = [] { asm volatile("griddepcontrol.wait;" ::: "memory"); };
+  decode_block<NT, KW, U, LATE, GATED, OUT_F32, DIAG, false, decltype(wait), SCALES_SMEM>(
+      a, int(blockIdx.x), int(blockIdx.y), wait, t_mid);
   // Block stamps: start, wait returned, first batch multiplied, end (0 where it did not run).
   if (threadIdx.x == 0)
     perf::block_stamp(a.stamps, GATED ? perf::kStampMoeGemm1 : perf::kStampMoeGemm2,
@@ -291,7 +324,7 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
 }
 
 template <int NT, int KW, int U, bool LATE, int MINB, int DIAG = kDecodeFull>
-cudaError_t launch_variant(const GroupedGemmArgs& args, cudaStream_t stream) {
+cudaError_t launch_variant(const GroupedGemmArgs& args, cudaStream_t stream, int scales_smem = 0) {
   GroupedGemmArgs a = args;
   a.stamps = perf::block_stamp_buffer();
   if (a.stamps) a.stamp_launch = perf::next_block_stamp_launch();
@@ -299,6 +332,18 @@ cudaError_t launch_variant(const GroupedGemmArgs& args, cudaStream_t stream) {
   const dim3 block(KW * 32);
   // a.pdl: programmatic dependent launch (the kernel waits before reading activations).
   const KernelLaunch launch(grid, block, stream, a.pdl);
+  if constexpr (LATE && DIAG == kDecodeFull && NT == 1) {
+    const int sms = current_device_sm_count();
+    if (scales_smem < 0)
+      scales_smem = decode_scales_in_smem(long(grid.x) * grid.y, MINB, sms, a.k, KW) ? 1 : 0;
+    if (scales_smem > 0 && (a.k / kChunkK + KW - 1) / KW > kScalesSmemMaxWarpChunks)
+      return cudaErrorInvalidValue;  // the staging buffer holds kScalesSmemMaxWarpChunks chunks
+    if (scales_smem > 0) {
+      if (a.gated) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, DIAG, true>, a);
+      if (a.out_f32) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, DIAG, true>, a);
+      return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, DIAG, true>, a);
+    }
+  }
   if (a.gated) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, DIAG>, a);
   if (a.out_f32) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, DIAG>, a);
   return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, DIAG>, a);
@@ -334,13 +379,14 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
         a, stream);
   if (c.diag != kDecodeFull) return cudaErrorInvalidValue;
   switch (k) {
-    case key(1, 4, 4, 4): return launch_variant<1, 4, 4, true, 4>(a, stream);
-    case key(1, 4, 4, 5): return launch_variant<1, 4, 4, true, 5>(a, stream);
-    case key(1, 4, 4, 6): return launch_variant<1, 4, 4, true, 6>(a, stream);
-    case key(1, 4, 2, 8): return launch_variant<1, 4, 2, true, 8>(a, stream);
+    case key(1, 4, 4, 4): return launch_variant<1, 4, 4, true, 4>(a, stream, c.scales_smem);
+    case key(1, 4, 4, 5): return launch_variant<1, 4, 4, true, 5>(a, stream, c.scales_smem);
+    case key(1, 4, 4, 6): return launch_variant<1, 4, 4, true, 6>(a, stream, c.scales_smem);
+    case key(1, 4, 2, 8): return launch_variant<1, 4, 2, true, 8>(a, stream, c.scales_smem);
     case key(1, kLateNarrowKWarps, 2, kLateNarrowBlocksPerSm):
-      return launch_variant<1, kLateNarrowKWarps, 2, true, kLateNarrowBlocksPerSm>(a, stream);
-    case key(1, 2, 8, 8): return launch_variant<1, 2, 8, true, 8>(a, stream);
+      return launch_variant<1, kLateNarrowKWarps, 2, true, kLateNarrowBlocksPerSm>(a, stream,
+                                                                                c.scales_smem);
+    case key(1, 2, 8, 8): return launch_variant<1, 2, 8, true, 8>(a, stream, c.scales_smem);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -358,6 +404,12 @@ cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs&
   b2.wait_first = a1.wait_first;
   const KernelLaunch launch(dim3(blocks), dim3(kLateKWarps * 32), stream, a1.pdl);
   return launch(moe_decode_pair_kernel, a1, b2, done);
+}
+
+bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k_warps) {
+  const long wave = long(blocks_per_sm) * sms;
+  return blocks_per_sm > 0 && 2 * blocks >= wave && blocks <= wave && k_warps > 0 &&
+         (k / kChunkK + k_warps - 1) / k_warps <= kScalesSmemMaxWarpChunks;
 }
 
 DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c) {

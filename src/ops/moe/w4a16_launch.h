@@ -58,10 +58,15 @@ struct DecodeConfig {
   int chunks_per_batch = 4;     // late_x: 64-k chunks per warp load batch
   int min_blocks_per_sm = 0;    // late_x: register cap for this many blocks per SM (0: 16 / k_warps)
   int diag = 0;                 // late_x: a DecodeDiag mode (benchmarks only; results meaningless)
+  // late_x, 8 rows per pass: each warp's scale pieces as 2-byte loads beside every weight batch
+  // (0) or its whole k range of them copied into shared memory first, 16 bytes per cp.async (1);
+  // -1 picks by decode_scales_in_smem. Same bits either way.
+  int scales_smem = -1;
 };
 inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
   os << "decode(n" << 8 * c.token_tiles << ",kw" << c.k_warps;
   if (c.late_x) os << ",late,u" << c.chunks_per_batch << ",b" << c.min_blocks_per_sm;
+  if (c.late_x && c.scales_smem >= 0) os << (c.scales_smem ? ",scales-smem" : ",scales-ld");
   return os << ")";
 }
 // Whether c is the default late configuration (kLate* above), the one the pair kernel runs.
@@ -75,6 +80,15 @@ cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream
 // The default late configuration c, or its 3-warp variant where only that one runs a's grid in
 // one wave on this device.
 DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c);
+// Whether the late kernel stages its scales in shared memory (DecodeConfig::scales_smem = -1):
+// for grids of half a wave to one wave (blocks per SM between half and all of blocks_per_sm)
+// whose warps' k ranges fit the staging buffer (kScalesSmemMaxWarpChunks chunks). Measured on the
+// H200 (bench/results/2026-12-01-session24-h200.md): GLM-4.5-Air decode batch 1 -1.5% (GEMM1 at
+// 6 of 8 blocks per SM, GEMM2 at 8.7 of 10), while Qwen3-30B-A3B's one-token grids (2.9 and 3.9
+// blocks per SM) ran 1.1% slower with it: the copy's round trip before the first multiply costs
+// where few blocks share an SM, the many 64-byte scale requests where many do.
+inline constexpr int kScalesSmemMaxWarpChunks = 32;
+bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k_warps);
 // k-warps for the classic decode kernel on a's grid: 8 under two blocks per SM (more bytes in
 // flight per SM where blocks are few: a dense linear, a shared expert's own launch), else 4.
 int classic_decode_k_warps(const GroupedGemmArgs& a);
