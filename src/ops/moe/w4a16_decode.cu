@@ -11,6 +11,8 @@
 // wave (one_wave_late_config).
 // The pair kernel runs GEMM1 and GEMM2 of that configuration as one grid, GEMM2's blocks waiting
 // per expert on counters instead of for the whole GEMM1 grid (moe_w4a16_gemm_pair).
+// Grids of half a wave to one wave stage each warp's scale pieces in shared memory first
+// (decode_scales_in_smem): fewer, larger requests where many blocks share an SM.
 #include <cuda_runtime.h>
 
 #include "core/cuda_check.h"
