@@ -35,10 +35,6 @@ namespace {
 // weight batch had been multiplied (left as they are without stamps). SCALES_SMEM (late kernel,
 // DecodeConfig::scales_smem): each warp copies its k range's scale pieces into shared memory with
 // 16-byte cp.async before its first weight batch, instead of 2-byte loads beside every batch.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
 template <int NT, int KW, int U, bool LATE, bool GATED, bool OUT_F32, int DIAG, bool XWEAK,
           class WaitX, bool SCALES_SMEM = false>
 __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair, int slot,
@@ -80,9 +76,9 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
     const uint8_t* src0 = a.s + ((size_t(e) * tiles + tile0) * chunks + c_begin) * kTileChunkScales;
     for (int i = lane; i < 2 * pieces; i += 32) {
       const int t = i >= pieces, j = i - t * pieces;
-      cp_async16(&sc_s[warp][t][j * 16], src0 + size_t(t) * chunks * kTileChunkScales + j * 16);
+      cp_async_16(&sc_s[warp][t][j * 16], src0 + size_t(t) * chunks * kTileChunkScales + j * 16, 16);
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_async_commit();
   }
   // One pass over the expert's rows reads its weights once: evict them first from L2. More
   // passes read them again, so they keep normal priority there.
@@ -174,8 +170,8 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
       }
       if constexpr (SCALES_SMEM) {
         if (tok0 == 0 && c == c_begin) {  // the copies of this warp's range have landed
-          asm volatile("cp.async.wait_group 0;" ::: "memory");
-          __syncwarp();
+          cp_async_wait<0>();
+          __syncwarp();  // also orders the shared-memory reads below after the wait
         }
 #pragma unroll
         for (int u = 0; u < U; ++u)
@@ -334,21 +330,23 @@ cudaError_t launch_variant(const GroupedGemmArgs& args, cudaStream_t stream, int
   const dim3 block(KW * 32);
   // a.pdl: programmatic dependent launch (the kernel waits before reading activations).
   const KernelLaunch launch(grid, block, stream, a.pdl);
+  // The kernel of a's output form (act bf16, y f32, y bf16), scales loaded or staged.
+  auto go = [&]<bool SCALES_SMEM>() {
+    if (a.gated)
+      return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, DIAG, SCALES_SMEM>, a);
+    if (a.out_f32)
+      return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, DIAG, SCALES_SMEM>, a);
+    return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, DIAG, SCALES_SMEM>, a);
+  };
   if constexpr (LATE && DIAG == kDecodeFull && NT == 1) {
-    const int sms = current_device_sm_count();
     if (scales_smem < 0)
-      scales_smem = decode_scales_in_smem(long(grid.x) * grid.y, MINB, sms, a.k, KW) ? 1 : 0;
-    if (scales_smem > 0 && (a.k / kChunkK + KW - 1) / KW > kScalesSmemMaxWarpChunks)
+      scales_smem = decode_scales_in_smem(long(grid.x) * grid.y, MINB, current_device_sm_count(),
+                                          a.k, KW);
+    if (scales_smem > 0 && decode_warp_chunks(a.k, KW) > kScalesSmemMaxWarpChunks)
       return cudaErrorInvalidValue;  // the staging buffer holds kScalesSmemMaxWarpChunks chunks
-    if (scales_smem > 0) {
-      if (a.gated) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, DIAG, true>, a);
-      if (a.out_f32) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, DIAG, true>, a);
-      return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, DIAG, true>, a);
-    }
+    if (scales_smem > 0) return go.template operator()<true>();
   }
-  if (a.gated) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, true, false, DIAG>, a);
-  if (a.out_f32) return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, true, DIAG>, a);
-  return launch(moe_decode_kernel<NT, KW, U, LATE, MINB, false, false, DIAG>, a);
+  return go.template operator()<false>();
 }
 
 // The original register-streaming shape (U = 4, activations with the weights), every NT.
@@ -411,7 +409,7 @@ cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs&
 bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k_warps) {
   const long wave = long(blocks_per_sm) * sms;
   return blocks_per_sm > 0 && 2 * blocks >= wave && blocks <= wave && k_warps > 0 &&
-         (k / kChunkK + k_warps - 1) / k_warps <= kScalesSmemMaxWarpChunks;
+         decode_warp_chunks(k, k_warps) <= kScalesSmemMaxWarpChunks;
 }
 
 DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c) {

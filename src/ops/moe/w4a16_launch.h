@@ -88,6 +88,10 @@ DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c);
 // blocks per SM) ran 1.1% slower with it: the copy's round trip before the first multiply costs
 // where few blocks share an SM, the many 64-byte scale requests where many do.
 inline constexpr int kScalesSmemMaxWarpChunks = 32;
+// The most 64-k chunks one of k_warps warps takes of k (the decode kernel splits k by chunks).
+inline constexpr int decode_warp_chunks(int k, int k_warps) {
+  return (k / 64 + k_warps - 1) / k_warps;
+}
 bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k_warps);
 // k-warps for the classic decode kernel on a's grid: 8 under two blocks per SM (more bytes in
 // flight per SM where blocks are few: a dense linear, a shared expert's own launch), else 4.
