@@ -302,6 +302,11 @@ void run_case(const Case& c, uint32_t seed) {
       {MoeKernel::kTiled, true, {.tiled_blocks_per_sm = 1}},  // tiled, one block per SM
       {MoeKernel::kTiled, false, {}},                       // tiled, two blocks per SM
       {MoeKernel::kWgmma, false, {}},                       // warpgroup MMA (SM90a)
+      // ... with k split over clusters of 2 and 8 blocks (shapes with fewer chunks than blocks
+      // leave ranks without work) and each token tile forced
+      {MoeKernel::kWgmma, true, {.wgmma = {.k_split = 2, .token_tile = 32}}},
+      {MoeKernel::kWgmma, true, {.wgmma = {.k_split = 8, .token_tile = 128}}},
+      {MoeKernel::kWgmma, true, {.wgmma = {.k_split = 1, .token_tile = 128}}},
   };
   // The wgmma kernel reads x and act in wgmma order (moe/wgmma_order.h) and writes act so.
   DevBuf<uint16_t> d_xw(size_t(x_rows) * H), d_act_in_w(size_t(total) * I);

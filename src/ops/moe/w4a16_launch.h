@@ -10,6 +10,26 @@
 
 namespace tetra::moe_detail {
 
+// Several plain matrices over the same x (q, k and v) as one launch of the wgmma kernel: output
+// rows [n_begin, n_end) of segment i are the rows of its own matrix (w, s, alpha), written as
+// bf16(bf16(acc * alpha) + bias) to out [rows, n_end - n_begin]. Segment ends are multiples of 16
+// (a warp's weight tile); a block's 256 rows may span segments. One expert (num_slots 1); the
+// GroupedGemmArgs' w, s, alpha0 and out are then unused. A kernel parameter of its own, so the
+// other kernels' GroupedGemmArgs stay as small as they were.
+struct OutSegment {
+  int n_end = 0;
+  const uint8_t* w = nullptr;      // [n/16][K/64][32][16] of this segment's matrix
+  const uint8_t* s = nullptr;      // [n/16][K/64][32][2]
+  const float* alpha = nullptr;    // [1]
+  const uint16_t* bias = nullptr;  // [n] bf16, or null
+  uint16_t* out = nullptr;         // [rows, n] bf16
+};
+inline constexpr int kMaxOutSegments = 3;
+struct OutSegments {
+  int count = 0;  // 0: the plain output (a.w, a.s, a.alpha0, a.out)
+  OutSegment seg[kMaxOutSegments];
+};
+
 // One grouped GEMM as the kernels see it: packed weights W [E][N/16][K/64][32][16] times rows of
 // x [.., K] bf16, written to out [total_rows, N_out].
 struct GroupedGemmArgs {
@@ -48,6 +68,15 @@ inline constexpr int kLateKWarps = 4, kLateChunks = 2, kLateBlocksPerSm = 8;
 // Its 3-warp variant, 10 blocks per SM under the same 64-register cap.
 inline constexpr int kLateNarrowKWarps = 3, kLateNarrowBlocksPerSm = 10;
 
+// The wgmma kernel's shape (0 = the launcher's choice).
+struct WgmmaConfig {
+  // k split over a thread-block cluster of this many blocks (1, 2, 4 or 8); each block
+  // multiplies its share of the 64-k chunks and rank 0 sums the partials in rank order over
+  // distributed shared memory (deterministic). 0: wgmma_k_split() picks.
+  int k_split = 0;
+  int token_tile = 0;  // 32 (two blocks per SM) or 128; 0: 32 up to 32 rows per slot on average
+};
+
 struct DecodeConfig {
   int token_tiles = 1;  // n8 tiles of tokens per pass (1, 2 or 4)
   int k_warps = 4;      // warps splitting k inside a block (4 or 8)
@@ -62,6 +91,7 @@ struct DecodeConfig {
   // (0) or its whole k range of them copied into shared memory first, 16 bytes per cp.async (1);
   // -1 picks by decode_scales_in_smem. Same bits either way.
   int scales_smem = -1;
+  WgmmaConfig wgmma;  // the wgmma kernel only
 };
 inline std::ostream& operator<<(std::ostream& os, const DecodeConfig& c) {
   os << "decode(n" << 8 * c.token_tiles << ",kw" << c.k_warps;
@@ -101,7 +131,19 @@ int classic_decode_k_warps(const GroupedGemmArgs& a);
 cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs& a2,
                                uint32_t* done, cudaStream_t stream);
 cudaError_t launch_tiled(const GroupedGemmArgs& a, int blocks_per_sm, cudaStream_t stream);
-cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream);  // w4a16_wgmma.cu
+// w4a16_wgmma.cu. Returns cudaErrorInvalidValue for a k_split or token_tile it does not build.
+cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream, WgmmaConfig cfg = {},
+                         const OutSegments& segments = {});
+// The k split for a wgmma grid of `blocks` blocks (an upper bound of those with work) of `chunks`
+// 64-k chunks each: doubled from 1 while the split grid still has at most one block per SM of the
+// device's `sms` and every block keeps at least kWgmmaMinSplitChunks chunks (the pipeline is 4
+// stages of 2), up to clusters of 4 for the one-block-per-SM tile and 8 for the two-per-SM one.
+// Measured on the H200 (bench/results/2026-12-01-session25-h200.md): more blocks than SMs, or
+// clusters of 8 of the large tile, ran slower (GLM-4.5-Air o_proj at 64 rows 55 us at S = 4, 86
+// at 8). A dense linear of 16..255 rows gives the kernel only N / 256 column blocks: GLM-4.5-Air's
+// q/k/v 56, o_proj 16.
+inline constexpr int kWgmmaMinSplitChunks = 8;
+int wgmma_k_split(long blocks, int blocks_per_sm, int sms, int chunks);
 
 // The public launchers with an explicit decode configuration (benchmarks sweep these).
 // decode_cfg == nullptr: the heuristic's choice.

@@ -148,7 +148,7 @@ cudaError_t run(const MoeGemmProblem& p, moe_detail::GroupedGemmArgs a, MoeKerne
   if (cfg == nullptr && c.late_x && a.pdl && !a.gated && p.gemm2_one_wave)
     c = moe_detail::one_wave_late_config(a, c);
   if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, c.tiled_blocks_per_sm, stream);
-  if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream);
+  if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream, c.wgmma);
   return moe_detail::launch_decode(a, c, stream);
 }
 

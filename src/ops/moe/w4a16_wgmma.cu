@@ -15,10 +15,21 @@
 // activations in wgmma's K-major layout without swizzle, "core matrices" of 8 tokens x 16 bytes:
 // group g of token r at g * kGroupStride + 16 r (the 16-byte pad in the stride puts the 8 groups
 // on different banks). GEMM1 writes act in wgmma order for GEMM2.
+// Several matrices over the same x (OutSegments: q, k and v) run as one, each tile's weights read
+// from its own matrix and written to its own output.
+// Split k (WgmmaConfig::k_split = S > 1): the grid's z is a thread-block cluster of S blocks over
+// the same tile, block z multiplying its share of the 64-k chunks; the partial sums meet over
+// distributed shared memory, each rank summing its share of the tile's outputs over the ranks in
+// rank order (the same bits on every run) and writing it. For the dense linears of 16..255 rows,
+// whose one matrix gives the kernel too few column blocks to fill the GPU.
 // Measured on the H200 (GLM-5, 4096 tokens, GEMM1 + GEMM2): 6.1-6.4 ms vs 9.9 ms for the tiled
 // kernel; bench/results/2026-11-30-moe-wgmma-h200.md and -moe-small-batch-h200.md have the steps.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
+#include "core/cuda_check.h"
 #include "core/kernel_smem_attr.h"
 #include "moe/wgmma_order.h"
 #include "ops/moe/mbarrier.cuh"
@@ -38,6 +49,7 @@ namespace {
 constexpr int kStages = 4;       // pipeline stages; loads run kStages - 1 stages ahead
 constexpr int kStageChunks = 2;  // 64-k chunks per stage
 constexpr int kGroups = kChunkK / 8;                 // k groups of 8 per chunk
+constexpr int kMaxKSplit = 8;    // the portable cluster size
 
 constexpr int kThreads = 512;    // four warpgroups; warp w owns weight tile w of the block
 constexpr int kTilesM = 16;      // 16-row weight tiles per block (256 rows)
@@ -63,6 +75,7 @@ struct TokenTile {
   static_assert((kWBytes + kSBytes) % 16 == 0 && kChunkBytes % 16 == 0, "16-byte aligned regions");
   static_assert(kRowsN * kGroups % kThreads == 0 || kRowsN * kGroups < kThreads, "x copies");
   static_assert(kBlocksPerSm * kSmemBytes <= 227 * 1024, "blocks per SM fit shared memory");
+  static_assert(kAcc * kThreads * 4 <= kSmemBytes, "split k: a block's partial sums fit");
 };
 
 #ifndef TETRA_NO_WGMMA
@@ -130,7 +143,7 @@ __device__ __forceinline__ void wgmma_m64nNk16<16>(float (&d)[64], const uint32_
 
 template <int kRowsN, bool GATED, bool OUT_F32>
 __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
-    moe_wgmma_kernel(const GroupedGemmArgs a) {
+    moe_wgmma_kernel(const GroupedGemmArgs a, const OutSegments segments) {
 #ifdef TETRA_NO_WGMMA
   __trap();
 #else
@@ -154,20 +167,36 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
     s_src[tid] = token < cnt ? (a.rows.gather ? a.rows.gather[start + token] : start + token) : -1;
   }
 
-  const int chunks = a.k / kChunkK;
+  const int all_chunks = a.k / kChunkK;
   const int tiles_total = a.n / 16;
   const int tile0 = int(blockIdx.x) * kTilesM;
-  const uint8_t* wbase = a.w + size_t(e) * tiles_total * chunks * kTileChunkBytes;
-  const uint8_t* sbase = a.s + size_t(e) * tiles_total * chunks * kTileChunkScales;
+  const uint8_t* wbase = a.w + size_t(e) * tiles_total * all_chunks * kTileChunkBytes;
+  const uint8_t* sbase = a.s + size_t(e) * tiles_total * all_chunks * kTileChunkScales;
   const int warp = tid / 32, lane = tid % 32;
+  // This block's chunks [c_begin, c_begin + chunks) of the k split (split = gridDim.z).
+  const int split = int(gridDim.z), rank = int(blockIdx.z);
+  const int c_begin = rank * all_chunks / split;
+  const int chunks = (rank + 1) * all_chunks / split - c_begin;
 
   // ---- this thread's copy sources and targets
+  // Tile t's weights and scales: expert e's, or (several matrices) those of t's segment.
+  auto tile_base = [&](int t, bool scales) {
+    const size_t per_tile = size_t(all_chunks) * (scales ? kTileChunkScales : kTileChunkBytes);
+    if (segments.count == 0) return (scales ? sbase : wbase) + size_t(t) * per_tile;
+    int si = 0, t0 = 0;
+    while (si + 1 < segments.count && t * 16 >= segments.seg[si].n_end)
+      t0 = segments.seg[si++].n_end / 16;
+    return (scales ? segments.seg[si].s : segments.seg[si].w) + size_t(t - t0) * per_tile;
+  };
   const int my_tile = tile0 + warp;  // weight copy: lane piece of tile `warp`
   const bool w_ok = my_tile < tiles_total;
-  const uint8_t* wsrc = wbase + size_t(w_ok ? my_tile : 0) * chunks * kTileChunkBytes + lane * 16;
+  const uint8_t* wsrc = tile_base(w_ok ? my_tile : 0, false) + size_t(c_begin) * kTileChunkBytes +
+                        lane * 16;
   const int s_tile = tile0 + tid / 4;  // scale copy (tid < 4 * kTilesM): 16 B of one tile's 64
   const bool s_ok = tid < 4 * kTilesM && s_tile < tiles_total;
-  const uint8_t* ssrc = sbase + size_t(s_ok ? s_tile : 0) * chunks * kTileChunkScales + (tid % 4) * 16;
+  const uint8_t* ssrc = tile_base(s_ok ? s_tile : 0, true) + size_t(c_begin) * kTileChunkScales +
+                        (tid % 4) * 16;
+  const uint16_t* xsrc = a.x + size_t(c_begin) * kChunkK;  // this block's k range of x rows
   __syncthreads();  // s_src
 
   // One chunk's copies into its place (sub-chunk h of stage `stage`).
@@ -182,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
       if (kRowsN * kGroups < kThreads && token >= kRowsN) break;
       const int src = s_src[token];
       cp_async_16(ch + kWBytes + kSBytes + group * kGroupStride + token * 16,
-                  a.x + size_t(src < 0 ? 0 : src) * a.k + c * kChunkK + 8 * group, src < 0 ? 0 : 16);
+                  xsrc + size_t(src < 0 ? 0 : src) * a.k + c * kChunkK + 8 * group, src < 0 ? 0 : 16);
     }
   };
   const int stages = (chunks + kStageChunks - 1) / kStageChunks;
@@ -270,6 +299,34 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
     main_loop.template operator()<16>();
   cp_async_wait<0>();
 
+  // Split k: rank r owns accumulators [r kAcc / S, (r + 1) kAcc / S) of every thread. Each rank
+  // stores its partial sums in its own shared memory (the pipeline's, idle now), then sums its
+  // owned ones over ranks 0..S-1 in that order (the same bits on every run) and writes them: the
+  // reduction's reads and the epilogue's stores are spread over the cluster.
+  const int own_lo = rank * kAcc / split, own_hi = (rank + 1) * kAcc / split;
+  auto owned = [&](int i) { return i >= own_lo && i < own_hi; };
+  if (split > 1) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    float* part = reinterpret_cast<float*>(smem);  // [kAcc][kThreads]
+    __syncthreads();  // every warp is past its last read of the pipeline stages
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) part[i * kThreads + tid] = acc[i];
+    cluster.sync();  // every rank's partials are written and visible to the cluster
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i)
+      if (owned(i)) acc[i] = 0.0f;
+    for (int r = 0; r < split; ++r) {
+      // One rank's owned partials as independent loads (a chain per accumulator would wait a
+      // distributed-shared-memory round trip per element).
+      const float* src = cluster.map_shared_rank(part, r);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i)
+        if (owned(i)) acc[i] += src[i * kThreads + tid];
+    }
+    cluster.sync();  // no block reuses or leaves its shared memory while another still reads it
+  }
+
   // ---- epilogue. acc[4 j + r]: weight row 16 * warp + g (+8 for r >= 2) of the block, token
   // tok0 + 8 j + 2 t + (r & 1).
   const int g = lane / 4, t = lane % 4;
@@ -280,7 +337,8 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
     float* xchg = reinterpret_cast<float*>(smem);  // [kTilesM / 2][kAcc][32]
     if (warp % 2 == 1) {
 #pragma unroll
-      for (int i = 0; i < kAcc; ++i) xchg[((warp / 2) * kAcc + i) * 32 + lane] = acc[i];
+      for (int i = 0; i < kAcc; ++i)
+        if (owned(i)) xchg[((warp / 2) * kAcc + i) * 32 + lane] = acc[i];
     }
     __syncthreads();
     if (warp % 2 == 1 || !w_ok) return;
@@ -290,12 +348,33 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const int token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
-      if (token < cnt) {
+      if (owned(i) && token < cnt) {
         const int n = (my_tile / 2) * 16 + g + ((i & 3) >= 2 ? 8 : 0);
         const float up = xchg[((warp / 2) * kAcc + i) * 32 + lane];
         // act is GEMM2's activation: stored in wgmma order.
         out[size_t(start + token) * out_ld + wgmma_order_column(n)] =
             f32_to_bf16_bits(silu(acc[i] * ag) * (up * au));
+      }
+    }
+  } else if (!OUT_F32 && segments.count > 0) {
+    // Several matrices: this warp's 16-row tile lies in one segment.
+    if (!w_ok) return;
+    int si = 0, n0 = 0;
+    while (si + 1 < segments.count && my_tile * 16 >= segments.seg[si].n_end)
+      n0 = segments.seg[si++].n_end;
+    const OutSegment sg = segments.seg[si];
+    const float ad = *sg.alpha;
+    const int ld = sg.n_end - n0;
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
+      if (owned(i) && token < cnt) {
+        const int n = my_tile * 16 + g + ((i & 3) >= 2 ? 8 : 0) - n0;
+        uint16_t v = f32_to_bf16_bits(acc[i] * ad);
+        if (sg.bias)
+          v = f32_to_bf16_bits(__bfloat162float(__ushort_as_bfloat16(v)) +
+                               __bfloat162float(__ushort_as_bfloat16(sg.bias[n])));
+        sg.out[size_t(start + token) * ld + n] = v;
       }
     }
   } else {
@@ -304,7 +383,7 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const int token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
-      if (token < cnt) {
+      if (owned(i) && token < cnt) {
         const int n = my_tile * 16 + g + ((i & 3) >= 2 ? 8 : 0);
         const size_t o = size_t(start + token) * a.n + n;
         if constexpr (OUT_F32)
@@ -317,23 +396,47 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
 #endif
 }
 
+// Blocks of the grid that may have work: sum over slots of ceil(rows / kRowsN) is at most
+// ceil(total_rows / kRowsN) + slots - 1 (and the grid's own bound, total_rows / kRowsN + slots).
+template <int kRowsN>
+long row_blocks_with_work(const GroupedGemmArgs& a) {
+  return std::min<long>(long(a.total_rows) / kRowsN + a.num_slots,
+                        (long(a.total_rows) + kRowsN - 1) / kRowsN + a.num_slots - 1);
+}
+
 template <int kRowsN, bool GATED, bool OUT_F32>
-cudaError_t launch_wgmma_t(const GroupedGemmArgs& a, cudaStream_t stream) {
+cudaError_t launch_wgmma_t(const GroupedGemmArgs& a, cudaStream_t stream, int k_split,
+                           const OutSegments& segments) {
   constexpr int kSmem = TokenTile<kRowsN>::kSmemBytes;
   const cudaError_t attr = ensure_max_dynamic_smem<moe_wgmma_kernel<kRowsN, GATED, OUT_F32>>(kSmem);
   if (attr != cudaSuccess) return attr;
   const int col_blocks = (a.n + kTilesM * 16 - 1) / (kTilesM * 16);
   const int row_blocks = (a.total_rows + kRowsN - 1) / kRowsN + a.num_slots;  // upper bound
-  const dim3 grid{unsigned(col_blocks), unsigned(row_blocks), 1u};
-  moe_wgmma_kernel<kRowsN, GATED, OUT_F32><<<grid, kThreads, kSmem, stream>>>(a);
-  return cudaGetLastError();
+  if (k_split == 0)
+    k_split = wgmma_k_split(long(col_blocks) * row_blocks_with_work<kRowsN>(a),
+                            TokenTile<kRowsN>::kBlocksPerSm, current_device_sm_count(),
+                            a.k / kChunkK);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(col_blocks), unsigned(row_blocks), unsigned(k_split));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  cudaLaunchAttribute cluster[1] = {};
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = 1;
+  cluster[0].val.clusterDim.y = 1;
+  cluster[0].val.clusterDim.z = unsigned(k_split);
+  cfg.attrs = k_split > 1 ? cluster : nullptr;
+  cfg.numAttrs = k_split > 1 ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, moe_wgmma_kernel<kRowsN, GATED, OUT_F32>, a, segments);
 }
 
 template <int kRowsN>
-cudaError_t launch_wgmma_n(const GroupedGemmArgs& a, cudaStream_t stream) {
-  if (a.gated) return launch_wgmma_t<kRowsN, true, false>(a, stream);
-  if (a.out_f32) return launch_wgmma_t<kRowsN, false, true>(a, stream);
-  return launch_wgmma_t<kRowsN, false, false>(a, stream);
+cudaError_t launch_wgmma_n(const GroupedGemmArgs& a, cudaStream_t stream, int k_split,
+                           const OutSegments& segments) {
+  if (a.gated) return launch_wgmma_t<kRowsN, true, false>(a, stream, k_split, segments);
+  if (a.out_f32) return launch_wgmma_t<kRowsN, false, true>(a, stream, k_split, segments);
+  return launch_wgmma_t<kRowsN, false, false>(a, stream, k_split, segments);
 }
 
 // grid (rows, ceil(k / 64 / 8)), block 256: warp w takes chunk 8 blockIdx.y + w of the row, lane u
@@ -348,13 +451,31 @@ __global__ void __launch_bounds__(256) to_wgmma_order_kernel(const uint32_t* __r
 
 }  // namespace
 
-cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream) {
+int wgmma_k_split(long blocks, int blocks_per_sm, int sms, int chunks) {
+  const int max_split = blocks_per_sm >= 2 ? kMaxKSplit : kMaxKSplit / 2;
+  int split = 1;
+  while (split < max_split && blocks * split * 2 <= long(sms) &&
+         chunks / (split * 2) >= kWgmmaMinSplitChunks)
+    split *= 2;
+  return split;
+}
+
+cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream, WgmmaConfig cfg,
+                         const OutSegments& segments) {
+  if (cfg.k_split < 0 || cfg.k_split > kMaxKSplit || (cfg.k_split & (cfg.k_split - 1)) != 0 ||
+      (cfg.token_tile != 0 && cfg.token_tile != 32 && cfg.token_tile != 128))
+    return cudaErrorInvalidValue;
+  if (segments.count > 0 && (a.gated || a.out_f32 || a.num_slots != 1 ||
+                             segments.count > kMaxOutSegments ||
+                             segments.seg[segments.count - 1].n_end != a.n))
+    return cudaErrorInvalidValue;
   if (a.num_slots <= 0 || a.n <= 0 || a.total_rows <= 0) return cudaSuccess;
   // Up to 32 rows per expert (on average over the slots) the narrow token tile: H200, GLM-5 layer
   // at 9 / 16 rows per expert 2931 -> 2270 / 3103 -> 2513 us, a tie at 32 rows (GLM-5 +1.5%,
   // Air -3%), and 26% slower at 64 (bench/results/2026-11-30-moe-small-batch-h200.md).
-  if (a.total_rows <= 32 * a.num_slots) return launch_wgmma_n<32>(a, stream);
-  return launch_wgmma_n<128>(a, stream);
+  const bool narrow = cfg.token_tile == 0 ? a.total_rows <= 32 * a.num_slots : cfg.token_tile == 32;
+  if (narrow) return launch_wgmma_n<32>(a, stream, cfg.k_split, segments);
+  return launch_wgmma_n<128>(a, stream, cfg.k_split, segments);
 }
 
 }  // namespace tetra::moe_detail
