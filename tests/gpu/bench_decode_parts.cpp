@@ -402,98 +402,117 @@ TEST(BenchDecodeParts, Glm45AirDenseLinearsBatch16To64) {
   }
 }
 
-// Split-K through the grouped wgmma kernel: a dense [N, K] linear at M rows as S "experts", each
-// one K/S slice of the weights (re-laid out slice-major by 2-D copies: the fragment layout keeps a
-// tile's K range contiguous) and all M rows of x's matching columns; the S fp32 partials then sum
-// in a fixed order in the MoE combine (top_k = S, weights 1). A candidate for the dense linears
-// at 16..255 rows, where one [N, K] problem gives the wgmma kernel only N / 256 blocks. Timed:
-// x split + wgmma reorder, the grouped GEMM, the combine. Checked against linear_nvfp4.
-TEST(BenchDecodeParts, Glm45AirDenseLinearsSplitK) {
+// The wgmma kernel with its k split over a cluster (WgmmaConfig::k_split), for the dense linears
+// at 16..256 rows, where one [N, K] matrix gives it only N / 256 column blocks: GLM-4.5-Air's
+// q/k/v as one [14336, 4096] matrix and o_proj [4096, 12288], timed with x's reorder into wgmma
+// order (as the model would run them) next to what the model runs today at each M (q/k/v: the
+// small-M kernel up to 64 rows, then linear_nvfp4; o: linear_nvfp4) and, above 64 rows, the
+// tiled kernel linear_nvfp4 ran there before. Each split is checked against linear_nvfp4 without
+// x scratch (the decode or tiled kernel; NMSE <= 1e-5).
+TEST(BenchDecodeParts, Glm45AirDenseLinearsWgmmaSplitK) {
   if (!cuda_available() || !moe_wgmma_available()) GTEST_SKIP() << "needs the wgmma kernel";
-  constexpr int H = 4096, NQ = 12288, kCopies = 4, kMaxM = 128, kMaxS = 8;
+  constexpr int H = 4096, NQ = 12288, NKV = 1024, NQKV = NQ + 2 * NKV, kCopies = 4, kMaxM = 256;
   struct Mat {
     const char* name;
     int n, k;
   };
-  const Mat mats[] = {{"q", NQ, H}, {"o", H, NQ}};
-  DevBuf x(size_t(kMaxM) * NQ * 2), xs(size_t(kMaxM) * NQ * 2), xw(size_t(kMaxM) * NQ * 2),
-      part(size_t(kMaxS) * kMaxM * NQ * 4), y(size_t(kMaxM) * NQ * 2), ref(size_t(kMaxM) * NQ * 2);
+  const Mat mats[] = {{"qkv", NQKV, H}, {"o", H, NQ}, {"q", NQ, H}, {"k", NKV, H}};
+  DevBuf x(size_t(kMaxM) * NQ * 2), xw(size_t(kMaxM) * NQ * 2), y(size_t(kMaxM) * NQKV * 2),
+      ref(size_t(kMaxM) * NQKV * 2), yk(size_t(kMaxM) * NKV * 2), yv(size_t(kMaxM) * NKV * 2),
+      bias(size_t(NQ) * 2);
+  TETRA_CUDA_CHECK(oc::fill_random_bf16(bias.as<uint16_t>(), NQ, 0.1f, 29, nullptr));
   TETRA_CUDA_CHECK(oc::fill_random_bf16(x.as<uint16_t>(), int64_t(kMaxM) * NQ, 1.0f, 23, nullptr));
   oc::RowCountTable rows(kMaxM);
-  std::printf("\n| split-K wgmma (dense, GLM-4.5-Air) | us | GB/s |\n|---|---|---|\n");
+  std::printf("\n| wgmma split-k (dense, GLM-4.5-Air) | us | GB/s |\n|---|---|---|\n");
   for (const Mat& mt : mats) {
-    std::vector<oc::Nvfp4LinearBuffer> plain;
-    for (int c = 0; c < kCopies; ++c) plain.push_back(random_linear(mt.n, mt.k, 500 + 10 * c));
-    const double bytes = double(plain[0].bytes());
-    for (int S : {2, 4, 8}) {
-      const int Ks = mt.k / S, cs = Ks / 64, chunks = mt.k / 64;
-      // Slice-major copies: [S][N/16][cs][32][16] weights, [S][N/16][cs][32][2] scales.
-      std::vector<std::unique_ptr<DevBuf>> wsl, ssl;
-      DevBuf alphas(size_t(kMaxS) * 4);
-      for (int c = 0; c < kCopies; ++c) {
-        const oc::Nvfp4LinearDevice& v = plain[size_t(c)].view();
-        wsl.push_back(std::make_unique<DevBuf>(size_t(mt.n) * mt.k / 2));
-        ssl.push_back(std::make_unique<DevBuf>(size_t(mt.n) * mt.k / 16));
-        for (int sl = 0; sl < S; ++sl) {
-          TETRA_CUDA_CHECK(cudaMemcpy2D(wsl.back()->as<uint8_t>() + size_t(sl) * mt.n * Ks / 2, size_t(cs) * 512,
-                                        v.w + size_t(sl) * cs * 512, size_t(chunks) * 512, size_t(cs) * 512,
-                                        size_t(mt.n / 16), cudaMemcpyDeviceToDevice));
-          TETRA_CUDA_CHECK(cudaMemcpy2D(ssl.back()->as<uint8_t>() + size_t(sl) * mt.n * Ks / 16, size_t(cs) * 64,
-                                        v.s + size_t(sl) * cs * 64, size_t(chunks) * 64, size_t(cs) * 64,
-                                        size_t(mt.n / 16), cudaMemcpyDeviceToDevice));
-        }
+    std::vector<oc::Nvfp4LinearBuffer> w, q, k, v;
+    for (int c = 0; c < kCopies; ++c) {
+      w.push_back(random_linear(mt.n, mt.k, 500 + 10 * c));
+      if (mt.n == NQKV) {  // the model's three q/k/v matrices
+        q.push_back(random_linear(NQ, H, 700 + 10 * c));
+        k.push_back(random_linear(NKV, H, 702 + 10 * c));
+        v.push_back(random_linear(NKV, H, 704 + 10 * c));
       }
-      for (int sl = 0; sl < S; ++sl)  // the same alpha for every slice (the copies share it)
-        TETRA_CUDA_CHECK(cudaMemcpy(alphas.as<float>() + sl, plain[0].view().alpha, 4,
-                                    cudaMemcpyDeviceToDevice));
-      for (int M : {16, 32, 64, 128}) {
-        std::vector<int32_t> start(static_cast<size_t>(S)), count(size_t(S), M), slot(size_t(M) * S);
-        for (int sl = 0; sl < S; ++sl) start[size_t(sl)] = sl * M;
-        for (int m = 0; m < M; ++m)
-          for (int sl = 0; sl < S; ++sl) slot[size_t(m) * S + sl] = sl * M + m;
-        DevBuf d_start(start.size() * 4), d_count(count.size() * 4), d_slot(slot.size() * 4);
-        TETRA_CUDA_CHECK(cudaMemcpy(d_start.p, start.data(), start.size() * 4, cudaMemcpyHostToDevice));
-        TETRA_CUDA_CHECK(cudaMemcpy(d_count.p, count.data(), count.size() * 4, cudaMemcpyHostToDevice));
-        TETRA_CUDA_CHECK(cudaMemcpy(d_slot.p, slot.data(), slot.size() * 4, cudaMemcpyHostToDevice));
-        auto run = [&](int c, cudaStream_t s) {
-          for (int sl = 0; sl < S; ++sl)  // x [M, K] -> [S][M][Ks]
-            TETRA_CUDA_CHECK(cudaMemcpy2DAsync(xs.as<uint16_t>() + size_t(sl) * M * Ks, size_t(Ks) * 2,
-                                               x.as<uint16_t>() + size_t(sl) * Ks, size_t(mt.k) * 2,
-                                               size_t(Ks) * 2, size_t(M), cudaMemcpyDeviceToDevice, s));
-          TETRA_CUDA_CHECK(moe_w4a16_to_wgmma_order(xs.as<uint16_t>(), S * M, Ks, xw.as<uint16_t>(), s));
-          moe_detail::GroupedGemmArgs a;
-          a.w = wsl[size_t(c)]->as<uint8_t>();
-          a.s = ssl[size_t(c)]->as<uint8_t>();
-          a.alpha0 = alphas.as<float>();
-          a.x = xw.as<uint16_t>();
-          a.out = part.p;
-          a.rows.row_start = d_start.as<int>();
-          a.rows.row_count = d_count.as<int>();
-          a.n = mt.n;
-          a.k = Ks;
-          a.num_slots = S;
-          a.total_rows = S * M;
-          a.out_f32 = true;
-          TETRA_CUDA_CHECK(moe_detail::launch_wgmma(a, s));
-          TETRA_CUDA_CHECK(moe::cuda::combine_bf16(part.p, DType::F32, M, mt.n, S, d_slot.as<int32_t>(),
-                                                   nullptr, nullptr, nullptr, y.as<uint16_t>(), s));
+    }
+    const double bytes = double(w[0].bytes());
+    for (int M : {16, 32, 64, 96, 128, 192, 256}) {
+      const std::string m = " M=" + std::to_string(M);
+      uint16_t* xw_p = xw.as<uint16_t>();
+      // The model's three q/k/v matrices with biases, as the GEMVs and linear_nvfp4_wgmma take them.
+      auto qkv_outs = [&](int c, const uint16_t* b) {
+        return std::vector<oc::Nvfp4GemvOutput>{{&q[c].view(), b, y.as<uint16_t>()},
+                                                {&k[c].view(), b, yk.as<uint16_t>()},
+                                                {&v[c].view(), b, yv.as<uint16_t>()}};
+      };
+      // What runs today: q/k/v on the small-M kernel up to 64 rows, else linear_nvfp4.
+      const bool small_m = mt.n == NQKV && M <= oc::kNvfp4GemvMaxRows;
+      auto today = [&](int i, cudaStream_t s) {
+        const int c = i % kCopies;
+        if (small_m) {
+          TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(qkv_outs(c, nullptr).data(), 3, x.as<uint16_t>(), M, s));
+        } else {
+          TETRA_CUDA_CHECK(oc::linear_nvfp4(w[c].view(), x.as<uint16_t>(), M, rows, y.p,
+                                            DType::BF16, s, xw_p));
+        }
+      };
+      report(std::string(mt.name) + (small_m ? " small-M gemv" : " linear_nvfp4") + m,
+             time_graph(today), bytes);
+      if (M > oc::kNvfp4GemvMaxRows) {  // linear_nvfp4's kernel above 64 rows before session 25
+        auto tiled = [&](int i, cudaStream_t s) {
+          const auto a = one_matrix_args(w[size_t(i % kCopies)].view(), x.as<uint16_t>(), rows, M, y.p);
+          TETRA_CUDA_CHECK(moe_detail::launch_tiled(a, 2, s));
         };
-        report(std::string(mt.name) + " split-K S=" + std::to_string(S) + " M=" + std::to_string(M),
-               time_graph([&](int i, cudaStream_t s) { run(i % kCopies, s); }), bytes);
-        // Check against the one-expert path on copy 0.
-        run(0, nullptr);
-        TETRA_CUDA_CHECK(oc::linear_nvfp4(plain[0].view(), x.as<uint16_t>(), M, rows, ref.p, DType::BF16, nullptr));
-        std::vector<uint16_t> got(size_t(M) * mt.n), want(got.size());
-        TETRA_CUDA_CHECK(cudaMemcpy(got.data(), y.p, got.size() * 2, cudaMemcpyDeviceToHost));
-        TETRA_CUDA_CHECK(cudaMemcpy(want.data(), ref.p, want.size() * 2, cudaMemcpyDeviceToHost));
-        double err = 0, nrm = 0;
-        for (size_t i = 0; i < got.size(); ++i) {
-          const double a = bf16_to_float(got[i]), b = bf16_to_float(want[i]);
-          err += (a - b) * (a - b);
-          nrm += b * b;
-        }
-        EXPECT_LE(err / nrm, 1e-5) << mt.name << " S=" << S << " M=" << M;
+        report(std::string(mt.name) + " tiled 2/SM" + m, time_graph(tiled), bytes);
       }
+      if (mt.n == NQKV && M >= 32) {  // q/k/v in one wgmma launch (the model's from 64 rows)
+        auto three = [&](int i, cudaStream_t s) {
+          const auto outs = qkv_outs(i % kCopies, bias.as<uint16_t>());
+          if (M >= oc::kNvfp4WgmmaOutputsMinRows) {
+            TETRA_CUDA_CHECK(oc::linear_nvfp4_wgmma(outs.data(), 3, x.as<uint16_t>(), M, rows, xw_p, s));
+            return;
+          }
+          // Under the threshold: the same launch, called directly.
+          TETRA_CUDA_CHECK(moe_w4a16_to_wgmma_order(x.as<uint16_t>(), M, H, xw_p, s));
+          moe_detail::OutSegments seg;
+          seg.count = 3;
+          const int ends[3] = {NQ, NQ + NKV, NQKV};
+          for (int o = 0; o < 3; ++o) {
+            const oc::Nvfp4LinearDevice& d = *outs[size_t(o)].w;
+            seg.seg[o] = {ends[o], d.w, d.s, d.alpha, outs[size_t(o)].bias, outs[size_t(o)].y};
+          }
+          moe_detail::GroupedGemmArgs a = one_matrix_args(*outs[0].w, xw_p, rows, M, y.p);
+          a.n = NQKV;
+          TETRA_CUDA_CHECK(moe_detail::launch_wgmma(a, s, {}, seg));
+        };
+        report("qkv linear_nvfp4_wgmma (3 outputs + biases)" + m, time_graph(three), bytes);
+      }
+      TETRA_CUDA_CHECK(oc::linear_nvfp4(w[0].view(), x.as<uint16_t>(), M, rows, ref.p, DType::BF16,
+                                        nullptr));
+      std::vector<uint16_t> want(size_t(M) * mt.n);
+      TETRA_CUDA_CHECK(cudaMemcpy(want.data(), ref.p, want.size() * 2, cudaMemcpyDeviceToHost));
+      for (int tile : {32, 128})
+        for (int S : {0, 1, 2, 4, 8}) {
+          const moe_detail::WgmmaConfig cfg{S, tile};
+          auto run = [&](int c, cudaStream_t s) {
+            TETRA_CUDA_CHECK(moe_w4a16_to_wgmma_order(x.as<uint16_t>(), M, mt.k, xw.as<uint16_t>(), s));
+            moe_detail::GroupedGemmArgs a = one_matrix_args(w[size_t(c)].view(), xw.as<uint16_t>(),
+                                                            rows, M, y.p);
+            TETRA_CUDA_CHECK(moe_detail::launch_wgmma(a, s, cfg));
+          };
+          const std::string name = std::string(mt.name) + " wgmma n" + std::to_string(tile) +
+                                   (S == 0 ? std::string(" auto") : " S=" + std::to_string(S)) + m;
+          report(name, time_graph([&](int i, cudaStream_t s) { run(i % kCopies, s); }), bytes);
+          run(0, nullptr);
+          std::vector<uint16_t> got(want.size());
+          TETRA_CUDA_CHECK(cudaMemcpy(got.data(), y.p, got.size() * 2, cudaMemcpyDeviceToHost));
+          double err = 0, nrm = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            const double g = bf16_to_float(got[i]), r = bf16_to_float(want[i]);
+            err += (g - r) * (g - r);
+            nrm += r * r;
+          }
+          EXPECT_LE(err / nrm, 1e-5) << name;
+        }
     }
   }
 }

@@ -22,6 +22,7 @@
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/linear/linear.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/moe/w4a16_moe.h"
 
 namespace tetra::ops {
 namespace {
@@ -326,6 +327,55 @@ TEST_F(LinearCuda, Nvfp4SmallMMatchesCpu) {
       }
       EXPECT_GE(ran, 3) << what;
     }
+}
+
+// Several matrices over the same x (q/k/v) in one wgmma launch, with the k split the launcher
+// picks: outputs whose rows end inside a 256-row block (a block's warps read two or three
+// matrices and write two or three outputs), with and without bias, M from the threshold (64) to
+// several token tiles; against the CPU linear and linear_nvfp4 + add_bias per output,
+// bit-identical reruns; refusals.
+TEST_F(LinearCuda, Nvfp4WgmmaOutputsMatchCpu) {
+  if (!moe_wgmma_available()) GTEST_SKIP() << "the wgmma kernel needs SM 9.0";
+  std::mt19937 rng(31);
+  cuda::RowCountTable rows(300);
+  struct Case { int k; std::vector<GemvOut> outs; std::vector<int> ms; };
+  const Case cases[] = {{4096, {{12288, true}, {1024, true}, {1024, true}}, {64}},  // Air q/k/v
+                        {192, {{96, true}, {32, false}, {160, true}}, {64, 65, 130, 257}},
+                        {1408, {{160, false}, {288, true}}, {64, 300}},
+                        {2048, {{4096, true}, {512, true}, {512, true}}, {64, 100}},  // Qwen3
+                        {64, {{32, true}}, {77}}};
+  for (const Case& c : cases)
+    for (int M : c.ms) {
+      GemvProblem pb(c.k, c.outs, M, rng, rows);
+      const auto& outs = pb.outs;
+      const int n = int(outs.size());
+      ASSERT_EQ(cuda::nvfp4_wgmma_outputs_unsupported_reason(outs.data(), n, M), "") << pb.what;
+      Dev<uint16_t> scratch(size_t(M) * c.k);
+      auto launch = [&] {
+        sync_ok(cuda::linear_nvfp4_wgmma(outs.data(), n, pb.dx.ptr(), M, rows, scratch.ptr(),
+                                         nullptr));
+      };
+      launch();
+      const auto first = pb.check("wgmma outputs");
+      EXPECT_TRUE(scratch.guards_intact()) << pb.what;
+      pb.poison();
+      launch();
+      for (size_t i = 0; i < first.size(); ++i)
+        EXPECT_EQ(pb.dy[i]->download(), first[i]) << pb.what << " output " << i << " second run";
+    }
+  // Refused: too few rows, a gated matrix, k that differs between outputs.
+  GemvProblem p(192, {{96, true}, {32, false}}, 64, rng, rows);
+  EXPECT_NE(cuda::nvfp4_wgmma_outputs_unsupported_reason(p.outs.data(), 2, 63), "");
+  auto g = random_nvfp4(32, 192, rng, 0.01f, "g");
+  cuda::Nvfp4LinearBuffer dg(g.view, g.view);
+  cuda::Nvfp4GemvOutput gated[2] = {p.outs[0], {&dg.view(), nullptr, p.outs[1].y}};
+  EXPECT_NE(cuda::nvfp4_wgmma_outputs_unsupported_reason(gated, 2, 64).find("gated"),
+            std::string::npos);
+  auto other_k = random_nvfp4(32, 128, rng, 0.01f, "k128");
+  cuda::Nvfp4LinearBuffer dk(other_k.view);
+  cuda::Nvfp4GemvOutput mixed[2] = {p.outs[0], {&dk.view(), nullptr, p.outs[1].y}};
+  EXPECT_NE(cuda::nvfp4_wgmma_outputs_unsupported_reason(mixed, 2, 64).find("has k"),
+            std::string::npos);
 }
 
 TEST_F(LinearCuda, Nvfp4GemvRefusesWhatItCannotRun) {

@@ -239,15 +239,22 @@ class CudaModelOps final : public CudaModelOpsApi {
     TETRA_CHECK(l != nullptr, "layer ", layer, " has no ", linear_id_name(which));
     run_linear(*l, buf(in), T_, buf(out), DType::BF16);
   }
-  // Decode batches with NVFP4 q/k/v: one GEMV launch writes all three with their biases.
+  // NVFP4 q/k/v: one launch writes all three with their biases (the GEMVs up to 64 rows, the
+  // wgmma kernel from lin::kNvfp4WgmmaOutputsMinRows).
   void qkv(int layer, Buf in, Buf q, Buf k, Buf v) override {
     if (skip()) return;
     DevLayer& L = layers_.at(size_t(layer));
-    if (!qkv_gemv_ok(L)) return ModelOps::qkv(layer, in, q, k, v);
+    if (!L.q || !L.k || !L.v || !L.q->nvfp4 || !L.k->nvfp4 || !L.v->nvfp4)
+      return ModelOps::qkv(layer, in, q, k, v);
     const lin::Nvfp4GemvOutput outs[3] = {{&L.q->q.view(), bias_of(*L.q), buf(q)},
                                           {&L.k->q.view(), bias_of(*L.k), buf(k)},
                                           {&L.v->q.view(), bias_of(*L.v), buf(v)}};
-    ck(lin::linear_nvfp4_gemv(outs, 3, buf(in), T_, stream_));
+    if (!x_wgmma_.empty() && lin::nvfp4_wgmma_outputs_unsupported_reason(outs, 3, T_).empty())
+      return ck(lin::linear_nvfp4_wgmma(outs, 3, buf(in), T_, *rows_, x_wgmma_.as<uint16_t>(),
+                                        stream_));
+    if (lin::nvfp4_gemv_unsupported_reason(outs, 3, T_).empty())
+      return ck(lin::linear_nvfp4_gemv(outs, 3, buf(in), T_, stream_));
+    ModelOps::qkv(layer, in, q, k, v);
   }
   // A fused NVFP4 gate/up matrix: one launch writes silu(gate) * up into `gate`.
   void dense_gate_up(int layer, Buf in, Buf gate, Buf up, int64_t width) override {
@@ -557,7 +564,8 @@ class CudaModelOps final : public CudaModelOpsApi {
         }
     }
     if (lm_head_->nvfp4) max_nvfp4_k = std::max(max_nvfp4_k, lm_head_->k);
-    x_wgmma_ = lim.max_tokens >= lin::kNvfp4WgmmaMinRows && max_nvfp4_k > 0
+    const int wgmma_min_rows = std::min(lin::kNvfp4WgmmaMinRows, lin::kNvfp4WgmmaOutputsMinRows);
+    x_wgmma_ = lim.max_tokens >= wgmma_min_rows && max_nvfp4_k > 0
                    ? DeviceMem(size_t(lim.max_tokens) * size_t(max_nvfp4_k) * 2)
                    : DeviceMem();
     weight_bytes_ += moe_bytes_;
@@ -636,15 +644,6 @@ class CudaModelOps final : public CudaModelOpsApi {
   static const uint16_t* bias_of(const DevLinear& l) {
     return l.bias.empty() ? nullptr : l.bias.as<uint16_t>();
   }
-  // q, k and v NVFP4 over the same input at a decode batch the GEMV takes.
-  bool qkv_gemv_ok(const DevLayer& L) const {
-    if (!L.q || !L.k || !L.v || !L.q->nvfp4 || !L.k->nvfp4 || !L.v->nvfp4) return false;
-    const lin::Nvfp4GemvOutput outs[3] = {{&L.q->q.view(), nullptr, nullptr},
-                                          {&L.k->q.view(), nullptr, nullptr},
-                                          {&L.v->q.view(), nullptr, nullptr}};
-    return lin::nvfp4_gemv_unsupported_reason(outs, 3, T_).empty();
-  }
-
   void run_linear(const DevLinear& l, const uint16_t* x, int M, void* y, DType out_dtype) {
     if (l.nvfp4 && out_dtype == DType::BF16) {
       const lin::Nvfp4GemvOutput out{&l.q.view(), bias_of(l), static_cast<uint16_t*>(y)};

@@ -80,8 +80,11 @@ class Nvfp4LinearBuffer {
 
 // y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T. M <= rows.max_rows().
 // x_scratch: optional [M, K] bf16 device scratch; given it, from kNvfp4WgmmaMinRows rows on an
-// SM 9.0 GPU x is reordered there and the warpgroup-MMA kernel runs (ops/moe/w4a16_wgmma.cu).
-inline constexpr int kNvfp4WgmmaMinRows = 256;
+// SM 9.0 GPU x is reordered there and the warpgroup-MMA kernel runs (ops/moe/w4a16_wgmma.cu),
+// its k split over a cluster where the matrix alone has too few column blocks. Above 64 rows it
+// replaced the mma.sync tiled kernel: H200, GLM-4.5-Air's o_proj at 128 rows 223 -> 62-97 us
+// (bench/results/2026-12-01-session25-h200.md).
+inline constexpr int kNvfp4WgmmaMinRows = 65;
 cudaError_t linear_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,
                          const RowCountTable& rows, void* y, DType out_dtype,
                          cudaStream_t stream, uint16_t* x_scratch = nullptr);
@@ -157,6 +160,18 @@ inline constexpr int kNvfp4SmallMGemvMaxK = 4096;
 std::string nvfp4_small_m_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M);
 cudaError_t linear_nvfp4_small_m(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
                                  cudaStream_t stream, const Nvfp4SmallMConfig* config = nullptr);
+
+// The same outputs and numerics as linear_nvfp4_gemv (q, k and v with their biases) in one launch
+// of the wgmma kernel (its k split over a cluster where the matrices are few rows), for
+// M >= kNvfp4WgmmaOutputsMinRows on an SM 9.0 GPU; x_scratch [M, K] bf16 holds x in wgmma order.
+// Measured on the H200 for GLM-4.5-Air's q/k/v against the small-M kernel: 44 vs 80 us at 64
+// rows; at 32 rows 28-31 vs 30.5 (no clear gain), at 16 slower (25.7 vs 19.6)
+// (bench/results/2026-12-01-session25-h200.md).
+inline constexpr int kNvfp4WgmmaOutputsMinRows = 64;
+std::string nvfp4_wgmma_outputs_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs,
+                                                   int M);
+cudaError_t linear_nvfp4_wgmma(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
+                               const RowCountTable& rows, uint16_t* x_scratch, cudaStream_t stream);
 
 // BF16 linear through cuBLASLt: y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T, W [N, K] bf16.
 // Owns the cuBLASLt handle and a fixed workspace (so capture never allocates); not thread safe.

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/w4a16_launch.h"
+#include "ops/moe/w4a16_moe.h"
 
 namespace tetra::ops::cuda {
 
@@ -164,6 +165,48 @@ cudaError_t linear_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,
     return moe_detail::launch_wgmma(a, stream);
   }
   return run_one_expert(a, M, stream);
+}
+
+std::string nvfp4_wgmma_outputs_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs,
+                                                   int M) {
+  if (n_outs < 1 || n_outs > moe_detail::kMaxOutSegments)
+    return str("wgmma outputs: ", n_outs, " outputs (1..", moe_detail::kMaxOutSegments, ")");
+  if (M < kNvfp4WgmmaOutputsMinRows)
+    return str("wgmma outputs: ", M, " rows (from ", kNvfp4WgmmaOutputsMinRows, ")");
+  if (!moe_wgmma_available()) return "wgmma outputs: the wgmma kernel needs SM 9.0";
+  for (int i = 0; i < n_outs; ++i) {
+    const Nvfp4LinearDevice* w = outs[i].w;
+    if (w == nullptr || w->w == nullptr || w->s == nullptr || w->alpha == nullptr ||
+        outs[i].y == nullptr)
+      return str("wgmma outputs: output ", i, " unset");
+    if (w->gated) return str("wgmma outputs: output ", i, " is a gated matrix");
+    const std::string why = nvfp4_linear_unsupported_reason(w->n, w->k, false);
+    if (!why.empty()) return str("wgmma outputs: output ", i, ": ", why);
+    if (w->k != outs[0].w->k)
+      return str("wgmma outputs: output ", i, " has k ", w->k, ", output 0 ", outs[0].w->k);
+  }
+  return "";
+}
+
+cudaError_t linear_nvfp4_wgmma(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
+                               const RowCountTable& rows, uint16_t* x_scratch,
+                               cudaStream_t stream) {
+  const std::string why = nvfp4_wgmma_outputs_unsupported_reason(outs, n_outs, M);
+  if (!why.empty()) TETRA_FAIL(why);
+  TETRA_CHECK(x_scratch != nullptr, "linear_nvfp4_wgmma needs x scratch for the wgmma order");
+  const cudaError_t e = moe_w4a16_to_wgmma_order(x, M, outs[0].w->k, x_scratch, stream);
+  if (e != cudaSuccess) return e;
+  moe_detail::GroupedGemmArgs a = args_of(*outs[0].w, x_scratch, M, rows, outs[0].y);
+  moe_detail::OutSegments segments;
+  int rows_end = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    const Nvfp4LinearDevice& w = *outs[i].w;
+    rows_end += w.n;
+    segments.seg[i] = {rows_end, w.w, w.s, w.alpha, outs[i].bias, outs[i].y};
+  }
+  segments.count = n_outs;
+  a.n = rows_end;
+  return moe_detail::launch_wgmma(a, stream, {}, segments);
 }
 
 cudaError_t gate_up_silu_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,
