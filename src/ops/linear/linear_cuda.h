@@ -82,7 +82,7 @@ class Nvfp4LinearBuffer {
 // x_scratch: optional [M, K] bf16 device scratch; given it, from kNvfp4WgmmaMinRows rows on an
 // SM 9.0 GPU x is reordered there and the warpgroup-MMA kernel runs (ops/moe/w4a16_wgmma.cu),
 // its k split over a cluster where the matrix alone has too few column blocks. Above 64 rows it
-// replaced the mma.sync tiled kernel: H200, GLM-4.5-Air's o_proj at 128 rows 223 -> 62-97 us
+// replaced the mma.sync tiled kernel: H200, GLM-4.5-Air's o_proj at 128 rows 223 -> 67 us
 // (bench/results/2026-12-01-session25-h200.md).
 inline constexpr int kNvfp4WgmmaMinRows = 65;
 cudaError_t linear_nvfp4(const Nvfp4LinearDevice& w, const uint16_t* x, int M,
@@ -164,8 +164,8 @@ cudaError_t linear_nvfp4_small_m(const Nvfp4GemvOutput* outs, int n_outs, const 
 // The same outputs and numerics as linear_nvfp4_gemv (q, k and v with their biases) in one launch
 // of the wgmma kernel (its k split over a cluster where the matrices are few rows), for
 // M >= kNvfp4WgmmaOutputsMinRows on an SM 9.0 GPU; x_scratch [M, K] bf16 holds x in wgmma order.
-// Measured on the H200 for GLM-4.5-Air's q/k/v against the small-M kernel: 44 vs 80 us at 64
-// rows; at 32 rows 28-31 vs 30.5 (no clear gain), at 16 slower (25.7 vs 19.6)
+// Measured on the H200 for GLM-4.5-Air's q/k/v against the small-M kernel: 42.5 vs 80 us at 64
+// rows; at 32 rows 27-31 vs 30.5 (no clear gain), at 16 slower (23.7-25.7 vs 19.4-19.6)
 // (bench/results/2026-12-01-session25-h200.md).
 inline constexpr int kNvfp4WgmmaOutputsMinRows = 64;
 std::string nvfp4_wgmma_outputs_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs,

@@ -18,10 +18,11 @@
 // Several matrices over the same x (OutSegments: q, k and v) run as one, each tile's weights read
 // from its own matrix and written to its own output.
 // Split k (WgmmaConfig::k_split = S > 1): the grid's z is a thread-block cluster of S blocks over
-// the same tile, block z multiplying its share of the 64-k chunks; the partial sums meet over
-// distributed shared memory, each rank summing its share of the tile's outputs over the ranks in
-// rank order (the same bits on every run) and writing it. For the dense linears of 16..255 rows,
-// whose one matrix gives the kernel too few column blocks to fill the GPU.
+// the same tile, block z multiplying its share of the 64-k chunks; rank 0 adds the others'
+// partial sums in rank order over distributed shared memory (the same bits on every run) and
+// writes the tile. For the dense linears of 16..255 rows, whose one matrix gives the kernel too
+// few column blocks to fill the GPU. (Spreading the sums and stores over the ranks measured
+// slower on the H200 and spilled the 128-token tile's registers: session 25.)
 // Measured on the H200 (GLM-5, 4096 tokens, GEMM1 + GEMM2): 6.1-6.4 ms vs 9.9 ms for the tiled
 // kernel; bench/results/2026-11-30-moe-wgmma-h200.md and -moe-small-batch-h200.md have the steps.
 #include <cooperative_groups.h>
@@ -141,6 +142,14 @@ __device__ __forceinline__ void wgmma_m64nNk16<16>(float (&d)[64], const uint32_
 
 #endif  // TETRA_NO_WGMMA
 
+// The segment holding weight row n (a tile's rows never straddle two) and its first row.
+__device__ __forceinline__ int segment_of_row(const OutSegments& segments, int n, int& n0) {
+  int si = 0;
+  n0 = 0;
+  while (si + 1 < segments.count && n >= segments.seg[si].n_end) n0 = segments.seg[si++].n_end;
+  return si;
+}
+
 template <int kRowsN, bool GATED, bool OUT_F32>
 __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
     moe_wgmma_kernel(const GroupedGemmArgs a, const OutSegments segments) {
@@ -183,10 +192,9 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
   auto tile_base = [&](int t, bool scales) {
     const size_t per_tile = size_t(all_chunks) * (scales ? kTileChunkScales : kTileChunkBytes);
     if (segments.count == 0) return (scales ? sbase : wbase) + size_t(t) * per_tile;
-    int si = 0, t0 = 0;
-    while (si + 1 < segments.count && t * 16 >= segments.seg[si].n_end)
-      t0 = segments.seg[si++].n_end / 16;
-    return (scales ? segments.seg[si].s : segments.seg[si].w) + size_t(t - t0) * per_tile;
+    int n0;
+    const OutSegment& sg = segments.seg[segment_of_row(segments, t * 16, n0)];
+    return (scales ? sg.s : sg.w) + size_t(t - n0 / 16) * per_tile;
   };
   const int my_tile = tile0 + warp;  // weight copy: lane piece of tile `warp`
   const bool w_ok = my_tile < tiles_total;
@@ -299,32 +307,28 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
     main_loop.template operator()<16>();
   cp_async_wait<0>();
 
-  // Split k: rank r owns accumulators [r kAcc / S, (r + 1) kAcc / S) of every thread. Each rank
-  // stores its partial sums in its own shared memory (the pipeline's, idle now), then sums its
-  // owned ones over ranks 0..S-1 in that order (the same bits on every run) and writes them: the
-  // reduction's reads and the epilogue's stores are spread over the cluster.
-  const int own_lo = rank * kAcc / split, own_hi = (rank + 1) * kAcc / split;
-  auto owned = [&](int i) { return i >= own_lo && i < own_hi; };
+  // Split k: every rank stores its partial sums in its own shared memory (the pipeline's, idle
+  // now); rank 0 adds ranks 1..S-1 to its registers in that order (the same bits on every run)
+  // and alone writes the tile.
   if (split > 1) {
     namespace cg = cooperative_groups;
     cg::cluster_group cluster = cg::this_cluster();
     float* part = reinterpret_cast<float*>(smem);  // [kAcc][kThreads]
     __syncthreads();  // every warp is past its last read of the pipeline stages
+    if (rank != 0) {
 #pragma unroll
-    for (int i = 0; i < kAcc; ++i) part[i * kThreads + tid] = acc[i];
-    cluster.sync();  // every rank's partials are written and visible to the cluster
-#pragma unroll
-    for (int i = 0; i < kAcc; ++i)
-      if (owned(i)) acc[i] = 0.0f;
-    for (int r = 0; r < split; ++r) {
-      // One rank's owned partials as independent loads (a chain per accumulator would wait a
-      // distributed-shared-memory round trip per element).
-      const float* src = cluster.map_shared_rank(part, r);
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i)
-        if (owned(i)) acc[i] += src[i * kThreads + tid];
+      for (int i = 0; i < kAcc; ++i) part[i * kThreads + tid] = acc[i];
     }
-    cluster.sync();  // no block reuses or leaves its shared memory while another still reads it
+    cluster.sync();  // the partials are written and visible to the cluster
+    if (rank == 0) {
+      for (int r = 1; r < split; ++r) {
+        const float* src = cluster.map_shared_rank(part, r);
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[i] += src[i * kThreads + tid];
+      }
+    }
+    cluster.sync();  // no block leaves while rank 0 still reads its shared memory
+    if (rank != 0) return;
   }
 
   // ---- epilogue. acc[4 j + r]: weight row 16 * warp + g (+8 for r >= 2) of the block, token
@@ -338,7 +342,7 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
     if (warp % 2 == 1) {
 #pragma unroll
       for (int i = 0; i < kAcc; ++i)
-        if (owned(i)) xchg[((warp / 2) * kAcc + i) * 32 + lane] = acc[i];
+        xchg[((warp / 2) * kAcc + i) * 32 + lane] = acc[i];
     }
     __syncthreads();
     if (warp % 2 == 1 || !w_ok) return;
@@ -348,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const int token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
-      if (owned(i) && token < cnt) {
+      if (token < cnt) {
         const int n = (my_tile / 2) * 16 + g + ((i & 3) >= 2 ? 8 : 0);
         const float up = xchg[((warp / 2) * kAcc + i) * 32 + lane];
         // act is GEMM2's activation: stored in wgmma order.
@@ -359,16 +363,14 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
   } else if (!OUT_F32 && segments.count > 0) {
     // Several matrices: this warp's 16-row tile lies in one segment.
     if (!w_ok) return;
-    int si = 0, n0 = 0;
-    while (si + 1 < segments.count && my_tile * 16 >= segments.seg[si].n_end)
-      n0 = segments.seg[si++].n_end;
-    const OutSegment sg = segments.seg[si];
+    int n0;
+    const OutSegment sg = segments.seg[segment_of_row(segments, my_tile * 16, n0)];
     const float ad = *sg.alpha;
     const int ld = sg.n_end - n0;
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const int token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
-      if (owned(i) && token < cnt) {
+      if (token < cnt) {
         const int n = my_tile * 16 + g + ((i & 3) >= 2 ? 8 : 0) - n0;
         uint16_t v = f32_to_bf16_bits(acc[i] * ad);
         if (sg.bias)
@@ -383,7 +385,7 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const int token = tok0 + 8 * (i / 4) + 2 * t + (i & 1);
-      if (owned(i) && token < cnt) {
+      if (token < cnt) {
         const int n = my_tile * 16 + g + ((i & 3) >= 2 ? 8 : 0);
         const size_t o = size_t(start + token) * a.n + n;
         if constexpr (OUT_F32)
