@@ -388,8 +388,14 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
     RouterParams router;
     int H, I, Is, begin, count;
   };
+  // 128 experts, top-8: up to 99 tokens the routed GEMMs stay on the decode kernel (<= 8 rows per
+  // expert) while the shared expert's own launches from 33 rows take the tiled kernel.
+  RouterParams soft128 = soft;
+  soft128.num_experts = 128;
+  soft128.top_k = 8;
   const std::vector<Case> cases = {{"glm5 (E=16)", glm, 6144, 2048, 2048, 0, 16},
                                    {"softmax E=40 top-6", soft, 256, 128, 128, 0, 40},
+                                   {"softmax E=128 top-8", soft128, 256, 128, 128, 0, 128},
                                    {"softmax no shared", soft, 256, 128, 0, 0, 40},
                                    {"EP block 8+12 of 40", soft, 256, 128, 128, 8, 12}};
   for (const Case& c : cases) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/error.h"
 #include "core/half.h"
 #include "guarded_device_array.h"
 #include "moe/router.h"
@@ -45,26 +46,33 @@ TEST(RouterLogitsTiled, BitIdenticalToCpu) {
           else
             moe::router_logits_cpu(xf.data(), w.data(), T, H, E, want.data());
           GuardedDeviceArray<uint16_t> d_w(w), d_xb(xb);
-          GuardedDeviceArray<float> d_xf(xf), d_out(want.size());
-          d_out.poison();
+          GuardedDeviceArray<float> d_xf(xf);
           const void* x = xt == DType::BF16 ? static_cast<const void*>(d_xb.ptr()) : d_xf.ptr();
-          ASSERT_EQ(moe::cuda::router_logits_tiled(x, xt, d_w.ptr(), T, H, E, d_out.ptr(), nullptr),
-                    cudaSuccess);
-          TETRA_CUDA_CHECK(cudaDeviceSynchronize());
-          EXPECT_TRUE(same_bits(d_out.download(), want));
-          EXPECT_TRUE(d_out.guards_intact());
+          // Every compiled tile shape, and the one router_tile_for picks (-1).
+          for (int shape = -1; shape < moe::cuda::kRouterTileShapeCount; ++shape) {
+            SCOPED_TRACE(str("shape ", shape));
+            GuardedDeviceArray<float> d_out(want.size());
+            d_out.poison();
+            ASSERT_EQ(moe::cuda::router_logits_tiled(x, xt, d_w.ptr(), T, H, E, d_out.ptr(),
+                                                     nullptr, shape),
+                      cudaSuccess);
+            TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+            EXPECT_TRUE(same_bits(d_out.download(), want));
+            EXPECT_TRUE(d_out.guards_intact());
+          }
         }
       }
     }
   }
 }
 
-// More token tiles than one grid column holds (65535 x 4 tokens): the launch goes in pieces.
+// More token tiles than one grid column holds (65535 x 4 tokens with the 2 x 2 warp tile): the
+// launch goes in pieces.
 TEST(RouterLogitsTiled, LongBatchInPieces) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(8);
   std::normal_distribution<float> nd;
-  const int H = 8, E = 7, T = 65535 * 4 + 9;
+  const int H = 8, E = 7, T = 65535 * 4 + 9;  // block tiles of 4 tokens (shape 0)
   std::vector<uint16_t> w(size_t(E) * H), xb(size_t(T) * H);  // [E, H], [T, H] bf16
   for (uint16_t& v : w) v = float_to_bf16(0.02f * nd(rng));
   for (uint16_t& v : xb) v = float_to_bf16(nd(rng));
@@ -74,7 +82,7 @@ TEST(RouterLogitsTiled, LongBatchInPieces) {
   GuardedDeviceArray<float> d_out(want.size());
   d_out.poison();
   ASSERT_EQ(moe::cuda::router_logits_tiled(d_xb.ptr(), DType::BF16, d_w.ptr(), T, H, E, d_out.ptr(),
-                                           nullptr),
+                                           nullptr, 0),
             cudaSuccess);
   TETRA_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_TRUE(same_bits(d_out.download(), want));
@@ -88,6 +96,14 @@ TEST(RouterLogitsTiled, NamesWhatItCannotTake) {
   EXPECT_NE(moe::cuda::router_logits_tiled_unsupported_reason(buf + 1, buf, 16).find("aligned"),
             std::string::npos);
   EXPECT_EQ(moe::cuda::router_logits_tiled_unsupported_reason(buf, buf, 16), "");
+}
+
+TEST(RouterLogitsTiled, RefusesAnUnknownTileShape) {
+  alignas(16) static const uint16_t buf[64] = {};
+  float out[4];
+  for (int shape : {-2, moe::cuda::kRouterTileShapeCount})
+    EXPECT_THROW(moe::cuda::router_logits_tiled(buf, DType::BF16, buf, 1, 8, 1, out, nullptr, shape),
+                 Error);
 }
 
 }  // namespace

@@ -500,7 +500,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     if (path_.warm_shared) shared_weight_ranges(a.warm, a.warm_bytes);
     check_launch(cuda::small_token_path(a, T, stream), "small token path", name_);
   } else {
-    const bool tiled = T >= cuda::kRouterTiledMinTokens &&
+    const bool tiled = long(T) * E_global_ >= cuda::kRouterTiledMinLogits &&
                        cuda::router_logits_tiled_unsupported_reason(x, gate_, H).empty();
     check_launch(tiled ? cuda::router_logits_tiled(x, DType::BF16, gate_, T, H, E_global_,
                                                    logits_, stream)
