@@ -36,7 +36,7 @@ step() {  # step NAME SECONDS GPU CMD...
 tests_lane() {
   local tests="test_nvfp4_cuda test_moe_ops_cuda test_runtime_ops_cuda test_w4a16_moe test_w4a4_moe
                test_bf16_moe test_linear_cuda test_split_decode_attention test_paged_extend_attention
-               test_model_cuda"
+               test_router_logits_tiled test_model_cuda"
   [ "$mode" = quick ] && tests="test_runtime_ops_cuda test_linear_cuda test_paged_extend_attention
                                 test_moe_ops_cuda test_model_cuda"
   for t in $tests; do step "$t" 240 0 "$bin/tests/$t"; done

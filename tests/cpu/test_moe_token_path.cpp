@@ -49,6 +49,7 @@ void expect_defaults(const CudaTokenPath& p) {
   EXPECT_EQ(p.gemm_pair, d.gemm_pair);
   EXPECT_EQ(p.gemm1_pdl, d.gemm1_pdl);
   EXPECT_EQ(p.gemm2_one_wave, d.gemm2_one_wave);
+  EXPECT_EQ(p.route_pdl, d.route_pdl);
 }
 
 TEST(CudaTokenPathEnv, UnsetOrEmptyGivesTheDefaults) {
@@ -61,7 +62,8 @@ TEST(CudaTokenPathEnv, UnsetOrEmptyGivesTheDefaults) {
 }
 
 TEST(CudaTokenPathEnv, EachKeySetsItsField) {
-  TokenPathEnv env("persist=8,fused=4,slot=2,side=0,pdl=0,tpdl=0,warm=0,pair=2,g1pdl=0,g2wave=0");
+  TokenPathEnv env(
+      "persist=8,fused=4,slot=2,side=0,pdl=0,tpdl=0,warm=0,pair=2,g1pdl=0,g2wave=0,rpdl=0");
   const CudaTokenPath p = cuda_token_path_from_env();
   EXPECT_EQ(p.persistent_max_tokens, 8);
   EXPECT_EQ(p.fused_route_max_tokens, 4);
@@ -73,8 +75,10 @@ TEST(CudaTokenPathEnv, EachKeySetsItsField) {
   EXPECT_EQ(p.gemm_pair, 2);  // 1 (the rule) by default
   EXPECT_FALSE(p.gemm1_pdl);  // on by default
   EXPECT_FALSE(p.gemm2_one_wave);  // on by default
+  EXPECT_FALSE(p.route_pdl);       // on by default
   EXPECT_EQ(cuda_token_path_label(p),
-            "persist<=8 fused<=4 slot<=2 side=0 pdl=0 tpdl=0 warm=0 pair=2 g1pdl=0 g2wave=0");
+            "persist<=8 fused<=4 slot<=2 side=0 pdl=0 tpdl=0 warm=0 pair=2 g1pdl=0 g2wave=0 "
+            "rpdl=0");
 }
 
 TEST(CudaTokenPathEnv, KeysLeftOutKeepTheirDefaults) {
@@ -97,6 +101,7 @@ TEST(CudaTokenPathEnv, OldTurnsEveryFusionOff) {
   EXPECT_FALSE(p.combine_pdl);
   EXPECT_FALSE(p.token_path_pdl);
   EXPECT_EQ(p.gemm_pair, 0);
+  EXPECT_FALSE(p.route_pdl);
 }
 
 TEST(CudaTokenPathEnv, MalformedValuesAreClearErrors) {

@@ -361,6 +361,7 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   old_path.token_path_pdl = false;
   old_path.gemm_pair = 0;
   old_path.gemm1_pdl = false;
+  old_path.route_pdl = false;
   moe::CudaTokenPath all_fused;  // everything fused up to 99 tokens
   all_fused.persistent_max_tokens = 0;  // the launches' fusions (the one-launch layer: below)
   all_fused.fused_route_max_tokens = 99;
@@ -375,6 +376,7 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   plain_launch.combine_pdl = false;
   plain_launch.gemm_pair = 2;
   plain_launch.gemm1_pdl = false;
+  plain_launch.route_pdl = false;
   const std::vector<std::pair<std::string, moe::CudaTokenPath>> paths = {
       {"default", moe::CudaTokenPath{}}, {"no L2 warm-up", cold}, {"no PDL launches", plain_launch},
       {"old", old_path}, {"all fused", all_fused}, {"side stream", side_only}};

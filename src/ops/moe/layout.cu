@@ -10,8 +10,10 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/kernel_launch.h"
 #include "ops/moe/layout_device.cuh"
 #include "ops/moe/moe_ops_cuda.h"
+#include "ops/moe/pdl_chain.cuh"
 
 namespace tetra::moe::cuda {
 
@@ -27,6 +29,7 @@ __global__ void __launch_bounds__(kChunk) layout_fused_kernel(const int32_t* __r
                                                               int64_t S, int64_t fill,
                                                               LayoutOut o) {
   extern __shared__ __align__(16) char raw[];
+  pdl_chain_entry();
   for (int64_t i = threadIdx.x; i < fill; i += kChunk) o.row_token[i] = -1;
   if (threadIdx.x == 0 && o.dropped) *o.dropped = 0;
   // layout_one_block's first barrier orders these stores before its placement writes.
@@ -102,13 +105,12 @@ int64_t chunk_count(int T, int top_k) { return (int64_t(T) * top_k + kChunk - 1)
 // Runs the fused or the three-step path; fill: the row_token entries set to -1 first (and
 // dropped to 0).
 cudaError_t run_layout(const int32_t* ids, int T, const LayoutOut& o, size_t fill,
-                       void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                       void* workspace, size_t workspace_bytes, cudaStream_t stream, bool pdl) {
   const int64_t S = int64_t(T) * o.top_k;
   const size_t smem = layout_smem_bytes(o.E);
-  if (S <= kFusedMaxPairs) {
-    layout_fused_kernel<<<1, kChunk, smem, stream>>>(ids, S, int64_t(fill), o);
-    return cudaGetLastError();
-  }
+  if (S <= kFusedMaxPairs)
+    return KernelLaunch(dim3(1), dim3(kChunk), stream, pdl, smem)(layout_fused_kernel, ids, S,
+                                                                   int64_t(fill), o);
   cudaError_t err = cudaMemsetAsync(o.row_token, 0xff, fill * sizeof(int32_t), stream);  // -1
   if (err == cudaSuccess && o.dropped) err = cudaMemsetAsync(o.dropped, 0, 4, stream);
   if (err != cudaSuccess) return err;
@@ -132,7 +134,7 @@ size_t layout_workspace_bytes(int T, int top_k, int E) {
 
 cudaError_t build_contiguous(const int32_t* ids, int T, int top_k, int E, void* workspace,
                              size_t workspace_bytes, const ContiguousLayoutView& out,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool pdl) {
   check_sizes("cuda build_contiguous", T, top_k, E, out.block);
   if (!out.expert_offsets || !out.slot_token || !out.slot_of)
     TETRA_FAIL("cuda build_contiguous: output pointers are missing");
@@ -146,11 +148,12 @@ cudaError_t build_contiguous(const int32_t* ids, int T, int top_k, int E, void* 
   o.slot_of = out.slot_of;
   o.expert_rows = out.expert_rows;
   o.dropped = out.dropped;
-  return run_layout(ids, T, o, size_t(T) * top_k, workspace, workspace_bytes, stream);
+  return run_layout(ids, T, o, size_t(T) * top_k, workspace, workspace_bytes, stream, pdl);
 }
 
 cudaError_t build_masked(const int32_t* ids, int T, int top_k, int E, void* workspace,
-                         size_t workspace_bytes, const MaskedLayoutView& out, cudaStream_t stream) {
+                         size_t workspace_bytes, const MaskedLayoutView& out, cudaStream_t stream,
+                         bool pdl) {
   check_sizes("cuda build_masked", T, top_k, E, out.block);
   if (out.max_m < 1) TETRA_FAIL("cuda build_masked: max_m must be >= 1, got ", out.max_m);
   if (int64_t(E) * out.max_m > INT32_MAX)
@@ -168,7 +171,7 @@ cudaError_t build_masked(const int32_t* ids, int T, int top_k, int E, void* work
   o.slot_of = out.slot_of;
   o.expert_rows = out.expert_rows;
   o.dropped = out.dropped;
-  return run_layout(ids, T, o, size_t(E) * out.max_m, workspace, workspace_bytes, stream);
+  return run_layout(ids, T, o, size_t(E) * out.max_m, workspace, workspace_bytes, stream, pdl);
 }
 
 }  // namespace tetra::moe::cuda

@@ -78,10 +78,16 @@ struct CudaTokenPath {
   // gemm2_one_wave; GLM-4.5-Air at 1 token: decode step -0.5%, session 19). Off gives the
   // persistent layer's k split, the same bits as it.
   bool gemm2_one_wave = true;
+  // Above fused_route_max_tokens, where the one-warp router kernel runs (T x E below
+  // cuda::kRouterTiledMinLogits): the router logits, routing, layout and row bookkeeping as a
+  // chain of programmatic dependent launches, each staged while the one before ends. Measured
+  // (GLM-4.5-Air decode, H200, five rounds): batch 32 -1.0%; behind the tiled router (batch 64,
+  // 128) the same chain was +0.2% and +0.9%, so it stays off there.
+  bool route_pdl = true;
 };
 
 // The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1,
-// warm=0|1,pair=0|1|2,g1pdl=0|1,g2wave=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
+// warm=0|1,pair=0|1|2,g1pdl=0|1,g2wave=0|1,rpdl=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
 // the model's layers and `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
 CudaTokenPath cuda_token_path_from_env();
 // The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1 pair=1 g1pdl=1 g2wave=1" (for

@@ -22,13 +22,16 @@ inline constexpr int kMaxExperts = 1024;
 
 // logits [T, E] f32 = x [T, H] (x_dtype BF16 or F32) @ w_gate [E, H] bf16 ^T, float accumulation
 // in router_logits_cpu's order (so the result is bit-identical).
+// pdl: launched as a programmatic dependent of the kernel before it (core/kernel_launch.h): the
+// grid is staged while that kernel ends and waits for it before reading anything; every kernel
+// of the MoE routing chain also lets its own dependents launch at its start.
 cudaError_t router_logits(const void* x, DType x_dtype, const uint16_t* w_gate_bf16, int T, int H,
-                          int E, float* logits, cudaStream_t stream);
+                          int E, float* logits, cudaStream_t stream, bool pdl = false);
 
 // One warp per token. logits [T, E] f32, bias [E] f32 or nullptr -> ids [T, top_k] int32,
 // weights [T, top_k] f32; same ids and weights as route_cpu (bit for bit).
 cudaError_t route(const float* logits, const float* bias, int T, const RouterParams& p,
-                  int32_t* ids, float* weights, cudaStream_t stream);
+                  int32_t* ids, float* weights, cudaStream_t stream, bool pdl = false);
 
 // Scratch for the layout builders (0 when T*top_k is small enough for the one-block path).
 size_t layout_workspace_bytes(int T, int top_k, int E);
@@ -67,12 +70,14 @@ struct MaskedLayoutView {
 // build_masked_cpu (for the whole layer; a block's rows are those of the ids it holds, shifted
 // by -expert_begin). ids [T, top_k] int32 global ids. The CPU builders raise errors where these drop pairs
 // (an expert over max_m, an id outside [0, E)): the device cannot throw, so it counts them in
-// `dropped` for the caller to check, and never writes out of bounds.
+// `dropped` for the caller to check, and never writes out of bounds. pdl (router_logits above)
+// applies to the one-block path (no workspace); the larger path starts with memsets.
 cudaError_t build_contiguous(const int32_t* ids, int T, int top_k, int E, void* workspace,
                              size_t workspace_bytes, const ContiguousLayoutView& out,
-                             cudaStream_t stream);
+                             cudaStream_t stream, bool pdl = false);
 cudaError_t build_masked(const int32_t* ids, int T, int top_k, int E, void* workspace,
-                         size_t workspace_bytes, const MaskedLayoutView& out, cudaStream_t stream);
+                         size_t workspace_bytes, const MaskedLayoutView& out, cudaStream_t stream,
+                         bool pdl = false);
 
 // rows[slot_of[p]] = x[p / top_k] for slot_of[p] >= 0; other rows untouched (as permute_rows_cpu).
 //   x [T, H] bf16, rows [num_rows, H] bf16 (contiguous [S, H] or masked [E*max_m, H])

@@ -14,7 +14,9 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "core/kernel_launch.h"
 #include "core/kernel_smem_attr.h"
+#include "ops/moe/pdl_chain.cuh"
 #include "ops/moe/router_dot.cuh"
 #include "ops/moe/w4a16_fragment.cuh"
 
@@ -45,6 +47,7 @@ __global__ void __launch_bounds__(kThreads)
                                int H, int E, float* __restrict__ logits) {
   using L = Tile<X, kTT, kTE, kStages>;
   extern __shared__ __align__(16) uint4 smem[];  // [kStages][kStageChunks]
+  detail::pdl_chain_entry();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t0 = blockIdx.y * L::kBT, e0 = blockIdx.x * L::kBE;
   const int pieces = H / 8;                             // 8-value blocks along k
@@ -142,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename X, int kTT, int kTE, int kStages>
 cudaError_t launch_shape(const X* x, const uint16_t* w, int T, int H, int E, float* logits,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, bool pdl) {
   static_assert(kTT * kTE <= 32, "one lane stores each logit of the warp tile");
   using L = Tile<X, kTT, kTE, kStages>;
   static_assert(L::kSmemBytes <= 96 * 1024, "two blocks per SM");
@@ -156,25 +159,28 @@ cudaError_t launch_shape(const X* x, const uint16_t* w, int T, int H, int E, flo
   for (int t = 0; t < T; t += kMaxTokens) {
     const int n = std::min(kMaxTokens, T - t);
     const dim3 grid(unsigned(expert_groups), unsigned((n + L::kBT - 1) / L::kBT));
-    kernel<<<grid, kThreads, L::kSmemBytes, stream>>>(x + size_t(t) * H, w, n, H, E,
-                                                       logits + size_t(t) * E);
+    // Only the first piece follows the caller's predecessor.
+    const cudaError_t err = KernelLaunch(grid, dim3(kThreads), stream, pdl && t == 0,
+                                         L::kSmemBytes)(kernel, x + size_t(t) * H, w, n, H, E,
+                                                        logits + size_t(t) * E);
+    if (err != cudaSuccess) return err;
   }
-  return cudaGetLastError();
+  return cudaSuccess;
 }
 
 template <typename X>
 cudaError_t launch(const X* x, const uint16_t* w, int T, int H, int E, float* logits,
-                   cudaStream_t stream, int shape) {
+                   cudaStream_t stream, int shape, bool pdl) {
   static_assert(kRouterTileShapes[0].warp_tokens == 2 && kRouterTileShapes[0].warp_experts == 2 &&
                 kRouterTileShapes[1].warp_tokens == 2 && kRouterTileShapes[1].warp_experts == 4 &&
                 kRouterTileShapes[2].warp_tokens == 4 && kRouterTileShapes[2].warp_experts == 4 &&
                 kRouterTileShapes[3].warp_tokens == 4 && kRouterTileShapes[3].warp_experts == 8,
                 "the list below follows kRouterTileShapes");
   switch (shape) {
-    case 0: return launch_shape<X, 2, 2, 12>(x, w, T, H, E, logits, stream);
-    case 1: return launch_shape<X, 2, 4, 8>(x, w, T, H, E, logits, stream);
-    case 2: return launch_shape<X, 4, 4, 6>(x, w, T, H, E, logits, stream);
-    case 3: return launch_shape<X, 4, 8, 4>(x, w, T, H, E, logits, stream);
+    case 0: return launch_shape<X, 2, 2, 12>(x, w, T, H, E, logits, stream, pdl);
+    case 1: return launch_shape<X, 2, 4, 8>(x, w, T, H, E, logits, stream, pdl);
+    case 2: return launch_shape<X, 4, 4, 6>(x, w, T, H, E, logits, stream, pdl);
+    case 3: return launch_shape<X, 4, 8, 4>(x, w, T, H, E, logits, stream, pdl);
   }
   TETRA_FAIL("cuda router_logits_tiled: no tile shape ", shape);
 }
@@ -199,7 +205,8 @@ std::string router_logits_tiled_unsupported_reason(const void* x, const uint16_t
 }
 
 cudaError_t router_logits_tiled(const void* x, DType x_dtype, const uint16_t* w_gate_bf16, int T,
-                                int H, int E, float* logits, cudaStream_t stream, int shape) {
+                                int H, int E, float* logits, cudaStream_t stream, int shape,
+                                bool pdl) {
   if (T < 0 || H < 1 || E < 1)
     TETRA_FAIL("cuda router_logits_tiled: bad sizes T=", T, " H=", H, " E=", E);
   const std::string why = router_logits_tiled_unsupported_reason(x, w_gate_bf16, H);
@@ -209,9 +216,10 @@ cudaError_t router_logits_tiled(const void* x, DType x_dtype, const uint16_t* w_
   if (T == 0) return cudaSuccess;
   if (shape < 0) shape = router_tile_for(T, E, current_device_sm_count());
   if (x_dtype == DType::BF16)
-    return launch(static_cast<const uint16_t*>(x), w_gate_bf16, T, H, E, logits, stream, shape);
+    return launch(static_cast<const uint16_t*>(x), w_gate_bf16, T, H, E, logits, stream, shape,
+                  pdl);
   if (x_dtype == DType::F32)
-    return launch(static_cast<const float*>(x), w_gate_bf16, T, H, E, logits, stream, shape);
+    return launch(static_cast<const float*>(x), w_gate_bf16, T, H, E, logits, stream, shape, pdl);
   TETRA_FAIL("cuda router_logits_tiled: activations must be BF16 or F32, got ",
              dtype_name(x_dtype));
 }

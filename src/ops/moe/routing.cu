@@ -1,7 +1,9 @@
 // Routing kernel: one warp per token, scores in registers, top-k by repeated warp argmax
 // (routing_device.cuh, shared with the small-T token paths).
 #include "core/error.h"
+#include "core/kernel_launch.h"
 #include "ops/moe/moe_ops_cuda.h"
+#include "ops/moe/pdl_chain.cuh"
 #include "ops/moe/routing_device.cuh"
 
 namespace tetra::moe::cuda {
@@ -16,6 +18,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int T,
                  RouterParams p, int32_t* __restrict__ ids, float* __restrict__ weights) {
   extern __shared__ float smem[];
+  detail::pdl_chain_entry();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int E = p.num_experts, K = p.top_k;
   float* sel = smem + size_t(warp) * E;  // [E] selection keys (biased, NaN -> -Inf)
@@ -28,7 +31,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 }  // namespace
 
 cudaError_t route(const float* logits, const float* bias, int T, const RouterParams& p,
-                  int32_t* ids, float* weights, cudaStream_t stream) {
+                  int32_t* ids, float* weights, cudaStream_t stream, bool pdl) {
   validate_router_params(p);
   if (p.num_experts > kMaxExperts)
     TETRA_FAIL("cuda route: ", p.num_experts, " experts, at most ", kMaxExperts, " supported");
@@ -37,17 +40,12 @@ cudaError_t route(const float* logits, const float* bias, int T, const RouterPar
   const int blocks = (T + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const size_t smem = size_t(kWarpsPerBlock) * p.num_experts * sizeof(float);
   const bool softmax = p.scoring == Scoring::Softmax, narrow = p.num_experts <= 32 * 8;
-  const dim3 grid(blocks), block(kWarpsPerBlock * 32);
-  if (softmax && narrow) {
-    route_kernel<true, 8><<<grid, block, smem, stream>>>(logits, bias, T, p, ids, weights);
-  } else if (softmax) {
-    route_kernel<true, 32><<<grid, block, smem, stream>>>(logits, bias, T, p, ids, weights);
-  } else if (narrow) {
-    route_kernel<false, 8><<<grid, block, smem, stream>>>(logits, bias, T, p, ids, weights);
-  } else {
-    route_kernel<false, 32><<<grid, block, smem, stream>>>(logits, bias, T, p, ids, weights);
-  }
-  return cudaGetLastError();
+  const KernelLaunch launch(dim3(blocks), dim3(kWarpsPerBlock * 32), stream, pdl, smem);
+  const auto kernel = softmax && narrow ? route_kernel<true, 8>
+                      : softmax         ? route_kernel<true, 32>
+                      : narrow          ? route_kernel<false, 8>
+                                        : route_kernel<false, 32>;
+  return launch(kernel, logits, bias, T, p, ids, weights);
 }
 
 }  // namespace tetra::moe::cuda

@@ -8,8 +8,10 @@
 #include "core/atomics.cuh"
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "core/kernel_launch.h"
 #include "ops/moe/layout_device.cuh"
 #include "ops/moe/moe_ops_cuda.h"
+#include "ops/moe/pdl_chain.cuh"
 #include "ops/moe/router_dot.cuh"
 #include "ops/moe/routing_device.cuh"
 #include "ops/moe/token_path_tiny.h"
@@ -59,6 +61,7 @@ __device__ void prepare_rows_block(const RowsPrep& r, int T) {
 }
 
 __global__ void __launch_bounds__(kThreads) prepare_rows_kernel(RowsPrep r, int T) {
+  detail::pdl_chain_entry();
   prepare_rows_block(r, T);
 }
 
@@ -150,11 +153,10 @@ LayoutOut layout_out_of(const SmallTokenPath& a) {
 }
 }  // namespace detail
 
-cudaError_t prepare_rows(const RowsPrep& r, int T, cudaStream_t stream) {
+cudaError_t prepare_rows(const RowsPrep& r, int T, cudaStream_t stream, bool pdl) {
   if (r.E < 1 || r.E > kMaxExperts || T < 0 || r.num_slots < 0 || r.num_slots > r.E)
     TETRA_FAIL("cuda prepare_rows: bad sizes E=", r.E, " T=", T, " slots=", r.num_slots);
-  prepare_rows_kernel<<<1, kThreads, 0, stream>>>(r, T);
-  return cudaGetLastError();
+  return KernelLaunch(dim3(1), dim3(kThreads), stream, pdl)(prepare_rows_kernel, r, T);
 }
 
 bool small_token_path_fits(int T, int top_k) {

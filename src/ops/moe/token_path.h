@@ -35,7 +35,8 @@ struct RowsPrep {
   bool shared_slot = false;          // the shared expert is local expert E with T rows, placed at
                                      // offsets[E] (contiguous) or E * max_m (masked)
 };
-cudaError_t prepare_rows(const RowsPrep& r, int T, cudaStream_t stream);
+// pdl: as cuda::router_logits's (moe_ops_cuda.h).
+cudaError_t prepare_rows(const RowsPrep& r, int T, cudaStream_t stream, bool pdl = false);
 
 struct SmallTokenPath {
   const uint16_t* x = nullptr;     // [T, H] bf16
