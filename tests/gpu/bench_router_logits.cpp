@@ -21,11 +21,8 @@
 namespace tetra::moe {
 namespace {
 
-constexpr int kLaunches = 24;
-constexpr int kCopies = 24;
-constexpr int kReplays = 20;
-
-using Dev = test::DeviceScratch;
+// Launches per graph, router weight / token row copies they rotate over, timed graph replays.
+constexpr int kLaunches = 24, kCopies = 24, kReplays = 20;
 
 struct Shape {
   const char* name;
@@ -43,13 +40,14 @@ TEST(BenchRouterLogits, GraphTimedPerTileShape) {
     const int E = sh.E, H = sh.H, maxT = 4096;
     std::vector<uint16_t> host(size_t(E) * H);  // [E, H] one gate copy
     for (auto& v : host) v = float_to_bf16(nd(rng) / 64.0f);
-    Dev gate(size_t(kCopies) * E * H * 2);  // [kCopies, E, H]
+    test::DeviceScratch gate(size_t(kCopies) * E * H * 2);  // [kCopies, E, H]
     for (int c = 0; c < kCopies; ++c)
       TETRA_CUDA_CHECK(cudaMemcpy(gate.as<uint16_t>() + size_t(c) * E * H, host.data(),
                                   host.size() * 2, cudaMemcpyHostToDevice));
     std::vector<uint16_t> hx(size_t(maxT) * H);  // [maxT, H]; copies offset by a token each
     for (auto& v : hx) v = float_to_bf16(nd(rng));
-    Dev x(size_t(maxT + kCopies) * H * 2), logits(size_t(maxT) * E * 4), ref(size_t(maxT) * E * 4);
+    test::DeviceScratch x(size_t(maxT + kCopies) * H * 2);  // [maxT + kCopies, H]
+    test::DeviceScratch logits(size_t(maxT) * E * 4), ref(size_t(maxT) * E * 4);  // [maxT, E]
     TETRA_CUDA_CHECK(cudaMemset(x.p, 0, size_t(maxT + kCopies) * H * 2));
     TETRA_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     for (const int T : {17, 24, 32, 48, 64, 96, 128, 256, 1024, 4096}) {
