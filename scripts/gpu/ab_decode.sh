@@ -9,7 +9,7 @@
 # MOE_PRESETS (default empty: e.g. "glm4.5-air glm5" adds `tetra bench moe --tokens MOE_TOKENS`,
 # MOE_TOKENS default 1, per variant and round).
 # Writes OUT/logs/<variant>.r<round>.{decode,moe-<preset>}.log and prints, per variant and batch,
-# the lowest and highest median us/step over the rounds (and the MoE layer's median us).
+# the lowest, highest and middle median us/step over the rounds (and the MoE layer's median us).
 set -uo pipefail
 out="$1"; rounds="$2"; shift 2
 [ "$#" -ge 1 ] || { echo "usage: ab_decode.sh OUT ROUNDS name=BINARY[@K=V,...] ..." >&2; exit 2; }
@@ -39,16 +39,26 @@ done
 # Summary: decode rows are "| batch | context | median | ...", MoE rows "| backend | tokens |
 # unique experts | median | ...".
 {
-  echo "| variant | batch | median us/step, lowest-highest over $rounds rounds |"
-  echo "|---|---|---|"
+  echo "| variant | batch | median us/step, lowest-highest over $rounds rounds | median of the rounds |"
+  echo "|---|---|---|---|"
   for name in "${names[@]}"; do
     cat "$logs/$name".r*.decode.log 2>/dev/null |
       awk -F'|' -v n="$name" '$2 ~ /^ [0-9]+ $/ && $4 ~ /[0-9]/ {
           b = $2 + 0; v = $4 + 0
           if (!(b in lo) || v < lo[b]) lo[b] = v
           if (!(b in hi) || v > hi[b]) hi[b] = v
+          k = ++cnt[b]; val[b, k] = v
         }
-        END { for (b in lo) printf "| %s | %d | %.1f-%.1f |\n", n, b, lo[b], hi[b] }' |
+        END {
+          for (b in lo) {
+            m = cnt[b]  # insertion sort of the rounds, then the middle one (lower of two)
+            for (i = 2; i <= m; ++i)
+              for (j = i; j > 1 && val[b, j - 1] > val[b, j]; --j) {
+                t = val[b, j]; val[b, j] = val[b, j - 1]; val[b, j - 1] = t
+              }
+            printf "| %s | %d | %.1f-%.1f | %.1f |\n", n, b, lo[b], hi[b], val[b, int((m + 1) / 2)]
+          }
+        }' |
       sort -t'|' -k3n
   done
   for p in ${MOE_PRESETS:-}; do
