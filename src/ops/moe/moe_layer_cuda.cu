@@ -507,7 +507,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     // the tiled router (whose early-staged blocks hold up to 96 KB of shared memory each).
     const bool pdl = path_.route_pdl && !tiled;
     check_launch(tiled ? cuda::router_logits_tiled(x, DType::BF16, gate_, T, H, E_global_,
-                                                   logits_, stream, -1, pdl)
+                                                   logits_, stream)
                        : cuda::router_logits(x, DType::BF16, gate_, T, H, E_global_, logits_,
                                              stream, pdl),
                  "router_logits", name_);
