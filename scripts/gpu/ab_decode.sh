@@ -9,7 +9,8 @@
 # MOE_PRESETS (default empty: e.g. "glm4.5-air glm5" adds `tetra bench moe --tokens MOE_TOKENS`,
 # MOE_TOKENS default 1, per variant and round).
 # Writes OUT/logs/<variant>.r<round>.{decode,moe-<preset>}.log and prints, per variant and batch,
-# the lowest, highest and middle median us/step over the rounds (and the MoE layer's median us).
+# the lowest, highest and median of its median us/step over the rounds (and the MoE layer's
+# median us).
 set -uo pipefail
 out="$1"; rounds="$2"; shift 2
 [ "$#" -ge 1 ] || { echo "usage: ab_decode.sh OUT ROUNDS name=BINARY[@K=V,...] ..." >&2; exit 2; }
@@ -39,7 +40,7 @@ done
 # Summary: decode rows are "| batch | context | median | ...", MoE rows "| backend | tokens |
 # unique experts | median | ...".
 {
-  echo "| variant | batch | median us/step, lowest-highest over $rounds rounds | median of the rounds |"
+  echo "| variant | batch | median us/step, lowest-highest over $rounds rounds | their median |"
   echo "|---|---|---|---|"
   for name in "${names[@]}"; do
     cat "$logs/$name".r*.decode.log 2>/dev/null |
@@ -51,12 +52,13 @@ done
         }
         END {
           for (b in lo) {
-            m = cnt[b]  # insertion sort of the rounds, then the middle one (lower of two)
+            m = cnt[b]  # insertion sort of the rounds, then their median
             for (i = 2; i <= m; ++i)
               for (j = i; j > 1 && val[b, j - 1] > val[b, j]; --j) {
                 t = val[b, j]; val[b, j] = val[b, j - 1]; val[b, j - 1] = t
               }
-            printf "| %s | %d | %.1f-%.1f | %.1f |\n", n, b, lo[b], hi[b], val[b, int((m + 1) / 2)]
+            med = m % 2 ? val[b, (m + 1) / 2] : (val[b, m / 2] + val[b, m / 2 + 1]) / 2
+            printf "| %s | %d | %.1f-%.1f | %.1f |\n", n, b, lo[b], hi[b], med
           }
         }' |
       sort -t'|' -k3n
