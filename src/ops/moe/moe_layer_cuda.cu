@@ -503,8 +503,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     const bool tiled = long(T) * E_global_ >= cuda::kRouterTiledMinLogits &&
                        cuda::router_logits_tiled_unsupported_reason(x, gate_, H).empty();
     // The chain of programmatic dependents only behind the one-warp router: measured on the H200
-    // (GLM-4.5-Air, session 26) it took batch 32 -1.0%, but batch 64 +0.2% and 128 +0.9% behind
-    // the tiled router (whose early-staged blocks hold up to 96 KB of shared memory each).
+    // (GLM-4.5-Air, session 26, five rounds) it took batch 32 -1.0%, but behind the tiled router
+    // batch 64 +0.1% and batch 128 +1.0% (why is not established).
     const bool pdl = path_.route_pdl && !tiled;
     check_launch(tiled ? cuda::router_logits_tiled(x, DType::BF16, gate_, T, H, E_global_,
                                                    logits_, stream)

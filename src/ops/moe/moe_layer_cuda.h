@@ -82,7 +82,7 @@ struct CudaTokenPath {
   // cuda::kRouterTiledMinLogits): the router logits, routing, layout and row bookkeeping as a
   // chain of programmatic dependent launches, each staged while the one before ends. Measured
   // (GLM-4.5-Air decode, H200, five rounds): batch 32 -1.0%; behind the tiled router (batch 64,
-  // 128) the same chain was +0.2% and +0.9%, so it stays off there.
+  // 128) the same chain was +0.1% and +1.0%, so it stays off there.
   bool route_pdl = true;
 };
 

@@ -2,9 +2,9 @@
 // 256 values (32 pieces of 8, lane l owns piece l), and every slice of the tile's x rows and gate
 // rows is copied to shared memory (cp.async, up to kStages - 1 slices in flight) by the whole
 // block, so x and the gate weights come from L2 once per block rather than once per warp. Each
-// warp then runs its warp tile from shared memory. The block's time is about
-// slices / (kStages - 1) copy round trips, so smaller tiles (whose stages are smaller) keep more
-// slices in flight: every shape's ring fits 96 KB, two blocks per SM.
+// warp then runs its warp tile from shared memory. Each shape keeps as many slices in flight as
+// fit 96 KB (two blocks per SM); deeper rings for the small tiles measured no faster (session 26),
+// what bounds a block is its instructions.
 // Every dot product keeps router_dot's order exactly (lane l owns the 8-element blocks
 // b % 32 == l, FMAs in ascending k, then the xor butterfly 16, 8, 4, 2, 1), so the logits stay
 // bit-identical to router_logits_cpu.
@@ -14,9 +14,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
-#include "core/kernel_launch.h"
 #include "core/kernel_smem_attr.h"
-#include "ops/moe/pdl_chain.cuh"
 #include "ops/moe/router_dot.cuh"
 #include "ops/moe/w4a16_fragment.cuh"
 
@@ -47,7 +45,6 @@ __global__ void __launch_bounds__(kThreads)
                                int H, int E, float* __restrict__ logits) {
   using L = Tile<X, kTT, kTE, kStages>;
   extern __shared__ __align__(16) uint4 smem[];  // [kStages][kStageChunks]
-  detail::pdl_chain_entry();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t0 = blockIdx.y * L::kBT, e0 = blockIdx.x * L::kBE;
   const int pieces = H / 8;                             // 8-value blocks along k
@@ -145,7 +142,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename X, int kTT, int kTE, int kStages>
 cudaError_t launch_shape(const X* x, const uint16_t* w, int T, int H, int E, float* logits,
-                         cudaStream_t stream, bool pdl) {
+                         cudaStream_t stream) {
   static_assert(kTT * kTE <= 32, "one lane stores each logit of the warp tile");
   using L = Tile<X, kTT, kTE, kStages>;
   static_assert(L::kSmemBytes <= 96 * 1024, "two blocks per SM");
@@ -159,28 +156,25 @@ cudaError_t launch_shape(const X* x, const uint16_t* w, int T, int H, int E, flo
   for (int t = 0; t < T; t += kMaxTokens) {
     const int n = std::min(kMaxTokens, T - t);
     const dim3 grid(unsigned(expert_groups), unsigned((n + L::kBT - 1) / L::kBT));
-    // Only the first piece follows the caller's predecessor.
-    const cudaError_t err = KernelLaunch(grid, dim3(kThreads), stream, pdl && t == 0,
-                                         L::kSmemBytes)(kernel, x + size_t(t) * H, w, n, H, E,
-                                                        logits + size_t(t) * E);
-    if (err != cudaSuccess) return err;
+    kernel<<<grid, kThreads, L::kSmemBytes, stream>>>(x + size_t(t) * H, w, n, H, E,
+                                                       logits + size_t(t) * E);
   }
-  return cudaSuccess;
+  return cudaGetLastError();
 }
 
 template <typename X>
 cudaError_t launch(const X* x, const uint16_t* w, int T, int H, int E, float* logits,
-                   cudaStream_t stream, int shape, bool pdl) {
+                   cudaStream_t stream, int shape) {
   static_assert(kRouterTileShapes[0].warp_tokens == 2 && kRouterTileShapes[0].warp_experts == 2 &&
                 kRouterTileShapes[1].warp_tokens == 2 && kRouterTileShapes[1].warp_experts == 4 &&
                 kRouterTileShapes[2].warp_tokens == 4 && kRouterTileShapes[2].warp_experts == 4 &&
                 kRouterTileShapes[3].warp_tokens == 4 && kRouterTileShapes[3].warp_experts == 8,
                 "the list below follows kRouterTileShapes");
   switch (shape) {
-    case 0: return launch_shape<X, 2, 2, 12>(x, w, T, H, E, logits, stream, pdl);
-    case 1: return launch_shape<X, 2, 4, 8>(x, w, T, H, E, logits, stream, pdl);
-    case 2: return launch_shape<X, 4, 4, 6>(x, w, T, H, E, logits, stream, pdl);
-    case 3: return launch_shape<X, 4, 8, 4>(x, w, T, H, E, logits, stream, pdl);
+    case 0: return launch_shape<X, 2, 2, 12>(x, w, T, H, E, logits, stream);
+    case 1: return launch_shape<X, 2, 4, 8>(x, w, T, H, E, logits, stream);
+    case 2: return launch_shape<X, 4, 4, 6>(x, w, T, H, E, logits, stream);
+    case 3: return launch_shape<X, 4, 8, 4>(x, w, T, H, E, logits, stream);
   }
   TETRA_FAIL("cuda router_logits_tiled: no tile shape ", shape);
 }
@@ -205,8 +199,7 @@ std::string router_logits_tiled_unsupported_reason(const void* x, const uint16_t
 }
 
 cudaError_t router_logits_tiled(const void* x, DType x_dtype, const uint16_t* w_gate_bf16, int T,
-                                int H, int E, float* logits, cudaStream_t stream, int shape,
-                                bool pdl) {
+                                int H, int E, float* logits, cudaStream_t stream, int shape) {
   if (T < 0 || H < 1 || E < 1)
     TETRA_FAIL("cuda router_logits_tiled: bad sizes T=", T, " H=", H, " E=", E);
   const std::string why = router_logits_tiled_unsupported_reason(x, w_gate_bf16, H);
@@ -216,10 +209,9 @@ cudaError_t router_logits_tiled(const void* x, DType x_dtype, const uint16_t* w_
   if (T == 0) return cudaSuccess;
   if (shape < 0) shape = router_tile_for(T, E, current_device_sm_count());
   if (x_dtype == DType::BF16)
-    return launch(static_cast<const uint16_t*>(x), w_gate_bf16, T, H, E, logits, stream, shape,
-                  pdl);
+    return launch(static_cast<const uint16_t*>(x), w_gate_bf16, T, H, E, logits, stream, shape);
   if (x_dtype == DType::F32)
-    return launch(static_cast<const float*>(x), w_gate_bf16, T, H, E, logits, stream, shape, pdl);
+    return launch(static_cast<const float*>(x), w_gate_bf16, T, H, E, logits, stream, shape);
   TETRA_FAIL("cuda router_logits_tiled: activations must be BF16 or F32, got ",
              dtype_name(x_dtype));
 }

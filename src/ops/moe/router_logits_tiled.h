@@ -41,9 +41,8 @@ std::string router_logits_tiled_unsupported_reason(const void* x, const uint16_t
 
 // x [T, H] (BF16 or F32), w_gate_bf16 [E, H] -> logits [T, E] float32. `shape` picks one of
 // kRouterTileShapes (-1: router_tile_for on the current device; tests and benchmarks pin it).
-// pdl: as cuda::router_logits's (moe_ops_cuda.h).
+// A plain launch: behind it the MoE layer's routing chain stays off PDL (moe_layer_cuda.h).
 cudaError_t router_logits_tiled(const void* x, DType x_dtype, const uint16_t* w_gate_bf16, int T,
-                                int H, int E, float* logits, cudaStream_t stream, int shape = -1,
-                                bool pdl = false);
+                                int H, int E, float* logits, cudaStream_t stream, int shape = -1);
 
 }  // namespace tetra::moe::cuda
