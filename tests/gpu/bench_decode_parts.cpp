@@ -490,7 +490,7 @@ TEST(BenchDecodeParts, Glm45AirDenseLinearsWgmmaSplitK) {
                                         nullptr));
       std::vector<uint16_t> want(size_t(M) * mt.n);
       TETRA_CUDA_CHECK(cudaMemcpy(want.data(), ref.p, want.size() * 2, cudaMemcpyDeviceToHost));
-      for (int tile : {32, 128})
+      for (int tile : {32, 64, 128})
         for (int S : {0, 1, 2, 4, 8}) {
           const moe_detail::WgmmaConfig cfg{S, tile};
           auto run = [&](int c, cudaStream_t s) {

@@ -307,6 +307,8 @@ void run_case(const Case& c, uint32_t seed) {
       {MoeKernel::kWgmma, true, {.wgmma = {.k_split = 2, .token_tile = 32}}},
       {MoeKernel::kWgmma, true, {.wgmma = {.k_split = 8, .token_tile = 128}}},
       {MoeKernel::kWgmma, true, {.wgmma = {.k_split = 1, .token_tile = 128}}},
+      {MoeKernel::kWgmma, true, {.wgmma = {.k_split = 1, .token_tile = 64}}},
+      {MoeKernel::kWgmma, true, {.wgmma = {.k_split = 4, .token_tile = 64}}},
   };
   // The wgmma kernel reads x and act in wgmma order (moe/wgmma_order.h) and writes act so.
   DevBuf<uint16_t> d_xw(size_t(x_rows) * H), d_act_in_w(size_t(total) * I);

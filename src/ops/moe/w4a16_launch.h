@@ -74,7 +74,9 @@ struct WgmmaConfig {
   // multiplies its share of the 64-k chunks and rank 0 sums the partials in rank order over
   // distributed shared memory (deterministic). 0: wgmma_k_split() picks.
   int k_split = 0;
-  int token_tile = 0;  // 32 (two blocks per SM) or 128; 0: 32 up to 32 rows per slot on average
+  // 32 (two blocks per SM), 64 or 128 tokens; 0: the smallest of them that holds the rows per
+  // slot on average.
+  int token_tile = 0;
 };
 
 struct DecodeConfig {

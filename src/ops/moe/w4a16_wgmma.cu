@@ -1,12 +1,13 @@
 // W4A16 MoE kernel on Hopper's warpgroup MMA (wgmma, sm_90a) for more than 8 rows per expert: a
-// block computes 256 weight rows x a token tile of one expert (128 tokens; 32 in the narrow
-// shape, two blocks per SM, for experts with few rows). Each of its 16 warps dequantizes its own
-// 16-row weight tile into registers (the wgmma A operand, in the mma.m16n8k16 fragment layout the
-// packed weights already have), and each warpgroup multiplies its 64 rows by the token tile that
-// the tensor cores read straight from shared memory (the B operand: one m64nNk16 per warpgroup and
-// k-step), so no warp spends instructions on B fragments, and 256 rows per token tile halve the
-// activation bytes per FLOP of the mma.sync tiled kernel (w4a16_tiled.cu), whose L2 traffic bounds
-// it. N is the token tile's width rounded up to 16/32/64/128: an expert's last tile is often short.
+// block computes 256 weight rows x a token tile of one expert (128 tokens; 32 in the narrow shape,
+// two blocks per SM, for experts with few rows; 64 for one matrix of 33..64 rows). Each of its 16
+// warps dequantizes its own 16-row weight tile into registers (the wgmma A operand, in the
+// mma.m16n8k16 fragment layout the packed weights already have), and each warpgroup multiplies its
+// 64 rows by the token tile that the tensor cores read straight from shared memory (the B operand:
+// one m64nNk16 per warpgroup and k-step), so no warp spends instructions on B fragments, and 256
+// rows per token tile halve the activation bytes per FLOP of the mma.sync tiled kernel
+// (w4a16_tiled.cu), whose L2 traffic bounds it. N is the token tile's width rounded up to
+// 16/32/64/128: an expert's last tile is often short.
 //
 // Activations (x of GEMM1, act of GEMM2) are in wgmma order (moe/wgmma_order.h): 16-byte group g of
 // each 64-column chunk holds the columns wgmma reads as k group g, so a chunk of a token row is
@@ -62,7 +63,8 @@ static_assert(kTilesM * kTileChunkScales <= kThreads * 16, "scales: one 16-byte 
 // The block's token tile: kRowsN tokens (the largest wgmma N it runs). The wide shape (128)
 // runs one block per SM; the narrow one (32: experts with few rows) has a quarter of the
 // activation bytes per stage and fits two blocks per SM, twice the warpgroups to hide the
-// dequantize -> wgmma -> wait chain that bounds a small N.
+// dequantize -> wgmma -> wait chain that bounds a small N. The 64-token one runs one block per
+// SM with registers to spare for a second A set, so a stage's two chunks overlap (main_loop).
 template <int kRowsN_>
 struct TokenTile {
   static constexpr int kRowsN = kRowsN_;
@@ -257,39 +259,65 @@ __global__ void __launch_bounds__(kThreads, TokenTile<kRowsN>::kBlocksPerSm)
   for (int s = 0; s < kStages - 1; ++s)
     if (s < stages) produce(s);
   const uint32_t smem_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  // One chunk (sub-chunk h of a stage, at byte offset off of the stage memory): this warp's
+  // weights dequantized into the A fragments of its 16-row tile, then the warpgroup's 4 k-steps
+  // issued against the chunk's tokens (B, shared memory) as one wgmma group.
+  auto dequant_chunk = [&](uint32_t off, uint32_t (&A)[4][4]) {
+    const uint8_t* ch = smem + off;
+    const uint4 wa = *reinterpret_cast<const uint4*>(ch + warp * kTileChunkBytes + lane * 16);
+    const uint32_t sv =
+        *reinterpret_cast<const uint16_t*>(ch + kWBytes + warp * kTileChunkScales + lane * 2);
+    uint32_t sg, sg8;
+    scale_pair_to_bf16x2(sv, sg, sg8);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dequant_word(word_of(wa, j), sg, sg8, A[j]);
+  };
+  auto issue_chunk = [&]<int N>(uint32_t off, const uint32_t (&A)[4][4]) {
+    const uint32_t xs = smem_base + off + uint32_t(kWBytes + kSBytes);
+    uint64_t desc[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) desc[j] = b_descriptor<kGroupStride>(xs + 2 * j * kGroupStride);
+    wgmma_fence();  // A was just written by ordinary instructions
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wgmma_m64nNk16<N>(acc, A[j], desc[j]);
+    wgmma_commit();
+  };
   // The main loop for a token tile computed N wide (N >= the tile's tokens; the rest of the
   // 128-token tile is zeros that need no MMA).
   auto main_loop = [&]<int N>() {
+    // In the 64-token tile a stage's two chunks overlap: the second chunk's dequantize runs
+    // while the first chunk's wgmmas do, in its own registers, and the warpgroup waits once per
+    // stage. (The 128-token tile's accumulators leave no room for a second A set, the 32-token
+    // tile's two blocks per SM neither.)
+    constexpr bool kOverlap = kRowsN == 64;
+    static_assert(!kOverlap || kStageChunks == 2, "the overlap pairs a stage's two chunks");
     for (int s = 0; s < stages; ++s) {
       const int b = s % kStages;
       mbar_wait(&full_bar[b], (s / kStages) & 1);
       // The copies are generic-proxy writes; wgmma reads shared memory through the async proxy.
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#pragma unroll
-      for (int h = 0; h < kStageChunks; ++h) {
-        if (s * kStageChunks + h >= chunks) break;
-        const uint32_t off = uint32_t(b * kStageBytes + h * kChunkBytes);
-        const uint8_t* ch = smem + off;
-        const uint4 wa = *reinterpret_cast<const uint4*>(ch + warp * kTileChunkBytes + lane * 16);
-        const uint32_t sv =
-            *reinterpret_cast<const uint16_t*>(ch + kWBytes + warp * kTileChunkScales + lane * 2);
-        uint32_t sg, sg8;
-        scale_pair_to_bf16x2(sv, sg, sg8);
-        uint32_t A[4][4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) dequant_word(word_of(wa, j), sg, sg8, A[j]);
-        const uint32_t xs = smem_base + off + uint32_t(kWBytes + kSBytes);
-        uint64_t desc[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) desc[j] = b_descriptor<kGroupStride>(xs + 2 * j * kGroupStride);
-        wgmma_fence();  // A was just written by ordinary instructions
-#pragma unroll
-        for (int j = 0; j < 4; ++j) wgmma_m64nNk16<N>(acc, A[j], desc[j]);
-        wgmma_commit();
-        // The wgmmas read A from registers, which the next chunk's dequant rewrites (wgmma with A
-        // in registers cannot overlap a write to them; the other warpgroups keep the tensor cores
-        // busy meanwhile).
+      const uint32_t off0 = uint32_t(b * kStageBytes);
+      if constexpr (kOverlap) {
+        uint32_t A0[4][4], A1[4][4];
+        dequant_chunk(off0, A0);
+        issue_chunk.template operator()<N>(off0, A0);
+        if (s * kStageChunks + 1 < chunks) {
+          dequant_chunk(off0 + kChunkBytes, A1);
+          issue_chunk.template operator()<N>(off0 + kChunkBytes, A1);
+        }
         wgmma_wait<0>();
+      } else {
+#pragma unroll
+        for (int h = 0; h < kStageChunks; ++h) {
+          if (s * kStageChunks + h >= chunks) break;
+          uint32_t A[4][4];
+          dequant_chunk(off0 + uint32_t(h * kChunkBytes), A);
+          issue_chunk.template operator()<N>(off0 + uint32_t(h * kChunkBytes), A);
+          // The wgmmas read A from registers, which the next chunk's dequant rewrites (wgmma
+          // with A in registers cannot overlap a write to them; the other warpgroups keep the
+          // tensor cores busy meanwhile).
+          wgmma_wait<0>();
+        }
       }
       mbar_arrive(&empty_bar[b]);
       // Refill the buffer stage s - 1 used, once every thread has left it.
@@ -465,7 +493,8 @@ int wgmma_k_split(long blocks, int blocks_per_sm, int sms, int chunks) {
 cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream, WgmmaConfig cfg,
                          const OutSegments& segments) {
   if (cfg.k_split < 0 || cfg.k_split > kMaxKSplit || (cfg.k_split & (cfg.k_split - 1)) != 0 ||
-      (cfg.token_tile != 0 && cfg.token_tile != 32 && cfg.token_tile != 128))
+      (cfg.token_tile != 0 && cfg.token_tile != 32 && cfg.token_tile != 64 &&
+       cfg.token_tile != 128))
     return cudaErrorInvalidValue;
   if (segments.count > 0 && (a.gated || a.out_f32 || a.num_slots != 1 ||
                              segments.count > kMaxOutSegments ||
@@ -474,9 +503,18 @@ cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream, WgmmaCon
   if (a.num_slots <= 0 || a.n <= 0 || a.total_rows <= 0) return cudaSuccess;
   // Up to 32 rows per expert (on average over the slots) the narrow token tile: H200, GLM-5 layer
   // at 9 / 16 rows per expert 2931 -> 2270 / 3103 -> 2513 us, a tie at 32 rows (GLM-5 +1.5%,
-  // Air -3%), and 26% slower at 64 (bench/results/2026-11-30-moe-small-batch-h200.md).
-  const bool narrow = cfg.token_tile == 0 ? a.total_rows <= 32 * a.num_slots : cfg.token_tile == 32;
-  if (narrow) return launch_wgmma_n<32>(a, stream, cfg.k_split, segments);
+  // Air -3%), and 26% slower at 64 (bench/results/2026-11-30-moe-small-batch-h200.md). One
+  // matrix (a dense linear) of 33..64 rows takes the 64-token tile, whose stages overlap two
+  // chunks: GLM-4.5-Air q/k/v at 64 rows 36.7 -> 33.3 us, decode batch 64 -0.6% (session 27).
+  // Not for several experts: their row counts vary about the mean, and one expert past 64 rows
+  // needs a second block over its weights (GLM-5 at 2048 tokens +6%, Air at 1024 +4%).
+  const bool one_matrix = a.num_slots == 1;
+  const int tile = cfg.token_tile != 0                                   ? cfg.token_tile
+                   : a.total_rows <= 32 * long(a.num_slots)              ? 32
+                   : one_matrix && a.total_rows <= 64 * long(a.num_slots) ? 64
+                                                                         : 128;
+  if (tile == 32) return launch_wgmma_n<32>(a, stream, cfg.k_split, segments);
+  if (tile == 64) return launch_wgmma_n<64>(a, stream, cfg.k_split, segments);
   return launch_wgmma_n<128>(a, stream, cfg.k_split, segments);
 }
 
