@@ -508,11 +508,10 @@ cudaError_t launch_wgmma(const GroupedGemmArgs& a, cudaStream_t stream, WgmmaCon
   // chunks: GLM-4.5-Air q/k/v at 64 rows 36.7 -> 33.3 us, decode batch 64 -0.6% (session 27).
   // Not for several experts: their row counts vary about the mean, and one expert past 64 rows
   // needs a second block over its weights (GLM-5 at 2048 tokens +6%, Air at 1024 +4%).
-  const bool one_matrix = a.num_slots == 1;
-  const int tile = cfg.token_tile != 0                                   ? cfg.token_tile
-                   : a.total_rows <= 32 * long(a.num_slots)              ? 32
-                   : one_matrix && a.total_rows <= 64 * long(a.num_slots) ? 64
-                                                                         : 128;
+  const int tile = cfg.token_tile != 0                      ? cfg.token_tile
+                   : a.total_rows <= 32 * long(a.num_slots) ? 32
+                   : a.num_slots == 1 && a.total_rows <= 64 ? 64
+                                                            : 128;
   if (tile == 32) return launch_wgmma_n<32>(a, stream, cfg.k_split, segments);
   if (tile == 64) return launch_wgmma_n<64>(a, stream, cfg.k_split, segments);
   return launch_wgmma_n<128>(a, stream, cfg.k_split, segments);
