@@ -1,0 +1,171 @@
+// What does one kernel-to-kernel hand-off cost in the decode step's chain, and would a
+// completion counter be cheaper than griddepcontrol.wait? The step is ~8 dependent kernels per
+// layer; each consumer waits for its whole producer grid before reading its output.
+// A chain of N link kernels (G blocks of 128 threads), each reading another block's output of the
+// link before (a real cross-block dependency) and writing its own, replayed as one CUDA graph:
+//   stream:   plain launches, stream order;
+//   pdl:      programmatic dependent launches, griddepcontrol.launch_dependents at entry and
+//             griddepcontrol.wait before the read (what the model's kernels do);
+//   counter:  programmatic dependent launches that never wait on the grid: each producer block
+//             counts itself in (release) after its stores, thread 0 of each consumer block spins
+//             (acquire) until every producer block is in. A consumer grid is scheduled only
+//             once every producer block has started (launch_dependents), so the spin cannot
+//             hold a slot a producer block needs.
+// `work` FMA rounds per thread before the stores give each link a body (and an uneven end when
+// `skew` adds work to every 8th block).
+// Default: a smoke check that every mode computes the host's chain (and so that the counter's
+// ordering holds). TETRA_BENCH_FULL=1: the table, us per link, median of graph replays.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/kernel_launch.h"
+#include "graph_timing.h"
+
+namespace tetra {
+namespace {
+
+enum Handoff { kStream = 0, kPdl = 1, kCounter = 2, kRelaxed = 3, kRelaxedLate = 4, kRelaxedLateNoFence = 5 };
+constexpr int kThreads = 128;
+constexpr int kReadShift = 37 * kThreads;  // element i reads i + shift of the link before
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// in, out: [G * kThreads]. in_done: the producer's counter (nullptr: nothing to wait for).
+template <int MODE>
+__global__ void __launch_bounds__(kThreads) link_kernel(const int* in, int* out,
+                                                        const unsigned* in_done, unsigned* out_done,
+                                                        int work, int skew) {
+  if (MODE != kStream && MODE < kRelaxedLate) asm volatile("griddepcontrol.launch_dependents;");
+  float f = float(threadIdx.x);
+  const int rounds = work + ((skew > 0 && blockIdx.x % 8 == 0) ? skew : 0);
+  for (int r = 0; r < rounds; ++r) f = fmaf(f, 0.999f, 0.5f);
+  if (MODE == kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (MODE == kCounter) {
+    if (threadIdx.x == 0 && in_done != nullptr)
+      while (ld_acquire(in_done) < gridDim.x) {
+      }
+    __syncthreads();
+  }
+  if (MODE >= kRelaxed) {
+    if (threadIdx.x == 0 && in_done != nullptr) {
+      while (ld_relaxed(in_done) < gridDim.x) {
+      }
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    }
+    __syncthreads();
+    if (MODE >= kRelaxedLate) asm volatile("griddepcontrol.launch_dependents;");
+  }
+  const int n = int(gridDim.x) * kThreads;
+  const int i = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  // f is ~500 after any rounds: adds 0 (keeps the FMA loop alive).
+  out[i] = in[(i + kReadShift) % n] + 1 + (f < -1.0f ? 1 : 0);
+  if (MODE >= kCounter) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (MODE != kRelaxedLateNoFence) __threadfence();
+      red_release_add(out_done, 1u);
+    }
+  }
+}
+
+struct Chain {
+  int G = 0, links = 0, mode = kStream, work = 0, skew = 0;
+  test::DeviceScratch buf, done;
+  Chain(int g, int n, int m, int w, int s)
+      : G(g), links(n), mode(m), work(w), skew(s),
+        buf(size_t(n + 1) * g * kThreads * sizeof(int)), done(size_t(n) * sizeof(unsigned)) {}
+  int* level(int k) const { return buf.as<int>() + size_t(k) * G * kThreads; }
+
+  void launch(int k, cudaStream_t s) const {
+    unsigned* d = done.as<unsigned>();
+    if (k == 0) TETRA_CUDA_CHECK(cudaMemsetAsync(d, 0, size_t(links) * sizeof(unsigned), s));
+    // The first link follows the memset: a plain launch in every mode.
+    KernelLaunch l(dim3(G), dim3(kThreads), s, mode != kStream && k > 0);
+    const unsigned* in_done = k > 0 ? d + k - 1 : nullptr;
+    cudaError_t e = cudaSuccess;
+    switch (mode) {
+      case kStream: e = l(link_kernel<kStream>, level(k), level(k + 1), in_done, d + k, work, skew); break;
+      case kPdl: e = l(link_kernel<kPdl>, level(k), level(k + 1), in_done, d + k, work, skew); break;
+      case kCounter: e = l(link_kernel<kCounter>, level(k), level(k + 1), in_done, d + k, work, skew); break;
+      case kRelaxed: e = l(link_kernel<kRelaxed>, level(k), level(k + 1), in_done, d + k, work, skew); break;
+      case kRelaxedLate: e = l(link_kernel<kRelaxedLate>, level(k), level(k + 1), in_done, d + k, work, skew); break;
+      default: e = l(link_kernel<kRelaxedLateNoFence>, level(k), level(k + 1), in_done, d + k, work, skew);
+    }
+    TETRA_CUDA_CHECK(e);
+  }
+  // The chain's last level against the host's: level k element i = level 0 element
+  // (i + k * shift) mod n, plus k.
+  void expect_host_result(const std::vector<int>& level0) const {
+    const int n = G * kThreads;
+    std::vector<int> got(static_cast<size_t>(n));
+    TETRA_CUDA_CHECK(cudaMemcpy(got.data(), level(links), size_t(n) * sizeof(int),
+                                cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < n; ++i) {
+      const int src = int((int64_t(i) + int64_t(links) * kReadShift) % n);
+      if (got[size_t(i)] != level0[size_t(src)] + links) ++bad;
+    }
+    EXPECT_EQ(bad, 0) << "mode " << mode << " G " << G << " work " << work << " skew " << skew;
+  }
+};
+
+std::vector<int> seed_level0(const Chain& c) {
+  const int n = c.G * kThreads;
+  std::vector<int> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[size_t(i)] = (i * 7919) % 100003;
+  TETRA_CUDA_CHECK(cudaMemcpy(c.level(0), v.data(), size_t(n) * sizeof(int), cudaMemcpyHostToDevice));
+  return v;
+}
+
+TEST(GridHandoff, EveryModeComputesTheHostChain) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (int mode : {kStream, kPdl, kCounter, kRelaxed, kRelaxedLate, kRelaxedLateNoFence})
+    for (int G : {1, 132, 528, 1056})
+      for (int skew : {0, 4000}) {
+        Chain c(G, 24, mode, 200, skew);
+        const std::vector<int> level0 = seed_level0(c);
+        // Graph replays, as the bench runs them; every replay recomputes the same levels.
+        test::graph_us_per_launch(c.links, [&](int k, cudaStream_t s) { c.launch(k, s); }, 3);
+        c.expect_host_result(level0);
+      }
+}
+
+TEST(GridHandoff, Table) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  if (std::getenv("TETRA_BENCH_FULL") == nullptr) GTEST_SKIP() << "TETRA_BENCH_FULL=1 runs it";
+  std::printf("| blocks | work | skew | stream | pdl | counter (acquire spin) | counter (relaxed spin) | relaxed, trigger after the spin | the same without __threadfence |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (int G : {64, 132, 528, 1056})
+    for (int work : {0, 2000})
+      for (int skew : {0, 4000}) {
+        double us[6];
+        for (int mode : {kStream, kPdl, kCounter, kRelaxed, kRelaxedLate, kRelaxedLateNoFence}) {
+          Chain c(G, 64, mode, work, skew);
+          const std::vector<int> level0 = seed_level0(c);
+          us[mode] = test::graph_us_per_launch(c.links, [&](int k, cudaStream_t s) { c.launch(k, s); },
+                                               20);
+          c.expect_host_result(level0);
+        }
+        std::printf("| %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", G, work, skew, us[0],
+                    us[1], us[2], us[3], us[4], us[5]);
+      }
+}
+
+}  // namespace
+}  // namespace tetra
