@@ -95,6 +95,17 @@ TEST(KernelSpills, DecodeMoeGemmsAtTheirDecodeConfigurations) {
   expect_no_spills(late);
   expect_no_spills(narrow);
   for (const KernelBudget& k : late) EXPECT_LE(k.registers, 64) << k.name;  // 8 blocks per SM
+  // GEMM1 routing its token first (gemm1_routing.h): softmax / sigmoid with 4 or 8 scores per
+  // lane, scales loaded or staged. Staged (GLM-4.5-Air's one-token grid) no spill; loaded, the
+  // sigmoid routing's scores cost 8 bytes at 64 registers (the bound keeps it from growing).
+  const auto routed = matching(all, "moe_decode_routed_kernel");
+  ASSERT_EQ(routed.size(), 8u);
+  for (const KernelBudget& k : routed) {
+    EXPECT_LE(k.registers, 64) << k.name;
+    EXPECT_LE(k.spill_stores, 8) << k.name;
+    EXPECT_LE(k.spill_loads, 8) << k.name;
+  }
+  expect_no_spills(matching(routed, R"(ELb1EEEvN)"));
   // GEMM1 + GEMM2 as one grid: both paths under the 64-register cap still spill 16/16 bytes
   // (44/52 before the second tile was addressed by index); the bound keeps it from growing.
   const auto pair = matching(all, "moe_decode_pair_kernel");

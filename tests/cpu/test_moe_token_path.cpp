@@ -47,6 +47,7 @@ void expect_defaults(const CudaTokenPath& p) {
   EXPECT_EQ(p.token_path_pdl, d.token_path_pdl);
   EXPECT_EQ(p.warm_shared, d.warm_shared);
   EXPECT_EQ(p.gemm_pair, d.gemm_pair);
+  EXPECT_EQ(p.gemm1_routes, d.gemm1_routes);
   EXPECT_EQ(p.gemm1_pdl, d.gemm1_pdl);
   EXPECT_EQ(p.gemm2_one_wave, d.gemm2_one_wave);
   EXPECT_EQ(p.route_pdl, d.route_pdl);
@@ -63,7 +64,8 @@ TEST(CudaTokenPathEnv, UnsetOrEmptyGivesTheDefaults) {
 
 TEST(CudaTokenPathEnv, EachKeySetsItsField) {
   TokenPathEnv env(
-      "persist=8,fused=4,slot=2,side=0,pdl=0,tpdl=0,warm=0,pair=2,g1pdl=0,g2wave=0,rpdl=0");
+      "persist=8,fused=4,slot=2,side=0,pdl=0,tpdl=0,warm=0,pair=2,g1route=0,g1pdl=0,g2wave=0,"
+      "rpdl=0");
   const CudaTokenPath p = cuda_token_path_from_env();
   EXPECT_EQ(p.persistent_max_tokens, 8);
   EXPECT_EQ(p.fused_route_max_tokens, 4);
@@ -73,12 +75,13 @@ TEST(CudaTokenPathEnv, EachKeySetsItsField) {
   EXPECT_FALSE(p.token_path_pdl);  // on by default
   EXPECT_FALSE(p.warm_shared);
   EXPECT_EQ(p.gemm_pair, 2);  // 1 (the rule) by default
+  EXPECT_FALSE(p.gemm1_routes);  // on by default
   EXPECT_FALSE(p.gemm1_pdl);  // on by default
   EXPECT_FALSE(p.gemm2_one_wave);  // on by default
   EXPECT_FALSE(p.route_pdl);       // on by default
   EXPECT_EQ(cuda_token_path_label(p),
-            "persist<=8 fused<=4 slot<=2 side=0 pdl=0 tpdl=0 warm=0 pair=2 g1pdl=0 g2wave=0 "
-            "rpdl=0");
+            "persist<=8 fused<=4 slot<=2 side=0 pdl=0 tpdl=0 warm=0 pair=2 g1route=0 g1pdl=0 "
+            "g2wave=0 rpdl=0");
 }
 
 TEST(CudaTokenPathEnv, KeysLeftOutKeepTheirDefaults) {
@@ -101,6 +104,7 @@ TEST(CudaTokenPathEnv, OldTurnsEveryFusionOff) {
   EXPECT_FALSE(p.combine_pdl);
   EXPECT_FALSE(p.token_path_pdl);
   EXPECT_EQ(p.gemm_pair, 0);
+  EXPECT_FALSE(p.gemm1_routes);
   EXPECT_FALSE(p.route_pdl);
 }
 

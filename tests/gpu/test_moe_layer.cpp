@@ -348,7 +348,8 @@ TEST_F(MoeLayerGpu, ExpertParallelBlocksMatchCpu) {
 // on both layouts and around each threshold: the one-launch token path (forced up to 99 tokens)
 // against the separate launches, the shared expert as a slot of the routed GEMMs (also forced up
 // to 99 tokens: several passes over its rows) against its own launches, serial or on the side
-// stream, the combine and the token path with and without PDL. An EP block too. The side stream
+// stream, the combine and the token path with and without PDL, and GEMM1 routing one token
+// itself. An EP block too. The side stream
 // runs the same kernels as the serial launches: bit-equal. (The shared slot may pick another GEMM kernel than
 // the shared expert's own launch, so it is held to the cpu tolerance, not to bits.)
 TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
@@ -361,6 +362,7 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   old_path.token_path_pdl = false;
   old_path.gemm_pair = 0;
   old_path.gemm1_pdl = false;
+  old_path.gemm1_routes = false;
   old_path.route_pdl = false;
   moe::CudaTokenPath all_fused;  // everything fused up to 99 tokens
   all_fused.persistent_max_tokens = 0;  // the launches' fusions (the one-launch layer: below)
@@ -377,9 +379,12 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   plain_launch.gemm_pair = 2;
   plain_launch.gemm1_pdl = false;
   plain_launch.route_pdl = false;
+  moe::CudaTokenPath path_routes;  // one token routed by the token path (the default: by GEMM1)
+  path_routes.gemm1_routes = false;
   const std::vector<std::pair<std::string, moe::CudaTokenPath>> paths = {
       {"default", moe::CudaTokenPath{}}, {"no L2 warm-up", cold}, {"no PDL launches", plain_launch},
-      {"old", old_path}, {"all fused", all_fused}, {"side stream", side_only}};
+      {"token path routes", path_routes}, {"old", old_path}, {"all fused", all_fused},
+      {"side stream", side_only}};
   const RouterParams glm = preset_router("glm5", 16);
   RouterParams soft;
   soft.scoring = moe::Scoring::Softmax;
@@ -396,6 +401,12 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
   soft128.num_experts = 128;
   soft128.top_k = 8;
   const std::vector<Case> cases = {{"glm5 (E=16)", glm, 6144, 2048, 2048, 0, 16},
+                                   {"glm4.5-air shape (E=16)", preset_router("glm4.5-air", 16),
+                                    4096, 1408, 1408, 0, 16},
+                                   {"glm4.5-air router E=128", preset_router("glm4.5-air", 128),
+                                    256, 128, 128, 0, 128},
+                                   {"grouped sigmoid E=64", preset_router("deepseek-v3", 64), 256,
+                                    128, 128, 0, 64},
                                    {"softmax E=40 top-6", soft, 256, 128, 128, 0, 40},
                                    {"softmax E=128 top-8", soft128, 256, 128, 128, 0, 128},
                                    {"softmax no shared", soft, 256, 128, 0, 0, 40},
@@ -416,9 +427,10 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
       auto cpu = moe::make_moe_layer(w, o);
       for (TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked}) {
         SCOPED_TRACE(layout == TokenLayout::Masked ? "masked" : "contiguous");
-        // The real shape is slow to build and check on the CPU: the first three paths only
-        // (default, no warm-up, no PDL for the token path and the combine).
-        const size_t n_paths = c.H > 1024 ? 3 : paths.size();
+        // The real shape is slow to build and check on the CPU: the first four paths only
+        // (default, no warm-up, no PDL for the token path and the combine, the token path
+        // routing one token instead of GEMM1).
+        const size_t n_paths = c.H > 1024 ? 4 : paths.size();
         std::vector<std::unique_ptr<moe::CudaMoeLayer>> gpus;
         for (size_t i = 0; i < n_paths; ++i)
           gpus.push_back(std::make_unique<moe::CudaMoeLayer>(w, 99, layout, paths[i].second,
@@ -453,7 +465,10 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
           }
           EXPECT_EQ(outs[1], outs[0]) << "the L2 warm-up changed the result";
           EXPECT_EQ(outs[2], outs[0]) << "the PDL launches or the GEMM pair changed the result";
-          if (outs.size() == paths.size()) EXPECT_EQ(outs[5], outs[3]) << "side stream vs serial";
+          // The same kernels' code on the same routing: bit-equal (where it does not apply,
+          // T > 1 or the masked layout, it is the default path).
+          EXPECT_EQ(outs[3], outs[0]) << "GEMM1's routing differs from the token path's";
+          if (outs.size() == paths.size()) EXPECT_EQ(outs[6], outs[4]) << "side stream vs serial";
         }
       }
     }

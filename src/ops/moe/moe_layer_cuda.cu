@@ -10,6 +10,7 @@
 #include "core/cuda_check.h"
 #include "moe/expert_weights.h"
 #include "moe/w4a4_scales.h"
+#include "ops/moe/gemm1_routing.h"
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/persistent_layer.h"
 #include "ops/moe/router_logits_tiled.h"
@@ -477,6 +478,34 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   prep.sh_rows = own ? sh_rows_ : nullptr;
   prep.shared_slot = slot;
   const bool fused_route = path_.fused_route_max_tokens >= T && cuda::small_token_path_fits(T, K);
+  // The routed GEMMs' problem (it does not depend on the routing).
+  const int experts = E + (shared_in_slot_ ? 1 : 0);
+  const int total_rows = masked ? experts * max_tokens_ : pairs + (slot ? T : 0);
+  const int hint = (pairs + num_slots - 1) / num_slots;
+  MoeGemmProblem p = gemm_problem(experts, H, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
+  const int active_slots = std::min(E, T * K) + (slot ? 1 : 0);
+  const bool pair_wanted = path_.gemm_pair == 2 ||
+                           (path_.gemm_pair == 1 && moe_gemm_pair_preferred(p, active_slots));
+  // One token: the token path computes the logits only and GEMM1 routes (gemm1_routing.h).
+  Gemm1Routing g1r;
+  g1r.logits = logits_;
+  g1r.bias = bias_;
+  g1r.router = router_;
+  g1r.shared_slot = slot;
+  g1r.ids = ids_;
+  g1r.weights = weights_;
+  g1r.slot_of = slot_of_;
+  g1r.slots = slots_;
+  g1r.offsets = offsets_;
+  g1r.row_count = row_count_;
+  g1r.row_token = row_token_;
+  g1r.dropped = dropped_;
+  MoeGemmProblem p1r = p;
+  p1r.gemm1_pdl = fused_route && path_.gemm1_pdl;
+  const bool route_in_gemm1 = path_.gemm1_routes && fused_route && T == 1 && !masked && !own &&
+                              begin_ == 0 && E == E_global_ && !routed_bf16_ && !routed_w4a4_ &&
+                              !marks && !pair_wanted &&
+                              *moe_gemm1_routed_unsupported(p1r, g1r) == '\0';
   if (fused_route) {
     cuda::SmallTokenPath a;
     a.x = x;
@@ -496,6 +525,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     a.rows = prep;
     a.counter = counter_;
     a.pdl = path_.token_path_pdl;
+    a.logits_only = route_in_gemm1;
     static_assert(cuda::SmallTokenPath::kMaxWarm >= 4);
     if (path_.warm_shared) shared_weight_ranges(a.warm, a.warm_bytes);
     check_launch(cuda::small_token_path(a, T, stream), "small token path", name_);
@@ -544,10 +574,6 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   rows.row_count = masked ? masked_m_ : row_count_;
   rows.expert_ids = slots_;
   rows.gather = row_token_;  // GEMM1 reads x[token of row]: no permute pass
-  const int experts = E + (shared_in_slot_ ? 1 : 0);
-  const int total_rows = masked ? experts * max_tokens_ : pairs + (slot ? T : 0);
-  const int hint = (pairs + num_slots - 1) / num_slots;
-  MoeGemmProblem p = gemm_problem(experts, H, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
   // Large batches run the wgmma kernel, which reads x in its order: reorder x once, and hand both
   // routed GEMMs that kernel (its GEMM1 writes act in the order its GEMM2 reads).
   const uint16_t* x1 = x;
@@ -614,11 +640,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   }
   // Routed GEMMs as one launch where GEMM1 spills into a second wave (moe_gemm_pair_preferred);
   // not with marks (the benchmark times the GEMMs apart).
-  const int active_slots = std::min(E, T * K) + (slot ? 1 : 0);
   const bool pair = !routed_bf16_ && !routed_w4a4_ && !own && !marks &&
-                    routed_kernel == MoeKernel::kAuto && moe_gemm_pair_fits(p, p2) &&
-                    (path_.gemm_pair == 2 ||
-                     (path_.gemm_pair == 1 && moe_gemm_pair_preferred(p, active_slots)));
+                    routed_kernel == MoeKernel::kAuto && moe_gemm_pair_fits(p, p2) && pair_wanted;
   // The W4A16 GEMM1 straight after the one-launch token path: a programmatic dependent of it.
   MoeGemmProblem p1 = p;
   p1.gemm1_pdl = fused_route && path_.gemm1_pdl;
@@ -626,7 +649,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     check_launch(moe_w4a16_gemm_pair(p1, p2, w_, rows, x1, act_, y_, pair_done_, stream),
                  "GEMM1 + GEMM2", name_);
   } else {
-    check_launch(routed_bf16_   ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
+    check_launch(route_in_gemm1 ? moe_w4a16_gemm1_routed(p1r, w_, g1r, x1, act_, stream)
+                 : routed_bf16_ ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
                  : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream, routed_kernel)
                                 : moe_w4a16_gemm1(p1, w_, rows, x1, act_, stream, routed_kernel),
                  "GEMM1", name_);
@@ -695,7 +719,7 @@ CudaTokenPath cuda_token_path_from_env() {
   const char* env = std::getenv("TETRA_MOE_TOKEN_PATH");
   if (!env || !*env) return p;
   std::string spec(env);
-  if (spec == "old") spec = "persist=0,fused=0,slot=0,side=0,pdl=0,tpdl=0,pair=0,rpdl=0";
+  if (spec == "old") spec = "persist=0,fused=0,slot=0,side=0,pdl=0,tpdl=0,pair=0,g1route=0,rpdl=0";
   std::istringstream in(spec);
   std::string item;
   while (std::getline(in, item, ',')) {
@@ -725,6 +749,8 @@ CudaTokenPath cuda_token_path_from_env() {
       p.token_path_pdl = v != 0;
     } else if (key == "warm") {
       p.warm_shared = v != 0;
+    } else if (key == "g1route") {
+      p.gemm1_routes = v != 0;
     } else if (key == "g1pdl") {
       p.gemm1_pdl = v != 0;
     } else if (key == "g2wave") {
@@ -736,7 +762,7 @@ CudaTokenPath cuda_token_path_from_env() {
       p.gemm_pair = v;
     } else {
       TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key,
-                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1pdl, g2wave, rpdl)");
+                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1route, g1pdl, g2wave, rpdl)");
     }
   }
   return p;
@@ -747,7 +773,8 @@ std::string cuda_token_path_label(const CudaTokenPath& p) {
   os << "persist<=" << p.persistent_max_tokens << " fused<=" << p.fused_route_max_tokens << " slot<=" << p.shared_slot_max_tokens
      << " side=" << int(p.shared_side_stream) << " pdl=" << int(p.combine_pdl)
      << " tpdl=" << int(p.token_path_pdl) << " warm=" << int(p.warm_shared)
-     << " pair=" << p.gemm_pair << " g1pdl=" << int(p.gemm1_pdl)
+     << " pair=" << p.gemm_pair << " g1route=" << int(p.gemm1_routes)
+     << " g1pdl=" << int(p.gemm1_pdl)
      << " g2wave=" << int(p.gemm2_one_wave) << " rpdl=" << int(p.route_pdl);
   return os.str();
 }

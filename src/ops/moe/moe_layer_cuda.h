@@ -74,6 +74,13 @@ struct CudaTokenPath {
   // the one-launch token path, which never triggers early: the grid is staged while routing ends
   // and its blocks wait for it before reading the row mapping (MoeGemmProblem::gemm1_pdl).
   bool gemm1_pdl = true;
+  // One token (the one-launch token path, contiguous layout, no expert parallelism, the shared
+  // expert absent or a slot, no GEMM pair): the token path computes the router logits only and
+  // every GEMM1 block routes the token itself (ops/moe/gemm1_routing.h), so the routed weights
+  // are requested one grid boundary and two memory round trips earlier. Measured on the H200
+  // (bench/results/2026-12-02-session28-h200.md): GLM-4.5-Air decode batch 1 -3.9%, its MoE layer
+  // at 1 token 41.2 -> 38.3 us.
+  bool gemm1_routes = true;
   // The routed GEMM2 in 3-warp blocks where only they fit one wave (MoeGemmProblem::
   // gemm2_one_wave; GLM-4.5-Air at 1 token: decode step -0.5%, session 19). Off gives the
   // persistent layer's k split, the same bits as it.
@@ -87,7 +94,7 @@ struct CudaTokenPath {
 };
 
 // The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1,
-// warm=0|1,pair=0|1|2,g1pdl=0|1,g2wave=0|1,rpdl=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
+// warm=0|1,pair=0|1|2,g1route=0|1,g1pdl=0|1,g2wave=0|1,rpdl=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
 // the model's layers and `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
 CudaTokenPath cuda_token_path_from_env();
 // The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1 pair=1 g1pdl=1 g2wave=1" (for

@@ -141,6 +141,12 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   __syncthreads();  // the block's logits stores, before thread 0 counts it in (release)
   stamp(stamps, 2);
   const uint64_t t_logits = perf::stamp_time();
+  if (a.logits_only) {  // GEMM1 routes (it waits for this whole grid)
+    if (threadIdx.x == 0)
+      perf::block_stamp(g.block_stamps, perf::kStampTokenPath, g.block_stamp_launch, t_start,
+                        t_waited, t_logits, 0, perf::stamp_time());
+    return;
+  }
   if (threadIdx.x == 0) last_block = atomic_add_acq_rel_gpu(a.counter, 1u) == gridDim.x - 1;
   __syncthreads();  // the last block's reads below come after thread 0's acquire
   if (!last_block) {

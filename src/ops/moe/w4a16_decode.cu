@@ -17,6 +17,8 @@
 
 #include "core/cuda_check.h"
 #include "core/kernel_launch.h"
+#include "ops/moe/gemm1_routing.h"
+#include "ops/moe/routing_device.cuh"
 #include "ops/moe/w4a16_fragment.cuh"
 #include "ops/moe/w4a16_launch.h"
 #include "perf/block_stamps.cuh"
@@ -321,6 +323,93 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
   }
 }
 
+// GEMM1 of one token that routes it first (gemm1_routing.h): every block waits for the logits
+// kernel, routes the token (sigmoid scoring: the block computes the scores and keys, warp 0 the
+// top-k, as the token path's scored routing; softmax: warp 0 alone) and places the K selected
+// experts in ascending order (slot s = row s); then it runs the default late configuration over
+// its slot with the row mapping in shared memory. Block (0, 0) writes the T = 1 layout for GEMM2
+// and the combine, and fences it before this block lets the next grid launch.
+// kPerLane: routing scores per lane (E <= 32 * kPerLane).
+template <bool kSoftmax, int kPerLane, bool SCALES_SMEM>
+__global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
+    moe_decode_routed_kernel(const GroupedGemmArgs a, const Gemm1Routing r) {
+  using namespace moe::cuda::detail;
+  constexpr int kMaxE = 32 * kPerLane;
+  __shared__ __align__(16) float keys[kMaxE];  // selection keys (route_token_regs' scratch)
+  __shared__ float scores[kSoftmax ? 1 : kMaxE];
+  __shared__ uint32_t group_keys[moe::kMaxGroups];
+  __shared__ int32_t ids[moe::kMaxTopK];
+  __shared__ float wts[moe::kMaxTopK];
+  __shared__ int32_t slot_expert[moe::kMaxTopK + 1];  // slot -> expert
+  __shared__ int32_t first_row[kMaxE + 1];            // expert -> row (selected experts only)
+  __shared__ int32_t expert_rows[kMaxE + 1];          // expert -> 1 (selected experts only)
+  __shared__ int32_t row_token[moe::kMaxTopK + 1];    // row -> 0
+  const uint64_t t_start = perf::stamp_time();
+  uint64_t t_mid[2] = {0, 0};
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int K = r.router.top_k, E = r.router.num_experts;
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the logits (and x, written before them)
+  t_mid[0] = perf::stamp_time();
+  if constexpr (kSoftmax) {
+    if (warp == 0) route_token_regs<true, kPerLane>(r.logits, r.bias, r.router, keys, ids, wts, lane);
+  } else {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      const float sc = moe::math::sigmoid_f32(__ldcg(r.logits + e));
+      scores[e] = sc;
+      keys[e] = score_selection_key(sc, r.bias, e);
+    }
+    __syncthreads();
+    const int ng = r.router.n_group;
+    if (ng != 1)
+      for (int g = warp; g < ng; g += kLateKWarps) {
+        const uint32_t gk = group_order_key_warp(keys + g * (E / ng), E / ng, lane);
+        if (lane == 0) group_keys[g] = gk;
+      }
+    __syncthreads();
+    if (warp == 0) route_token_scored<kPerLane>(scores, keys, group_keys, r.router, ids, wts, lane);
+  }
+  if (warp == 0) {
+    __syncwarp();
+    const int id = lane < K ? ids[lane] : 0;
+    int rank = 0;  // the K ids are distinct
+    for (int i = 0; i < K; ++i) rank += ids[i] < id;
+    if (lane < K) slot_expert[rank] = id, first_row[id] = rank, expert_rows[id] = 1;
+    if (lane <= K) row_token[lane] = 0;
+    if (lane == 0 && r.shared_slot) slot_expert[K] = E, first_row[E] = K, expert_rows[E] = 1;
+    if (blockIdx.x == 0 && blockIdx.y == 0) {
+      if (lane < K) {
+        r.ids[lane] = id;
+        r.weights[lane] = wts[lane];
+        r.slot_of[lane] = rank;
+        r.slots[rank] = id;
+        r.offsets[id] = rank;
+        r.row_count[id] = 1;
+        r.row_token[lane] = 0;
+      }
+      if (lane == 0) {
+        r.offsets[E] = K;
+        if (r.shared_slot) r.slots[K] = E, r.row_count[E] = 1, r.row_token[K] = 0;
+        if (r.dropped) *r.dropped = 0;
+      }
+      __threadfence();  // before any thread of this block triggers GEMM2's launch
+    }
+  }
+  __syncthreads();
+  GroupedGemmArgs b = a;
+  b.rows.expert_ids = slot_expert;
+  b.rows.row_start = first_row;
+  b.rows.row_count = expert_rows;
+  b.rows.gather = row_token;
+  b.wait_first = false;
+  auto no_wait = [] {};
+  decode_block<1, kLateKWarps, kLateChunks, true, true, false, kDecodeFull, false,
+               decltype(no_wait), SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), no_wait,
+                                               t_mid);
+  if (threadIdx.x == 0)
+    perf::block_stamp(a.stamps, perf::kStampMoeGemm1, a.stamp_launch, t_start, t_mid[0],
+                      t_mid[1], perf::stamp_time());
+}
+
 template <int NT, int KW, int U, bool LATE, int MINB, int DIAG = kDecodeFull>
 cudaError_t launch_variant(const GroupedGemmArgs& args, cudaStream_t stream, int scales_smem = 0) {
   GroupedGemmArgs a = args;
@@ -404,6 +493,26 @@ cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs&
   b2.wait_first = a1.wait_first;
   const KernelLaunch launch(dim3(blocks), dim3(kLateKWarps * 32), stream, a1.pdl);
   return launch(moe_decode_pair_kernel, a1, b2, done);
+}
+
+cudaError_t launch_decode_routed(const GroupedGemmArgs& args, const Gemm1Routing& r,
+                                 cudaStream_t stream) {
+  GroupedGemmArgs a = args;
+  a.stamps = perf::block_stamp_buffer();
+  if (a.stamps) a.stamp_launch = perf::next_block_stamp_launch();
+  const dim3 grid{unsigned(a.n / 32), unsigned(a.num_slots), 1u};
+  const KernelLaunch launch(grid, dim3(kLateKWarps * 32), stream, a.pdl);
+  const bool scales_smem = decode_scales_in_smem(long(grid.x) * grid.y, kLateBlocksPerSm,
+                                                 current_device_sm_count(), a.k, kLateKWarps);
+  const bool softmax = r.router.scoring == moe::Scoring::Softmax;
+  const bool narrow = r.router.num_experts <= 128;  // 4 routing scores per lane
+  auto go = [&]<bool SCALES_SMEM>() {
+    if (softmax && narrow) return launch(moe_decode_routed_kernel<true, 4, SCALES_SMEM>, a, r);
+    if (softmax) return launch(moe_decode_routed_kernel<true, 8, SCALES_SMEM>, a, r);
+    if (narrow) return launch(moe_decode_routed_kernel<false, 4, SCALES_SMEM>, a, r);
+    return launch(moe_decode_routed_kernel<false, 8, SCALES_SMEM>, a, r);
+  };
+  return scales_smem ? go.template operator()<true>() : go.template operator()<false>();
 }
 
 bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k_warps) {

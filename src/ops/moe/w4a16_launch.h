@@ -8,6 +8,10 @@
 
 #include "ops/moe/w4a16_moe.h"
 
+namespace tetra {
+struct Gemm1Routing;  // gemm1_routing.h
+}
+
 namespace tetra::moe_detail {
 
 // Several plain matrices over the same x (q, k and v) as one launch of the wgmma kernel: output
@@ -130,6 +134,9 @@ bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k
 int classic_decode_k_warps(const GroupedGemmArgs& a);
 // GEMM1 (a1, gated) and GEMM2 (a2, f32 out) of the default late configuration in one grid, GEMM2's
 // blocks waiting per slot on counters (done [2 * num_slots], zero between launches).
+// GEMM1 of one token routed by its own blocks (gemm1_routing.h), default late configuration.
+cudaError_t launch_decode_routed(const GroupedGemmArgs& a, const Gemm1Routing& r,
+                                 cudaStream_t stream);
 cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs& a2,
                                uint32_t* done, cudaStream_t stream);
 cudaError_t launch_tiled(const GroupedGemmArgs& a, int blocks_per_sm, cudaStream_t stream);

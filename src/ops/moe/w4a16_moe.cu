@@ -8,6 +8,7 @@
 #include "core/error.h"
 
 #include "moe/expert_weights.h"
+#include "ops/moe/gemm1_routing.h"
 #include "ops/moe/w4a16_launch.h"
 
 namespace tetra {
@@ -220,6 +221,33 @@ cudaError_t moe_w4a16_gemm_pair(const MoeGemmProblem& p1, const MoeGemmProblem& 
   if (p1.total_rows == 0) return cudaSuccess;
   return moe_detail::launch_decode_pair(gemm1_args(p1, w, rows, x, act),
                                         gemm2_args(p2, w, rows, act, y, true), done, stream);
+}
+
+const char* moe_gemm1_routed_unsupported(const MoeGemmProblem& p, const Gemm1Routing& r) {
+  const int K = r.router.top_k, E = r.router.num_experts;
+  if (!default_late(p)) return "not the default late decode configuration";
+  if (E < 1 || E > kGemm1RoutingMaxExperts || E != p.num_experts - (r.shared_slot ? 1 : 0))
+    return "experts: at most 256, all of them local";
+  if (K < 1 || K >= moe::kMaxTopK || K > E) return "top_k: 1..31";
+  if (p.num_slots != K + (r.shared_slot ? 1 : 0) || p.total_rows < p.num_slots)
+    return "one token: top_k slots (+1 shared) of one row each";
+  if (!r.logits || !r.ids || !r.weights || !r.slot_of || !r.slots || !r.offsets ||
+      !r.row_count || !r.row_token)
+    return "missing routing pointers";
+  return "";
+}
+
+cudaError_t moe_w4a16_gemm1_routed(const MoeGemmProblem& p, const MoeWeightsDevice& w,
+                                   const Gemm1Routing& r, const uint16_t* x, uint16_t* act,
+                                   cudaStream_t stream) {
+  if (*moe_gemm1_routed_unsupported(p, r) != '\0') return cudaErrorInvalidValue;
+  MoeRows rows;  // replaced in the kernel by the rows it routes; checked as GEMM1's are
+  rows.row_start = r.offsets;
+  rows.row_count = r.row_count;
+  rows.expert_ids = r.slots;
+  rows.gather = r.row_token;
+  if (!gemm1_weights_ok(w, rows)) return cudaErrorInvalidValue;
+  return moe_detail::launch_decode_routed(gemm1_args(p, w, rows, x, act), r, stream);
 }
 
 cudaError_t moe_w4a16_gemm1(const MoeGemmProblem& p, const MoeWeightsDevice& w,

@@ -1,0 +1,51 @@
+// GEMM1 of one token that routes the token itself (the late decode kernel, w4a16_decode.cu).
+//
+// Why: at one token the MoE chain was logits -> the token path's last block routes and writes the
+// layout -> that grid ends -> GEMM1 starts, reads its slot's expert, then its rows, then requests
+// weights. Block stamps (bench/results/2026-12-02-session28-h200.md) put 7.9 us per layer
+// between "routing known" and GEMM1's first multiplied weights on GLM-4.5-Air, while HBM idles.
+// Here the token path computes the logits only; every GEMM1 block waits for them, routes the
+// token in one warp (route_token_regs: the token path's device code, so the same ids and weights
+// bit for bit), derives its slot's expert and rows in shared memory and requests its weights.
+// Block (0, 0) also writes the layout the token path would have written for T = 1 (ids, weights,
+// slot_of, slots, offsets, row_count, row_token of the selected experts and of the shared slot)
+// before it lets GEMM2 launch, so GEMM2 and the combine read what they always read.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "moe/router.h"
+#include "ops/moe/w4a16_moe.h"
+
+namespace tetra {
+
+struct Gemm1Routing {
+  const float* logits = nullptr;  // [E] the token's router logits (the previous kernel's output)
+  const float* bias = nullptr;    // [E] e_score_correction_bias, or nullptr
+  moe::RouterParams router;       // num_experts = E: every expert is local (no expert parallel)
+  bool shared_slot = false;       // the shared expert is expert E: slot top_k, row top_k
+  // Written by block (0, 0), as the token path writes them at T = 1 (entries of experts that
+  // were not selected are left as they were: nothing reads them).
+  int32_t* ids = nullptr;        // [K] selected experts, in selection order
+  float* weights = nullptr;      // [K]
+  int32_t* slot_of = nullptr;    // [K] row of pair j (the rank of its expert)
+  int32_t* slots = nullptr;      // [K (+1)] slot -> expert, ascending, then the shared expert E
+  int32_t* offsets = nullptr;    // [E + 1] first row of each selected expert; [E] = K
+  int32_t* row_count = nullptr;  // [E (+1)] 1 for each selected expert (and the shared one)
+  int32_t* row_token = nullptr;  // [K (+1)] 0: every row is token 0's
+  int32_t* dropped = nullptr;    // [1] 0, or nullptr
+};
+
+inline constexpr int kGemm1RoutingMaxExperts = 256;  // 8 scores per routing lane
+
+// Empty when moe_w4a16_gemm1_routed takes p and r, else why not: one token on the default late
+// decode configuration, num_slots = top_k (+1 with the shared slot), at most 256 experts.
+const char* moe_gemm1_routed_unsupported(const MoeGemmProblem& p, const Gemm1Routing& r);
+// GEMM1 + SiLU*up of one token routed in the kernel (p.gemm1_pdl: a programmatic dependent of
+// the logits kernel, which must not trigger its dependents early). act [K (+1), I] bf16.
+cudaError_t moe_w4a16_gemm1_routed(const MoeGemmProblem& p, const MoeWeightsDevice& w,
+                                   const Gemm1Routing& r, const uint16_t* x, uint16_t* act,
+                                   cudaStream_t stream);
+
+}  // namespace tetra
