@@ -335,7 +335,8 @@ std::string moe_bench_markdown(const MoeBenchReport& r) {
   if (!r.parts.empty()) {
     os << "\nParts of one forward (eager launches, events between parts, median; where the whole "
           "layer is one persistent launch, at T <= the token path's persist setting, all of it is "
-          "in route+layout):\n\n"
+          "in route+layout; at one token the token path routes here, where the timed forward "
+          "leaves the routing to GEMM1):\n\n"
           "| backend | tokens | route+layout us | GEMM1 us | GEMM2 us | combine us | total us |\n"
           "|---|---|---|---|---|---|---|\n";
     for (const MoeBenchParts& p : r.parts)
