@@ -17,10 +17,12 @@
 // ordering holds). TETRA_BENCH_FULL=1: the table, us per link, median of graph replays.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
+#include "core/atomics.cuh"
 #include "core/cuda_check.h"
 #include "core/kernel_launch.h"
 #include "graph_timing.h"
@@ -32,24 +34,10 @@ enum Handoff { kStream = 0, kPdl = 1, kCounter = 2, kRelaxed = 3, kRelaxedLate =
 constexpr int kThreads = 128;
 constexpr int kReadShift = 37 * kThreads;  // element i reads i + shift of the link before
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 // in, out: [G * kThreads]. in_done: the producer's counter (nullptr: nothing to wait for).
 template <int MODE>
 __global__ void __launch_bounds__(kThreads) link_kernel(const int* in, int* out,
-                                                        const unsigned* in_done, unsigned* out_done,
+                                                        const uint32_t* in_done, uint32_t* out_done,
                                                         int work, int skew) {
   if (MODE != kStream && MODE < kRelaxedLate) asm volatile("griddepcontrol.launch_dependents;");
   float f = float(threadIdx.x);
@@ -58,15 +46,15 @@ __global__ void __launch_bounds__(kThreads) link_kernel(const int* in, int* out,
   if (MODE == kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
   if (MODE == kCounter) {
     if (threadIdx.x == 0 && in_done != nullptr)
-      while (ld_acquire(in_done) < gridDim.x) {
+      while (ld_acquire_gpu(in_done) < gridDim.x) {
       }
     __syncthreads();
   }
   if (MODE >= kRelaxed) {
     if (threadIdx.x == 0 && in_done != nullptr) {
-      while (ld_relaxed(in_done) < gridDim.x) {
+      while (ld_relaxed_gpu(in_done) < gridDim.x) {
       }
-      asm volatile("fence.acq_rel.gpu;" ::: "memory");
+      fence_acq_rel_gpu();
     }
     __syncthreads();
     if (MODE >= kRelaxedLate) asm volatile("griddepcontrol.launch_dependents;");
@@ -79,7 +67,7 @@ __global__ void __launch_bounds__(kThreads) link_kernel(const int* in, int* out,
     __syncthreads();
     if (threadIdx.x == 0) {
       if (MODE != kRelaxedLateNoFence) __threadfence();
-      red_release_add(out_done, 1u);
+      red_add_release_gpu(out_done, 1u);
     }
   }
 }
@@ -89,15 +77,15 @@ struct Chain {
   test::DeviceScratch buf, done;
   Chain(int g, int n, int m, int w, int s)
       : G(g), links(n), mode(m), work(w), skew(s),
-        buf(size_t(n + 1) * g * kThreads * sizeof(int)), done(size_t(n) * sizeof(unsigned)) {}
+        buf(size_t(n + 1) * g * kThreads * sizeof(int)), done(size_t(n) * sizeof(uint32_t)) {}
   int* level(int k) const { return buf.as<int>() + size_t(k) * G * kThreads; }
 
   void launch(int k, cudaStream_t s) const {
-    unsigned* d = done.as<unsigned>();
-    if (k == 0) TETRA_CUDA_CHECK(cudaMemsetAsync(d, 0, size_t(links) * sizeof(unsigned), s));
+    uint32_t* d = done.as<uint32_t>();
+    if (k == 0) TETRA_CUDA_CHECK(cudaMemsetAsync(d, 0, size_t(links) * sizeof(uint32_t), s));
     // The first link follows the memset: a plain launch in every mode.
     KernelLaunch l(dim3(G), dim3(kThreads), s, mode != kStream && k > 0);
-    const unsigned* in_done = k > 0 ? d + k - 1 : nullptr;
+    const uint32_t* in_done = k > 0 ? d + k - 1 : nullptr;
     cudaError_t e = cudaSuccess;
     switch (mode) {
       case kStream: e = l(link_kernel<kStream>, level(k), level(k + 1), in_done, d + k, work, skew); break;
@@ -149,7 +137,8 @@ TEST(GridHandoff, EveryModeComputesTheHostChain) {
 TEST(GridHandoff, Table) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   if (std::getenv("TETRA_BENCH_FULL") == nullptr) GTEST_SKIP() << "TETRA_BENCH_FULL=1 runs it";
-  std::printf("| blocks | work | skew | stream | pdl | counter (acquire spin) | counter (relaxed spin) | relaxed, trigger after the spin | the same without __threadfence |\n");
+  std::printf("| blocks | work | skew | stream | pdl | counter (acquire spin) | counter (relaxed "
+              "spin) | relaxed, trigger after the spin | the same without __threadfence |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (int G : {64, 132, 528, 1056})
     for (int work : {0, 2000})

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/atomics.cuh"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/global_timer.cuh"
@@ -100,31 +101,14 @@ __device__ __forceinline__ void stamp(unsigned long long* stamps, int i) {
   }
 }
 
-// Synchronisation between blocks. Waits poll with relaxed loads (served by L2) and acquire once,
-// when the count is reached (a poll needs no ordering; an acquire per poll would order, and on
-// this architecture invalidate L1, every time); arrivals are release reductions.
-__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-
-__device__ __forceinline__ uint32_t ld_relaxed(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_release_add(uint32_t* p, uint32_t v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t atom_acq_rel_add(uint32_t* p, uint32_t v) {
-  uint32_t old;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-  return old;
-}
-
+// Synchronisation between blocks (core/atomics.cuh). Waits poll with relaxed loads (served by
+// L2) and acquire once, when the count is reached; arrivals are release reductions.
 // The block continues once *p >= target; what the arrivals published before is then visible
 // (read it through L2: __ldcg).
 __device__ __forceinline__ void block_wait_geq(const uint32_t* p, uint32_t target) {
   if (threadIdx.x == 0) {
-    for (unsigned sleep = 32; ld_relaxed(p) < target; sleep = min(2 * sleep, 256u)) __nanosleep(sleep);
-    fence_acq_rel();
+    for (unsigned sleep = 32; ld_relaxed_gpu(p) < target; sleep = min(2 * sleep, 256u)) __nanosleep(sleep);
+    fence_acq_rel_gpu();
   }
   __syncthreads();
 }
@@ -134,14 +118,14 @@ __device__ __forceinline__ void block_wait_geq(const uint32_t* p, uint32_t targe
 // before it (the block with count - 1 is the last arrival and sees all the others' stores).
 __device__ __forceinline__ uint32_t block_arrive(uint32_t* p, Smem& sm) {
   __syncthreads();
-  if (threadIdx.x == 0) sm.bcast = atom_acq_rel_add(p, 1u);
+  if (threadIdx.x == 0) sm.bcast = atomic_add_acq_rel_gpu(p, 1u);
   __syncthreads();
   return sm.bcast;
 }
 // The same publication without waiting for the count (a fire-and-forget reduction).
 __device__ __forceinline__ void block_release(uint32_t* p) {
   __syncthreads();
-  if (threadIdx.x == 0) red_release_add(p, 1u);
+  if (threadIdx.x == 0) red_add_release_gpu(p, 1u);
 }
 
 // A coherent load cached in L1: for rows other blocks wrote in this launch, read only after the
@@ -207,7 +191,7 @@ __device__ __forceinline__ void route_and_publish(const Plan& g, Smem& sm) {
     *a.dropped = bad;
   }
   __syncthreads();
-  if (threadIdx.x < kRouteCopies) red_release_add(counter(a.sync, kRouted + threadIdx.x), 1u);
+  if (threadIdx.x < kRouteCopies) red_add_release_gpu(counter(a.sync, kRouted + threadIdx.x), 1u);
 }
 
 // The first time a block needs the routing: waits for it, then copies the slots' experts and

@@ -15,6 +15,7 @@
 // (decode_scales_in_smem): fewer, larger requests where many blocks share an SM.
 #include <cuda_runtime.h>
 
+#include "core/atomics.cuh"
 #include "core/cuda_check.h"
 #include "core/kernel_launch.h"
 #include "ops/moe/gemm1_routing.h"
@@ -268,13 +269,6 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
                       a.stamp_launch, t_start, t_mid[0], t_mid[1], perf::stamp_time());
 }
 
-// The spin reads relaxed (an acquire load invalidates the SM's L1, where the resident GEMM1
-// blocks keep their activations); one acquire fence per warp follows the wait.
-__device__ __forceinline__ uint32_t ld_relaxed_u32(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 // GEMM1 and GEMM2 of the default late configuration as one grid: blocks [0, B1) are GEMM1's
 // (tile pair, slot) blocks, the rest GEMM2's. A GEMM1 block counts itself in on its slot once
@@ -306,11 +300,13 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
   const int slot = b / pairs2;
   uint32_t* in1 = done + slot;
   uint32_t* in2 = done + a2.num_slots + slot;
+  // Relaxed polls (an acquire load would invalidate the SM's L1, where the resident GEMM1 blocks
+  // keep their activations), then one acquire fence per warp.
   auto wait_gemm1 = [in1, pairs1] {
     if (threadIdx.x % 32 == 0)
-      while (ld_relaxed_u32(in1) < uint32_t(pairs1)) __nanosleep(64);
+      while (ld_relaxed_gpu(in1) < uint32_t(pairs1)) __nanosleep(64);
     __syncwarp();
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    fence_acq_rel_gpu();
   };
   uint64_t t_mid[2];
   if (decode_block<1, kLateKWarps, kLateChunks, true, false, true, kDecodeFull, true>(
