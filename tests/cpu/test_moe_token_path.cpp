@@ -1,6 +1,7 @@
 // The CUDA MoE layer's host-side settings, checked without a GPU: the TETRA_MOE_TOKEN_PATH
 // override (what the model's layers and `tetra bench moe` take for A/B runs) and the argument
-// checks that decide whether the persistent one-launch layer takes a layer.
+// checks that decide whether the persistent one-launch layer, or GEMM1 routing one token itself,
+// takes a layer.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "ops/moe/gemm1_routing.h"
 #include "ops/moe/moe_layer_cuda.h"
 #include "ops/moe/persistent_layer.h"
 
@@ -186,6 +188,71 @@ TEST(PersistentLayerArgs, CounterSpaceGrowsWithTheLayer) {
   // Routed slots are capped by the local experts: 4 or 8 tokens of top-8 over 16 experts alike.
   EXPECT_EQ(cuda::persistent_sync_words(4, 8, 16, 4096), cuda::persistent_sync_words(8, 8, 16, 4096));
   EXPECT_EQ(one % 32, 0u);  // whole 128-byte lines
+}
+
+// GEMM1 routing one token (gemm1_routing.h): GLM-4.5-Air's shape with the shared expert as slot
+// K is taken; each condition it does not meet is named.
+struct RoutedCase {
+  MoeGemmProblem p;
+  Gemm1Routing r;
+  float logits[1];
+  int32_t ints[8];
+  float weights[1];
+};
+RoutedCase air_one_token() {
+  RoutedCase c;
+  c.r.router.scoring = Scoring::Sigmoid;
+  c.r.router.num_experts = 128;
+  c.r.router.top_k = 8;
+  c.r.shared_slot = true;
+  c.p.num_experts = 129;  // the routed experts and the shared one
+  c.p.hidden = 4096;
+  c.p.inter = 1408;
+  c.p.num_slots = 9;
+  c.p.total_rows = 9;
+  c.p.max_rows_hint = 1;
+  // Host addresses stand in for the device buffers: only their presence is checked here.
+  c.r.logits = c.logits;
+  c.r.ids = c.r.slot_of = c.r.slots = c.r.offsets = c.r.row_count = c.r.row_token = c.ints;
+  c.r.weights = c.weights;
+  return c;
+}
+
+TEST(Gemm1Routing, TakesOneTokenOfGlm45AirWithTheSharedSlot) {
+  RoutedCase c = air_one_token();
+  EXPECT_STREQ(moe_gemm1_routed_unsupported(c.p, c.r), "");
+  c.r.shared_slot = false;  // no shared expert: K slots over E experts
+  c.p.num_experts = 128;
+  c.p.num_slots = c.p.total_rows = 8;
+  EXPECT_STREQ(moe_gemm1_routed_unsupported(c.p, c.r), "");
+}
+
+TEST(Gemm1Routing, NamesWhatItDoesNotTake) {
+  const auto reason = [](const RoutedCase& c) {
+    return std::string(moe_gemm1_routed_unsupported(c.p, c.r));
+  };
+  RoutedCase many = air_one_token();  // 300 experts: more than 8 routing scores per lane
+  many.r.router.num_experts = 300;
+  many.p.num_experts = 301;
+  EXPECT_NE(reason(many).find("experts"), std::string::npos) << reason(many);
+  RoutedCase ep = air_one_token();  // a block of the experts (expert parallelism)
+  ep.p.num_experts = 65;
+  EXPECT_NE(reason(ep).find("local"), std::string::npos) << reason(ep);
+  RoutedCase wide = air_one_token();  // top-32: no lane left for the shared slot's row
+  wide.r.router.top_k = 32;
+  wide.p.num_slots = wide.p.total_rows = 33;
+  EXPECT_NE(reason(wide).find("top_k"), std::string::npos) << reason(wide);
+  RoutedCase two = air_one_token();  // two tokens' slots
+  two.p.num_slots = 17;
+  two.p.total_rows = 18;
+  EXPECT_NE(reason(two).find("one token"), std::string::npos) << reason(two);
+  RoutedCase rows = air_one_token();  // 16 rows per expert: not the late decode kernel's shape
+  rows.p.total_rows = 9 * 16;
+  rows.p.max_rows_hint = 16;
+  EXPECT_NE(reason(rows).find("late decode"), std::string::npos) << reason(rows);
+  RoutedCase bare = air_one_token();
+  bare.r.slot_of = nullptr;
+  EXPECT_NE(reason(bare).find("pointers"), std::string::npos) << reason(bare);
 }
 
 }  // namespace
