@@ -186,7 +186,8 @@ cudaError_t small_token_path(const SmallTokenPath& a, int T, cudaStream_t stream
       a.rows.num_slots > a.rows.E)
     TETRA_FAIL("cuda small_token_path: bad sizes E=", a.rows.E, " slots=", a.rows.num_slots);
   if (detail::tiny_token_path_fits(a, T)) return detail::tiny_token_path(a, T, stream);
-  if (a.logits_only) return cudaErrorInvalidValue;  // the tiny kernel's mode alone
+  // Past the tiny kernel's limits the general kernel routes and lays out even with logits_only:
+  // GEMM1's own routing then writes the same layout again (nothing reads it in between).
   SmallArgs g;
   g.a = a;
   g.T = T;

@@ -60,8 +60,9 @@ struct SmallTokenPath {
   // Programmatic dependent launch (the tiny kernel only): its gate-row loads overlap the previous
   // kernel's tail; it reads x and writes its outputs only after that kernel is complete.
   bool pdl = false;
-  // The router logits only (the tiny kernel; T = 1): no routing, layout or bookkeeping, which
-  // GEMM1 then does itself (moe_w4a16_gemm1_routed, ops/moe/gemm1_routing.h).
+  // The router logits only (the tiny kernel): no routing, layout or bookkeeping, which GEMM1
+  // then does itself (moe_w4a16_gemm1_routed, ops/moe/gemm1_routing.h). A hint: the general
+  // kernel, past the tiny kernel's limits, still routes and writes the (same) layout.
   bool logits_only = false;
   // Weights the next kernels read whatever the routing (the shared expert): the tiny kernel's
   // blocks ask the L2 for an equal share of them each (cp.async.bulk.prefetch.L2) before they
