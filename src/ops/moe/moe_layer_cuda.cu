@@ -487,19 +487,10 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   const bool pair_wanted = path_.gemm_pair == 2 ||
                            (path_.gemm_pair == 1 && moe_gemm_pair_preferred(p, active_slots));
   // One token: the token path computes the logits only and GEMM1 routes (gemm1_routing.h).
-  Gemm1Routing g1r;
-  g1r.logits = logits_;
-  g1r.bias = bias_;
-  g1r.router = router_;
-  g1r.shared_slot = slot;
-  g1r.ids = ids_;
-  g1r.weights = weights_;
-  g1r.slot_of = slot_of_;
-  g1r.slots = slots_;
-  g1r.offsets = offsets_;
-  g1r.row_count = row_count_;
-  g1r.row_token = row_token_;
-  g1r.dropped = dropped_;
+  const Gemm1Routing g1r{.logits = logits_, .bias = bias_, .router = router_, .shared_slot = slot,
+                         .ids = ids_, .weights = weights_, .slot_of = slot_of_, .slots = slots_,
+                         .offsets = offsets_, .row_count = row_count_, .row_token = row_token_,
+                         .dropped = dropped_};
   MoeGemmProblem p1r = p;
   p1r.gemm1_pdl = fused_route && path_.gemm1_pdl;
   const bool route_in_gemm1 = path_.gemm1_routes && fused_route && T == 1 && !masked && !own &&
