@@ -5,8 +5,10 @@
 // weights. Block stamps (bench/results/2026-12-02-session28-h200.md) put 7.9 us per layer
 // between "routing known" and GEMM1's first multiplied weights on GLM-4.5-Air, while HBM idles.
 // Here the token path computes the logits only; every GEMM1 block waits for them, routes the
-// token in one warp (route_token_regs: the token path's device code, so the same ids and weights
-// bit for bit), derives its slot's expert and rows in shared memory and requests its weights.
+// token (sigmoid: the block computes the scores and keys, warp 0 the top-k with
+// route_token_scored; softmax: warp 0 with route_token_regs: the token path's device code, so
+// the same ids and weights bit for bit), derives its slot's expert and rows in shared memory
+// and requests its weights.
 // Block (0, 0) also writes the layout the token path would have written for T = 1 (ids, weights,
 // slot_of, slots, offsets, row_count, row_token of the selected experts and of the shared slot)
 // before it lets GEMM2 launch, so GEMM2 and the combine read what they always read.

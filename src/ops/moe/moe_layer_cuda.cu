@@ -491,12 +491,13 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
                          .ids = ids_, .weights = weights_, .slot_of = slot_of_, .slots = slots_,
                          .offsets = offsets_, .row_count = row_count_, .row_token = row_token_,
                          .dropped = dropped_};
-  MoeGemmProblem p1r = p;
-  p1r.gemm1_pdl = fused_route && path_.gemm1_pdl;
+  // The W4A16 GEMM1 straight after the one-launch token path: a programmatic dependent of it.
+  MoeGemmProblem p1 = p;
+  p1.gemm1_pdl = fused_route && path_.gemm1_pdl;
   const bool route_in_gemm1 = path_.gemm1_routes && fused_route && T == 1 && !masked && !own &&
                               begin_ == 0 && E == E_global_ && !routed_bf16_ && !routed_w4a4_ &&
                               !marks && !pair_wanted &&
-                              *moe_gemm1_routed_unsupported(p1r, g1r) == '\0';
+                              *moe_gemm1_routed_unsupported(p1, g1r) == '\0';
   if (fused_route) {
     cuda::SmallTokenPath a;
     a.x = x;
@@ -633,14 +634,11 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   // not with marks (the benchmark times the GEMMs apart).
   const bool pair = !routed_bf16_ && !routed_w4a4_ && !own && !marks &&
                     routed_kernel == MoeKernel::kAuto && moe_gemm_pair_fits(p, p2) && pair_wanted;
-  // The W4A16 GEMM1 straight after the one-launch token path: a programmatic dependent of it.
-  MoeGemmProblem p1 = p;
-  p1.gemm1_pdl = fused_route && path_.gemm1_pdl;
   if (pair) {
     check_launch(moe_w4a16_gemm_pair(p1, p2, w_, rows, x1, act_, y_, pair_done_, stream),
                  "GEMM1 + GEMM2", name_);
   } else {
-    check_launch(route_in_gemm1 ? moe_w4a16_gemm1_routed(p1r, w_, g1r, x1, act_, stream)
+    check_launch(route_in_gemm1 ? moe_w4a16_gemm1_routed(p1, w_, g1r, x1, act_, stream)
                  : routed_bf16_ ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
                  : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream, routed_kernel)
                                 : moe_w4a16_gemm1(p1, w_, rows, x1, act_, stream, routed_kernel),

@@ -349,6 +349,8 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
   if constexpr (kSoftmax) {
     if (warp == 0) route_token_regs<true, kPerLane>(r.logits, r.bias, r.router, keys, ids, wts, lane);
   } else {
+    // The one-token form of the tiny token path's block-wide scoring (token_path_tiny.cu), indexed
+    // by expert: a shared helper over [T, E] needs i % E and q / n_group, ~4 KB more code here.
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
       const float sc = moe::math::sigmoid_f32(__ldcg(r.logits + e));
       scores[e] = sc;

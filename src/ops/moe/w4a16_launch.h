@@ -132,11 +132,11 @@ bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k
 // k-warps for the classic decode kernel on a's grid: 8 under two blocks per SM (more bytes in
 // flight per SM where blocks are few: a dense linear, a shared expert's own launch), else 4.
 int classic_decode_k_warps(const GroupedGemmArgs& a);
-// GEMM1 (a1, gated) and GEMM2 (a2, f32 out) of the default late configuration in one grid, GEMM2's
-// blocks waiting per slot on counters (done [2 * num_slots], zero between launches).
 // GEMM1 of one token routed by its own blocks (gemm1_routing.h), default late configuration.
 cudaError_t launch_decode_routed(const GroupedGemmArgs& a, const Gemm1Routing& r,
                                  cudaStream_t stream);
+// GEMM1 (a1, gated) and GEMM2 (a2, f32 out) of the default late configuration in one grid, GEMM2's
+// blocks waiting per slot on counters (done [2 * num_slots], zero between launches).
 cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs& a2,
                                uint32_t* done, cudaStream_t stream);
 cudaError_t launch_tiled(const GroupedGemmArgs& a, int blocks_per_sm, cudaStream_t stream);
