@@ -117,7 +117,7 @@ TEST(KernelSpills, DecodeMoeGemmsAtTheirDecodeConfigurations) {
 
 TEST(KernelSpills, DenseAndLatencyBoundDecodeKernels) {
   // Every kernel of the q/k/v / o_proj GEMVs, the decode attention and the norms.
-  for (const char* source : {"src/ops/linear/nvfp4_gemv.cu",
+  for (const char* source : {"src/ops/linear/nvfp4_gemv.cu", "src/ops/linear/bf16_gemv.cu",
                              "src/model/cuda/split_decode_attention.cu",
                              "src/ops/norm/rms_norm.cu"}) {
     SCOPED_TRACE(source);

@@ -447,30 +447,63 @@ TEST_F(LinearCuda, RefusesUnalignedShapes) {
   }
 }
 
+// Both BF16 paths (the small-M GEMV and cuBLASLt) against the CPU: odd N, K not a multiple of
+// a warp's batch (8, 264, 6152), M on both sides of the GEMV's limit, f32 and bf16 outputs.
 TEST_F(LinearCuda, Bf16MatchesCpu) {
   std::mt19937 rng(24);
-  cuda::Bf16Linear lin;
+  cuda::Bf16Linear gemv_lin(true), lt_lin(false);
   struct Shape { int n, k; };
-  for (Shape s : {Shape{8, 64}, Shape{151, 96}, Shape{4096, 1024}})
-    for (int M : {1, 3, 19, 99}) {
-      const std::string what = "N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
-                                " M=" + std::to_string(M);
+  for (Shape s : {Shape{8, 64}, Shape{151, 96}, Shape{1, 8}, Shape{37, 264}, Shape{4096, 1024},
+                  Shape{1003, 6152}})
+    for (int M : {1, 2, 3, 4, 5, 19, 99}) {
       auto w = random_bf16(size_t(s.n) * s.k, rng, 0.1f), x = random_bf16(size_t(M) * s.k, rng, 1.0f);
       std::vector<uint16_t> want(size_t(M) * s.n);
       std::vector<float> want_f(want.size());
       linear_bf16_cpu(x.data(), M, s.k, w.data(), s.n, nullptr, want.data(), DType::BF16);
       linear_bf16_cpu(x.data(), M, s.k, w.data(), s.n, nullptr, want_f.data(), DType::F32);
-      Dev<uint16_t> dw(w), dx(x), dy(want.size());
-      Dev<float> dyf(want.size());
-      dy.poison();
-      dyf.poison();
-      lin.run(dw.ptr(), s.n, s.k, dx.ptr(), M, dy.ptr(), DType::BF16, nullptr);
-      lin.run(dw.ptr(), s.n, s.k, dx.ptr(), M, dyf.ptr(), DType::F32, nullptr);
-      TETRA_CUDA_CHECK(cudaDeviceSynchronize());
-      EXPECT_LE(nmse(dy.download(), want, from_bf16, from_bf16, what), 1e-5) << what;
-      EXPECT_LE(nmse(dyf.download(), want_f, from_f32, from_f32, what), 1e-5) << what;
-      EXPECT_TRUE(dy.guards_intact() && dyf.guards_intact()) << what;
+      Dev<uint16_t> dw(w), dx(x);
+      for (cuda::Bf16Linear* lin : {&gemv_lin, &lt_lin}) {
+        const bool gemv_path = lin == &gemv_lin &&
+                               cuda::bf16_gemv_unsupported_reason(dw.ptr(), s.n, s.k, dx.ptr(), M,
+                                                                  dw.ptr())
+                                   .empty();
+        const std::string what = "N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
+                                  " M=" + std::to_string(M) + (gemv_path ? " gemv" : " cublaslt");
+        EXPECT_EQ(gemv_path, lin == &gemv_lin && M <= cuda::kBf16GemvMaxRows &&
+                                 size_t(M) * s.k * 4 <= size_t(cuda::kBf16GemvMaxSmemBytes))
+            << what;
+        Dev<uint16_t> dy(want.size());
+        Dev<float> dyf(want.size());
+        dy.poison();
+        dyf.poison();
+        lin->run(dw.ptr(), s.n, s.k, dx.ptr(), M, dy.ptr(), DType::BF16, nullptr);
+        lin->run(dw.ptr(), s.n, s.k, dx.ptr(), M, dyf.ptr(), DType::F32, nullptr);
+        TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_LE(nmse(dy.download(), want, from_bf16, from_bf16, what), 1e-5) << what;
+        EXPECT_LE(nmse(dyf.download(), want_f, from_f32, from_f32, what), 1e-5) << what;
+        EXPECT_TRUE(dy.guards_intact() && dyf.guards_intact()) << what;
+      }
     }
+}
+
+// The GEMV names what it cannot run; the linear then takes cuBLASLt (checked above).
+TEST_F(LinearCuda, Bf16GemvRefusesWhatItCannotRun) {
+  std::vector<uint16_t> zeros(4096 * 20, 0);
+  Dev<uint16_t> buf(zeros);
+  const uint16_t* p = buf.ptr();
+  auto reason = [&](const uint16_t* w, int N, int K, const uint16_t* x, int M) {
+    return cuda::bf16_gemv_unsupported_reason(w, N, K, x, M, buf.ptr());
+  };
+  EXPECT_EQ(reason(p, 16, 64, p, 1), "");
+  EXPECT_NE(reason(p, 16, 64, p, cuda::kBf16GemvMaxRows + 1).find("rows"), std::string::npos);
+  EXPECT_NE(reason(p, 16, 64, p, 0).find("rows"), std::string::npos);
+  EXPECT_NE(reason(p, 16, 60, p, 1).find("multiple of 8"), std::string::npos);
+  EXPECT_NE(reason(p, 0, 64, p, 1).find("N >= 1"), std::string::npos);
+  EXPECT_NE(reason(p, 16, 16384, p, 2).find("shared memory"), std::string::npos);
+  EXPECT_NE(reason(p + 1, 16, 64, p, 1).find("aligned"), std::string::npos);
+  EXPECT_NE(reason(p, 16, 64, p + 4, 1).find("aligned"), std::string::npos);
+  EXPECT_NE(cuda::bf16_gemv_unsupported_reason(p, 16, 64, p, 1, nullptr).find("output"),
+            std::string::npos);
 }
 
 TEST_F(LinearCuda, ElementwiseMatchCpu) {

@@ -1,10 +1,11 @@
-// BF16 dense linear through cuBLASLt.
+// BF16 dense linear: the small-M GEMV (bf16_gemv.cu) where it applies, cuBLASLt otherwise.
 // Row-major y[M, N] = x[M, K] . W^T is, in cuBLAS's column-major terms, y^T [N, M] =
 // W^T' . x^T where W [N, K] row-major is a column-major [K, N] matrix used transposed (op T)
 // and x [M, K] row-major is a column-major [K, M] matrix used as is.
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
@@ -38,7 +39,9 @@ struct LtCall {
 
 }  // namespace
 
-Bf16Linear::Bf16Linear() {
+Bf16Linear::Bf16Linear(bool small_m_gemv) {
+  const char* knob = std::getenv("TETRA_BF16_GEMV");
+  use_gemv_ = small_m_gemv && !(knob != nullptr && knob[0] == '0');
   cublasLtHandle_t h = nullptr;
   TETRA_LT_CHECK(cublasLtCreate(&h));
   handle_ = h;
@@ -57,6 +60,10 @@ void Bf16Linear::run(const uint16_t* w, int N, int K, const uint16_t* x, int M, 
               dtype_name(out_dtype));
   TETRA_CHECK(N > 0 && K > 0 && M >= 0, "bf16 linear shape M=", M, " N=", N, " K=", K);
   if (M == 0) return;
+  if (use_gemv_ && bf16_gemv_unsupported_reason(w, N, K, x, M, y).empty()) {
+    TETRA_CUDA_CHECK(linear_bf16_gemv(w, N, K, x, M, y, out_dtype, stream));
+    return;
+  }
   const cudaDataType_t out_type = out_dtype == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
   LtCall c;
   TETRA_LT_CHECK(cublasLtMatmulDescCreate(&c.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));

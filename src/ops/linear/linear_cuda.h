@@ -173,11 +173,27 @@ std::string nvfp4_wgmma_outputs_unsupported_reason(const Nvfp4GemvOutput* outs, 
 cudaError_t linear_nvfp4_wgmma(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
                                const RowCountTable& rows, uint16_t* x_scratch, cudaStream_t stream);
 
-// BF16 linear through cuBLASLt: y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T, W [N, K] bf16.
+// BF16 GEMV for M <= kBf16GemvMaxRows (decode's lm_head): y [M, N] (F32 or BF16) = x [M, K]
+// bf16 . W^T, W [N, K] bf16, f32 sums; a persistent grid streaming W once with evict-first loads,
+// launched as a programmatic dependent (W requested before the wait, x read after it).
+// Needs K % 8 == 0, 16-byte aligned w and x, and x as f32 within kBf16GemvMaxSmemBytes.
+// Two rows at most: every weight's 8 f32 FMAs per row read x from shared memory, which at 4 rows
+// binds before HBM does (H200, GLM-4.5-Air's lm_head: batch 4 +1% per step, batch 2 -0.6%).
+inline constexpr int kBf16GemvMaxRows = 2;
+inline constexpr int kBf16GemvMaxSmemBytes = 64 << 10;
+std::string bf16_gemv_unsupported_reason(const uint16_t* w, int N, int K, const uint16_t* x,
+                                         int M, const void* y);
+cudaError_t linear_bf16_gemv(const uint16_t* w, int N, int K, const uint16_t* x, int M, void* y,
+                             DType out_dtype, cudaStream_t stream);
+
+// BF16 linear: y [M, N] (F32 or BF16) = x [M, K] bf16 . W^T, W [N, K] bf16. The GEMV above where
+// it applies, cuBLASLt otherwise.
 // Owns the cuBLASLt handle and a fixed workspace (so capture never allocates); not thread safe.
 class Bf16Linear {
  public:
-  Bf16Linear();
+  // small_m_gemv: the GEMV above where it applies (TETRA_BF16_GEMV=0 in the environment turns it
+  // off, for A/B timing against cuBLASLt).
+  explicit Bf16Linear(bool small_m_gemv = true);
   ~Bf16Linear();
   Bf16Linear(const Bf16Linear&) = delete;
   Bf16Linear& operator=(const Bf16Linear&) = delete;
@@ -189,6 +205,7 @@ class Bf16Linear {
   void* handle_ = nullptr;     // cublasLtHandle_t
   void* workspace_ = nullptr;  // device
   size_t workspace_bytes_ = 0;
+  bool use_gemv_ = true;
 };
 
 }  // namespace tetra::ops::cuda
