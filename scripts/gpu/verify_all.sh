@@ -51,6 +51,9 @@ tests_lane() {
   # session 21 made every consumer thread arrive on the ring's empty barrier.
   [ "$mode" = quick ] || step racecheck_gemv 240 0 compute-sanitizer --tool racecheck \
     --error-exitcode 1 "$bin/tests/test_linear_cuda" --gtest_filter='*Nvfp4GemvSeveralOutputsMatchCpu*'
+  # The BF16 GEMV (lm_head at 1-2 rows): its odd shapes under memcheck.
+  [ "$mode" = quick ] || step memcheck_bf16_gemv 180 0 compute-sanitizer --tool memcheck \
+    --error-exitcode 1 "$bin/tests/test_linear_cuda" --gtest_filter='*Bf16*'
 }
 
 # test_moe_layer in its own lane beside tests_lane (full modes): its real-shape cases alone take
