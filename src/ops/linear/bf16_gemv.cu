@@ -79,9 +79,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) bf16_gemv_kernel(const
   for (int i = threadIdx.x; i < M * k8; i += kThreads) {
     const int m = i / k8, g = i - m * k8;
     const uint4 v = *reinterpret_cast<const uint4*>(a.x + size_t(m) * a.k + size_t(g) * 8);
-    xs[size_t(2 * m) * k8 + g] = make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
-    xs[size_t(2 * m + 1) * k8 + g] =
-        make_float4(bf16_lo(v.z), bf16_hi(v.z), bf16_lo(v.w), bf16_hi(v.w));
+    float4* plane0 = xs + size_t(2 * m) * k8;  // elements 0..3 of each group
+    float4* plane1 = plane0 + k8;                // elements 4..7
+    plane0[g] = make_float4(bf16_lo(v.x), bf16_hi(v.x), bf16_lo(v.y), bf16_hi(v.y));
+    plane1[g] = make_float4(bf16_lo(v.z), bf16_hi(v.z), bf16_lo(v.w), bf16_hi(v.w));
   }
   __syncthreads();
   for (; row < a.n; row += rows_step) {
@@ -96,7 +97,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) bf16_gemv_kernel(const
         if (g < k8) {
 #pragma unroll
           for (int m = 0; m < M; ++m)
-            acc[m] = dot8(acc[m], wv[u], xs[size_t(2 * m) * k8 + g], xs[size_t(2 * m + 1) * k8 + g]);
+            acc[m] = dot8(acc[m], wv[u], xs[size_t(2 * m) * k8 + g],  // plane 0, then 1
+                          xs[size_t(2 * m + 1) * k8 + g]);
         }
       }
     }

@@ -178,7 +178,8 @@ cudaError_t linear_nvfp4_wgmma(const Nvfp4GemvOutput* outs, int n_outs, const ui
 // launched as a programmatic dependent (W requested before the wait, x read after it).
 // Needs K % 8 == 0, 16-byte aligned w and x, and x as f32 within kBf16GemvMaxSmemBytes.
 // Two rows at most: every weight's 8 f32 FMAs per row read x from shared memory, which at 4 rows
-// binds before HBM does (H200, GLM-4.5-Air's lm_head: batch 4 +1% per step, batch 2 -0.6%).
+// binds before HBM does (H200, GLM-4.5-Air's lm_head: batch 4 +1% per step, batch 2
+// -0.2..-0.6%, batch 1 -0.4%).
 inline constexpr int kBf16GemvMaxRows = 2;
 inline constexpr int kBf16GemvMaxSmemBytes = 64 << 10;
 std::string bf16_gemv_unsupported_reason(const uint16_t* w, int N, int K, const uint16_t* x,
