@@ -2,7 +2,7 @@
 // for: GLM-4.5-Air's [151552, 4096] bf16 matrix is 1.24 GB, about 9% of a batch-1 step, read once
 // per step; a streaming kernel reads it with evict-first loads (so the step's code and small
 // arrays stay in L2 for the next step) and as a programmatic dependent (its first weights are
-// requested while the final norm drains).
+// requested while the kernel before it, the gather of the rows to score, drains).
 #include <cuda_runtime.h>
 
 #include <algorithm>
