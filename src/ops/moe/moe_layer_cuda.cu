@@ -491,18 +491,10 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
                          .ids = ids_, .weights = weights_, .slot_of = slot_of_, .slots = slots_,
                          .offsets = offsets_, .row_count = row_count_, .row_token = row_token_,
                          .dropped = dropped_};
-  // The W4A16 GEMM1 straight after the one-launch token path: a programmatic dependent of it.
-  // (A function of p, which the wgmma choice below may still change: a copy taken here would
-  // miss it, and GEMM1 would refuse x in wgmma order.)
-  auto gemm1_problem = [&] {
-    MoeGemmProblem p1 = p;
-    p1.gemm1_pdl = fused_route && path_.gemm1_pdl;
-    return p1;
-  };
   const bool route_in_gemm1 = path_.gemm1_routes && fused_route && T == 1 && !masked && !own &&
                               begin_ == 0 && E == E_global_ && !routed_bf16_ && !routed_w4a4_ &&
                               !marks && !pair_wanted &&
-                              *moe_gemm1_routed_unsupported(gemm1_problem(), g1r) == '\0';
+                              *moe_gemm1_routed_unsupported(p, g1r) == '\0';
   if (fused_route) {
     cuda::SmallTokenPath a;
     a.x = x;
@@ -637,7 +629,10 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   }
   // Routed GEMMs as one launch where GEMM1 spills into a second wave (moe_gemm_pair_preferred);
   // not with marks (the benchmark times the GEMMs apart).
-  const MoeGemmProblem p1 = gemm1_problem();
+  // The W4A16 GEMM1 straight after the one-launch token path: a programmatic dependent of it.
+  // Taken from p here, after the wgmma choice above may have changed p.
+  MoeGemmProblem p1 = p;
+  p1.gemm1_pdl = fused_route && path_.gemm1_pdl;
   const bool pair = !routed_bf16_ && !routed_w4a4_ && !own && !marks &&
                     routed_kernel == MoeKernel::kAuto && moe_gemm_pair_fits(p, p2) && pair_wanted;
   if (pair) {
