@@ -59,9 +59,17 @@ bool get_bool(const json& j, const char* key, bool fallback, std::string_view wh
   return j.at(key).get<bool>();
 }
 
+// The largest token id taken: the decoder keeps tables indexed by id up to the largest one, so
+// a file naming id 2^31 - 1 would otherwise ask for tens of GB (a fuzz finding). Real
+// vocabularies stay far below (GLM-4.x ~151k, Gemma ~262k).
+constexpr int64_t kMaxTokenId = (int64_t(1) << 22) - 1;
+
 int32_t get_id(const json& v, std::string_view where) {
-  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
-    TETRA_FAIL(where, ": token id must be an integer in [0, 2^31)");
+  if (!v.is_number_integer() || v.get<int64_t>() < 0)
+    TETRA_FAIL(where, ": token id must be a non-negative integer");
+  if (v.get<int64_t>() > kMaxTokenId)
+    TETRA_FAIL(where, ": token id ", v.get<int64_t>(), " is over ", kMaxTokenId,
+               ", the largest id Tetra takes (its tables are indexed by id)");
   return static_cast<int32_t>(v.get<int64_t>());
 }
 

@@ -191,6 +191,13 @@ TEST(TokenizerLoad, ClearErrors) {
   j["added_tokens"][0]["id"] = 300;  // the reference would renumber it to 270
   EXPECT_NE(load_error(j).find("has id 300 but would get id 270"), std::string::npos) << load_error(j);
   j = qwen_json();
+  j["model"]["vocab"]["far"] = 2000000000;  // a table indexed by id would need ~64 GB
+  EXPECT_NE(load_error(j).find("token id 2000000000 is over 4194303"), std::string::npos)
+      << load_error(j);
+  j = qwen_json();
+  j["model"]["vocab"]["neg"] = -1;
+  EXPECT_NE(load_error(j).find("non-negative integer"), std::string::npos) << load_error(j);
+  j = qwen_json();
   j.erase("model");
   EXPECT_NE(load_error(j).find("missing \"model\""), std::string::npos);
   try {
