@@ -7,7 +7,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "core/cuda_check.h"
 #include "core/kernel_launch.h"
@@ -120,6 +123,28 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) bf16_gemv_kernel(const
   }
 }
 
+// Resident blocks per SM of bf16_gemv_kernel<M> with `smem` bytes of x, asked of CUDA once per
+// device and size (a model has one k): the occupancy query is host work that eager launches
+// (prefill's logits) would otherwise repeat every step; graph replays never ask.
+template <int M>
+cudaError_t blocks_per_sm(int smem, int& per_sm) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, int> known;  // {device, smem} -> blocks per SM
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (const auto it = known.find({dev, smem}); it != known.end()) {
+    per_sm = it->second;
+    return cudaSuccess;
+  }
+  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, bf16_gemv_kernel<M>, kThreads, size_t(smem));
+      e != cudaSuccess)
+    return e;
+  known[{dev, smem}] = per_sm;
+  return cudaSuccess;
+}
+
 template <int M>
 cudaError_t launch_bf16_gemv(const Bf16GemvArgs& a, cudaStream_t stream) {
   const int smem = M * a.k * int(sizeof(float));
@@ -128,10 +153,7 @@ cudaError_t launch_bf16_gemv(const Bf16GemvArgs& a, cudaStream_t stream) {
       e != cudaSuccess)
     return e;
   int per_sm = 0;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &per_sm, bf16_gemv_kernel<M>, kThreads, size_t(smem));
-      e != cudaSuccess)
-    return e;
+  if (cudaError_t e = blocks_per_sm<M>(smem, per_sm); e != cudaSuccess) return e;
   if (per_sm < 1) return cudaErrorInvalidConfiguration;
   const int64_t want = (int64_t(a.n) + kWarps - 1) / kWarps;
   const int grid = int(std::min<int64_t>(want, int64_t(per_sm) * current_device_sm_count()));
