@@ -84,9 +84,9 @@ int weight_copies() {
 TEST(BenchDecodeParts, Glm45AirBatch1) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   constexpr int H = 4096, NQ = 12288, NKV = 1024;
-  const int kCopies = weight_copies();
-  std::vector<oc::Nvfp4LinearBuffer> q, k, v, o, qkv_fused;  // kCopies each: 4 x 94 MB > L2
-  for (int c = 0; c < kCopies; ++c) {
+  const int copies = weight_copies();
+  std::vector<oc::Nvfp4LinearBuffer> q, k, v, o, qkv_fused;  // `copies` each: 4 x 94 MB > L2
+  for (int c = 0; c < copies; ++c) {
     q.push_back(random_linear(NQ, H, 100 + 10 * c));
     k.push_back(random_linear(NKV, H, 102 + 10 * c));
     v.push_back(random_linear(NKV, H, 104 + 10 * c));
@@ -123,7 +123,7 @@ TEST(BenchDecodeParts, Glm45AirBatch1) {
       const oc::Nvfp4GemvStreamConfig* cfg = &var.cfg;
       const char* name = var.name;
       report(std::string("qkv GEMV ") + name + m, time_graph([&](int i, cudaStream_t s) {
-               const int c = i % kCopies;
+               const int c = i % copies;
                const oc::Nvfp4GemvOutput outs[3] = {{&q[c].view(), bias.as<uint16_t>(), yq.as<uint16_t>()},
                                                     {&k[c].view(), bias.as<uint16_t>(), yk.as<uint16_t>()},
                                                     {&v[c].view(), bias.as<uint16_t>(), yv.as<uint16_t>()}};
@@ -131,13 +131,13 @@ TEST(BenchDecodeParts, Glm45AirBatch1) {
              }),
              qkv_bytes);
       report(std::string("o GEMV ") + name + m, time_graph([&](int i, cudaStream_t s) {
-               const oc::Nvfp4GemvOutput out{&o[i % kCopies].view(), nullptr, yo.as<uint16_t>()};
+               const oc::Nvfp4GemvOutput out{&o[i % copies].view(), nullptr, yo.as<uint16_t>()};
                TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, x.as<uint16_t>(), M, s, kern, cfg));
              }),
              o_bytes);
     }
     report("q, k, v W4A16 + 3 add_bias" + m, time_graph([&](int i, cudaStream_t s) {
-             const int c = i % kCopies;
+             const int c = i % copies;
              const std::pair<const oc::Nvfp4LinearBuffer*, DevBuf*> parts[3] = {
                  {&q[c], &yq}, {&k[c], &yk}, {&v[c], &yv}};
              for (const auto& [w, y] : parts) {
@@ -163,20 +163,20 @@ TEST(BenchDecodeParts, Glm45AirBatch1) {
         {"late kw2 u8 b8", {1, 2, 2, true, 8, 8}}};
     for (const DecodeVariant& dv : decode_variants) {
       report(std::string("qkv fused decode ") + dv.name + m, time_graph([&](int i, cudaStream_t s) {
-               moe_detail::GroupedGemmArgs a = one_matrix_args(qkv_fused[size_t(i % kCopies)].view(),
+               moe_detail::GroupedGemmArgs a = one_matrix_args(qkv_fused[size_t(i % copies)].view(),
                                                                 x.as<uint16_t>(), rows, M, yq.p);
                TETRA_CUDA_CHECK(moe_detail::launch_decode(a, dv.cfg, s));
              }),
              qkv_bytes);
       report(std::string("o decode ") + dv.name + m, time_graph([&](int i, cudaStream_t s) {
-               moe_detail::GroupedGemmArgs a = one_matrix_args(o[size_t(i % kCopies)].view(),
+               moe_detail::GroupedGemmArgs a = one_matrix_args(o[size_t(i % copies)].view(),
                                                                 x.as<uint16_t>(), rows, M, yo.p);
                TETRA_CUDA_CHECK(moe_detail::launch_decode(a, dv.cfg, s));
              }),
              o_bytes);
     }
     report("o W4A16" + m, time_graph([&](int i, cudaStream_t s) {
-             TETRA_CUDA_CHECK(oc::linear_nvfp4(o[i % kCopies].view(), x.as<uint16_t>(), M, rows,
+             TETRA_CUDA_CHECK(oc::linear_nvfp4(o[i % copies].view(), x.as<uint16_t>(), M, rows,
                                                yo.p, DType::BF16, s));
            }),
            o_bytes);
