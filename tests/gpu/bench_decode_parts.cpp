@@ -74,17 +74,10 @@ void report(const std::string& what, double us, double bytes) {
   std::printf("| %-44s | %8.2f | %7.0f |\n", what.c_str(), us, bytes / us / 1e3);
 }
 
-// TETRA_PARTS_COPIES=1: every launch reads the same weights, which then stay in the L2 (33 and
-// 28 MB of 50): what the GEMVs cost when their bytes need not come from HBM.
-int weight_copies() {
-  const char* e = std::getenv("TETRA_PARTS_COPIES");
-  return e ? std::clamp(std::atoi(e), 1, 4) : 4;
-}
-
 TEST(BenchDecodeParts, Glm45AirBatch1) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   constexpr int H = 4096, NQ = 12288, NKV = 1024;
-  const int copies = weight_copies();
+  const int copies = test::weight_copies();  // TETRA_PARTS_COPIES=1: L2-resident weights
   std::vector<oc::Nvfp4LinearBuffer> q, k, v, o, qkv_fused;  // `copies` each: 4 x 94 MB > L2
   for (int c = 0; c < copies; ++c) {
     q.push_back(random_linear(NQ, H, 100 + 10 * c));

@@ -22,7 +22,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -209,7 +208,7 @@ using LaunchFn = cudaError_t (*)(const ColGemvArgs&, cudaStream_t);
 struct Shape {
   const char* name;
   LaunchFn fn;
-  int min_cpw_multiple;
+  int slots;  // S: a warp's chunks must be a whole number of S-chunk batches
 };
 const Shape kShapes[] = {
     {"S4 B4", launch_col<4, 4>, 4},
@@ -264,31 +263,28 @@ std::vector<double> reference(const HostMatrix& m, const std::vector<uint16_t>& 
 // x on the device: as given (the production kernel) and scaled (scale_x, the column kernel).
 struct DevX {
   explicit DevX(const std::vector<uint16_t>& host)
-      : x(host.size() * 2), xs(host.size() * 2), e(sizeof(int)), zeros(host.size() * 2), n_(host.size()) {
+      : x(host.size() * 2), xs(host.size() * 2), e(sizeof(int)), zeros(host.size() * 2), k(int(host.size())) {
     TETRA_CUDA_CHECK(cudaMemcpy(x.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
     TETRA_CUDA_CHECK(cudaMemset(zeros.p, 0, host.size() * 2));
     prepare(nullptr);
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   void prepare(cudaStream_t s) {
-    scale_x<<<1, 1024, 0, s>>>(x.as<uint16_t>(), int(xs_elems()), xs.as<uint16_t>(), e.as<int>());
+    scale_x<<<1, 1024, 0, s>>>(x.as<uint16_t>(), k, xs.as<uint16_t>(), e.as<int>());
     TETRA_CUDA_CHECK(cudaGetLastError());
   }
-  size_t xs_elems() const { return n_; }
   test::DeviceScratch x, xs, e, zeros;
-  size_t n_ = 0;
+  int k;
 };
 
-struct DevMatrix {
-  oc::Nvfp4LinearBuffer bf16_code;  // the production packing, read by both kernels
-  ColGemvArgs args(const DevX& x, uint16_t* y) const {
-    const auto& v = bf16_code.view();
-    return {v.w, v.s, v.alpha, x.x.as<uint16_t>(), x.xs.as<uint16_t>(), x.e.as<int>(), x.zeros.as<uint16_t>(), y, v.n, v.k};
-  }
-};
+// The column kernel's arguments over the production packing (both kernels read the same bytes).
+ColGemvArgs col_args(const oc::Nvfp4LinearBuffer& w, const DevX& x, uint16_t* y) {
+  const auto& v = w.view();
+  return {v.w, v.s, v.alpha, x.x.as<uint16_t>(), x.xs.as<uint16_t>(), x.e.as<int>(),
+          x.zeros.as<uint16_t>(), y, v.n, v.k};
+}
 
-std::unique_ptr<DevMatrix> upload(const HostMatrix& m) {
-  auto d = std::make_unique<DevMatrix>();
+oc::Nvfp4LinearBuffer upload(const HostMatrix& m) {
   Nvfp4MatrixView view;
   view.weight = m.codes.data();
   view.scale = m.scales.data();
@@ -296,8 +292,7 @@ std::unique_ptr<DevMatrix> upload(const HostMatrix& m) {
   view.n = m.n;
   view.k = m.k;
   view.name = "bench";
-  d->bf16_code = oc::Nvfp4LinearBuffer(view);
-  return d;
+  return oc::Nvfp4LinearBuffer(view);
 }
 
 std::vector<uint16_t> random_x(int k, uint32_t seed, float outlier) {
@@ -344,15 +339,15 @@ TEST(BenchGemvBlockColumns, MatchesReferenceAndBf16Kernel) {
     test::DeviceScratch dy(size_t(cs.n) * 2);
     std::vector<uint16_t> y(cs.n);
     // The production kernel (Auto), as the yardstick.
-    const oc::Nvfp4GemvOutput out{&d->bf16_code.view(), nullptr, dy.as<uint16_t>()};
+    const oc::Nvfp4GemvOutput out{&d.view(), nullptr, dy.as<uint16_t>()};
     TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, dx.x.as<uint16_t>(), 1, nullptr));
     TETRA_CUDA_CHECK(cudaMemcpy(y.data(), dy.p, y.size() * 2, cudaMemcpyDeviceToHost));
     const Errors eb = compare(y, want);
     const int cpw = cs.k / 64 / kWarps;
     for (const Shape& sh : kShapes) {
-      if (cpw % sh.min_cpw_multiple != 0) continue;
+      if (cpw % sh.slots != 0) continue;
       TETRA_CUDA_CHECK(cudaMemset(dy.p, 0xff, y.size() * 2));
-      TETRA_CUDA_CHECK(sh.fn(d->args(dx, dy.as<uint16_t>()), nullptr));
+      TETRA_CUDA_CHECK(sh.fn(col_args(d, dx, dy.as<uint16_t>()), nullptr));
       TETRA_CUDA_CHECK(cudaDeviceSynchronize());
       TETRA_CUDA_CHECK(cudaMemcpy(y.data(), dy.p, y.size() * 2, cudaMemcpyDeviceToHost));
       const Errors ef = compare(y, want);
@@ -375,10 +370,8 @@ TEST(BenchGemvBlockColumns, Timing) {
   const Case cases[] = {{"qkv fused 14336x4096", 14336, 4096}, {"o_proj 4096x12288", 4096, 12288}};
   std::printf("\n| matrix | kernel | us | GB/s |\n|---|---|---|---|\n");
   for (const Case& cs : cases) {
-    // TETRA_PARTS_COPIES=1: one weight copy, resident in the L2 after the first launch.
-    const char* env = std::getenv("TETRA_PARTS_COPIES");
-    const int n_copies = env ? std::clamp(std::atoi(env), 1, 4) : 4;
-    std::vector<std::unique_ptr<DevMatrix>> copies;
+    const int n_copies = test::weight_copies();  // TETRA_PARTS_COPIES=1: L2-resident weights
+    std::vector<oc::Nvfp4LinearBuffer> copies;
     for (int c = 0; c < n_copies; ++c) copies.push_back(upload(random_matrix(cs.n, cs.k, 100 + c)));
     const double bytes = double(cs.n) * cs.k * (0.5 + 1.0 / 16);
     const auto x = random_x(cs.k, 3, 0.0f);
@@ -390,15 +383,15 @@ TEST(BenchGemvBlockColumns, Timing) {
     std::printf("| %s | (weight copies: %d) | | |\n", cs.name, n_copies);
     for (int round = 0; round < 2; ++round) {
       const double us_bf16 = test::graph_us_per_launch(32, [&](int i, cudaStream_t s) {
-        const oc::Nvfp4GemvOutput out{&copies[size_t(i % n_copies)]->bf16_code.view(), nullptr, dy.as<uint16_t>()};
+        const oc::Nvfp4GemvOutput out{&copies[size_t(i % n_copies)].view(), nullptr, dy.as<uint16_t>()};
         TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, dx.x.as<uint16_t>(), 1, s));
       });
       std::printf("| %s | production (auto) | %.2f | %.0f |\n", cs.name, us_bf16, bytes / us_bf16 / 1e3);
       const int cpw = cs.k / 64 / kWarps;
       for (const Shape& sh : kShapes) {
-        if (cpw % sh.min_cpw_multiple != 0) continue;
+        if (cpw % sh.slots != 0) continue;
         const double us = test::graph_us_per_launch(32, [&](int i, cudaStream_t s) {
-          TETRA_CUDA_CHECK(sh.fn(copies[size_t(i % n_copies)]->args(dx, dy.as<uint16_t>()), s));
+          TETRA_CUDA_CHECK(sh.fn(col_args(copies[size_t(i % n_copies)], dx, dy.as<uint16_t>()), s));
         });
         std::printf("| %s | block columns %s | %.2f | %.0f |\n", cs.name, sh.name, us, bytes / us / 1e3);
         EXPECT_TRUE(std::isfinite(us) && us > 0.0);

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstddef>
 #include <functional>
 #include <vector>
@@ -62,6 +63,13 @@ inline double graph_us_per_launch(int launches, const std::function<void(int, cu
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
   return double(ms[ms.size() / 2]) * 1000.0 / launches;
+}
+
+// Weight copies a timing harness rotates over: 4 by default (every launch reads HBM);
+// TETRA_PARTS_COPIES=1: every launch reads the same weights, which then stay in the L2.
+inline int weight_copies() {
+  const char* e = std::getenv("TETRA_PARTS_COPIES");
+  return e ? std::clamp(std::atoi(e), 1, 4) : 4;
 }
 
 }  // namespace tetra::test
