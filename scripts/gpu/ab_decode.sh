@@ -7,7 +7,10 @@
 #            name=BINARY@K=V,K2=V2   the same with environment knobs set (experiments' switches)
 # Environment: BATCHES (default 1,2,4), PRESET (glm4.5-air), CONTEXT (1024), ITERS (20),
 # MOE_PRESETS (default empty: e.g. "glm4.5-air glm5" adds `tetra bench moe --tokens MOE_TOKENS`,
-# MOE_TOKENS default 1, per variant and round).
+# MOE_TOKENS default 1, per variant and round), NULL_CONTROL (default 1: the first variant runs
+# twice per round, the second time as "<name>-again", so the summary shows how far identical code
+# lands apart in this call; session 33 measured 0.3% with ranges that did not overlap, so a
+# difference smaller than the null control's is not a result; 0 turns it off).
 # Writes OUT/logs/<variant>.r<round>.{decode,moe-<preset>}.log and prints, per variant and batch,
 # the lowest, highest and median of its median us/step over the rounds (and the MoE layer's
 # median us).
@@ -32,6 +35,10 @@ run_variant() {  # run_variant SPEC ROUND
       echo "$name round $r: moe $p exit $?" >> "$logs/errors.txt"
   done
 }
+if [ "${NULL_CONTROL:-1}" = 1 ]; then
+  first="$1"
+  set -- "$@" "${first%%=*}-again=${first#*=}"
+fi
 for spec in "$@"; do names+=("${spec%%=*}"); done
 for r in $(seq "$rounds"); do
   for spec in "$@"; do run_variant "$spec" "$r"; done
@@ -73,5 +80,6 @@ done
           END { for (k in t) printf "| %s | %d |%s |\n", n, k, t[k] }'
     done
   done
-  [ -f "$logs/errors.txt" ] && { echo; cat "$logs/errors.txt"; }
+  # (an if, not `[ ... ] &&`: with no errors the summary's exit status must still be 0)
+  if [ -f "$logs/errors.txt" ]; then echo; cat "$logs/errors.txt"; fi
 } | tee "$out/ab_summary.md"

@@ -1,7 +1,8 @@
 // scripts/gpu/ab_decode.sh against a stand-in `tetra` that prints the tables of `bench decode` and
 // `bench moe` with figures set by an environment knob and a per-call counter: the summary must
 // give each variant's lowest, highest and median (of the rounds' medians) per batch, apply `@K=V`
-// knobs to its variant only, and name the variants whose binary failed.
+// knobs to its variant only, name the variants whose binary failed, and (unless NULL_CONTROL=0)
+// run the first variant a second time per round as "<name>-again", knobs included.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -57,7 +58,7 @@ TEST(AbDecodeScript, SummarisesInterleavedRoundsPerVariant) {
   fs::create_directories(dir);
   write_fake_tetra(dir);
   const std::string bin = (dir / "tetra").string();
-  const std::string cmd = "MOE_PRESETS=glm5 bash " + kScript + " " + (dir / "out").string() +
+  const std::string cmd = "NULL_CONTROL=0 MOE_PRESETS=glm5 bash " + kScript + " " + (dir / "out").string() +
                           " 2 base=" + bin + " knob=" + bin + "@SHIFT=7 gone=" +
                           (dir / "missing").string() + " > " + (dir / "stdout.txt").string() +
                           " 2>&1";
@@ -74,6 +75,29 @@ TEST(AbDecodeScript, SummarisesInterleavedRoundsPerVariant) {
   EXPECT_EQ(summary.find("| gone | 1 |"), std::string::npos) << summary;
   EXPECT_NE(summary.find("gone round 2: decode exit 127"), std::string::npos) << summary;
   EXPECT_TRUE(fs::exists(dir / "out" / "logs" / "knob.r2.decode.log"));
+  EXPECT_EQ(summary.find("-again"), std::string::npos) << summary;
+  fs::remove_all(dir);
+}
+
+TEST(AbDecodeScript, NullControlRerunsTheFirstVariantLastInEachRound) {
+  const fs::path dir = fs::temp_directory_path() / ("tetra_ab_null_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  write_fake_tetra(dir);
+  const std::string bin = (dir / "tetra").string();
+  const std::string cmd = "bash " + kScript + " " + (dir / "out").string() + " 2 base=" + bin +
+                          "@SHIFT=3 other=" + bin + " > " + (dir / "stdout.txt").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(dir / "stdout.txt");
+  const std::string summary = read_file(dir / "out" / "ab_summary.md");
+  // Calls: base r1 (n=0), other r1 (1), base-again r1 (2), base r2 (3), other r2 (4), base-again
+  // r2 (5); batch 1 is 3600 + SHIFT + 10 n, batch 2 4800 + SHIFT.
+  EXPECT_NE(summary.find("| base | 1 | 3603.5-3633.5 | 3618.5 |"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| other | 1 | 3610.5-3640.5 | 3625.5 |"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| base-again | 1 | 3623.5-3653.5 | 3638.5 |"), std::string::npos)
+      << summary;
+  EXPECT_NE(summary.find("| base-again | 2 | 4803.0-4803.0 |"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| other | 2 | 4800.0-4800.0 |"), std::string::npos) << summary;
+  EXPECT_TRUE(fs::exists(dir / "out" / "logs" / "base-again.r2.decode.log"));
   fs::remove_all(dir);
 }
 
