@@ -52,17 +52,30 @@ void write_fake_tetra(const fs::path& dir) {
   fs::permissions(bin, fs::perms::owner_all);
 }
 
-TEST(AbDecodeScript, SummarisesInterleavedRoundsPerVariant) {
-  const fs::path dir = fs::temp_directory_path() / ("tetra_ab_" + std::to_string(::getpid()));
+// A fresh scratch folder named after `tag` and this process, holding the stand-in `tetra`.
+fs::path scratch_with_fake_tetra(const std::string& tag) {
+  const fs::path dir = fs::temp_directory_path() / (tag + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   write_fake_tetra(dir);
+  return dir;
+}
+
+// Runs `ENV bash ab_decode.sh DIR/out 2 VARIANTS` (stdout and stderr to DIR/stdout.txt) and returns
+// its exit status.
+int run_script(const fs::path& dir, const std::string& env, const std::string& variants) {
+  const std::string cmd = env + " bash " + kScript + " " + (dir / "out").string() + " 2 " +
+                          variants + " > " + (dir / "stdout.txt").string() + " 2>&1";
+  return std::system(cmd.c_str());
+}
+
+TEST(AbDecodeScript, SummarisesInterleavedRoundsPerVariant) {
+  const fs::path dir = scratch_with_fake_tetra("tetra_ab_");
   const std::string bin = (dir / "tetra").string();
-  const std::string cmd = "NULL_CONTROL=0 MOE_PRESETS=glm5 bash " + kScript + " " + (dir / "out").string() +
-                          " 2 base=" + bin + " knob=" + bin + "@SHIFT=7 gone=" +
-                          (dir / "missing").string() + " > " + (dir / "stdout.txt").string() +
-                          " 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(dir / "stdout.txt");
+  ASSERT_EQ(run_script(dir, "NULL_CONTROL=0 MOE_PRESETS=glm5",
+                       "base=" + bin + " knob=" + bin + "@SHIFT=7 gone=" + (dir / "missing").string()),
+            0)
+      << read_file(dir / "stdout.txt");
   const std::string summary = read_file(dir / "out" / "ab_summary.md");
   // Calls in order: base r1 (decode n=0, moe n=1), knob r1 (n=2, 3), base r2 (n=4, 5), knob r2
   // (n=6, 7): batch 1 of base is 3600.5 and 3640.5, of knob 3627.5 and 3667.5.
@@ -80,14 +93,10 @@ TEST(AbDecodeScript, SummarisesInterleavedRoundsPerVariant) {
 }
 
 TEST(AbDecodeScript, NullControlRerunsTheFirstVariantLastInEachRound) {
-  const fs::path dir = fs::temp_directory_path() / ("tetra_ab_null_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  write_fake_tetra(dir);
+  const fs::path dir = scratch_with_fake_tetra("tetra_ab_null_");
   const std::string bin = (dir / "tetra").string();
-  const std::string cmd = "bash " + kScript + " " + (dir / "out").string() + " 2 base=" + bin +
-                          "@SHIFT=3 other=" + bin + " > " + (dir / "stdout.txt").string() + " 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file(dir / "stdout.txt");
+  ASSERT_EQ(run_script(dir, "", "base=" + bin + "@SHIFT=3 other=" + bin), 0)
+      << read_file(dir / "stdout.txt");
   const std::string summary = read_file(dir / "out" / "ab_summary.md");
   // Calls: base r1 (n=0), other r1 (1), base-again r1 (2), base r2 (3), other r2 (4), base-again
   // r2 (5); batch 1 is 3600 + SHIFT + 10 n, batch 2 4800 + SHIFT.
