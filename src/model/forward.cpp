@@ -6,13 +6,15 @@
 // The residual stream lives in Buf::Residual; each block's output (Buf::Out) joins it in the
 // next fused add+norm, so every addition rounds to bf16 once, as the bf16 reference does. The
 // norm after a layer's MLP is the next layer's input norm (or the final one): a MoE backend may
-// run it inside its last launch (ModelOps::moe_add_rms_norm).
+// run it inside its last launch (ModelOps::moe_add_rms_norm), and fold the post-attention norm
+// into o_proj's epilogue and its own first launch (ModelOps::o_proj_folded_norm_moe).
 #include "core/error.h"
 #include "model/model.h"
 
 namespace tetra::model {
 namespace {
 
+// Up to the attention output (Buf::Attn); o_proj follows in run_forward.
 void attention(ModelOps& ops, const LayerWeights& lw, const StepBatch& step) {
   const int L = lw.index;
   ops.qkv(L, Buf::Normed, Buf::Q, Buf::K, Buf::V);
@@ -32,8 +34,6 @@ void attention(ModelOps& ops, const LayerWeights& lw, const StepBatch& step) {
     else
       ops.prefill_attention(Buf::Q, Buf::K, Buf::V, Buf::Attn);
   }
-  ops.linear(LinearId::O, L, Buf::Attn, Buf::Out);
-  ops.all_reduce(Buf::Out);  // o_proj is split by input columns under tensor parallelism
 }
 
 // The layer's MLP, the all-reduce of its partial sums, and the add + RMSNorm that follows it
@@ -64,11 +64,15 @@ void run_forward(ModelOps& ops, const ModelWeights& w, const StepBatch& step) {
   for (size_t i = 0; i < w.layers.size(); ++i) {
     const LayerWeights& lw = w.layers[i];
     attention(ops, lw, step);
-    ops.add_rms_norm(NormId::PostAttention, lw.index, Buf::Out, Buf::Residual, Buf::Normed);
     // Then the next layer's input norm, or after the last layer the final norm.
     const bool last = i + 1 == w.layers.size();
-    mlp_add_rms_norm(ops, lw, last ? NormId::Final : NormId::Input,
-                     last ? -1 : w.layers[i + 1].index);
+    const NormId next = last ? NormId::Final : NormId::Input;
+    const int next_layer = last ? -1 : w.layers[i + 1].index;
+    if (lw.moe && ops.o_proj_folded_norm_moe(lw.index, next, next_layer)) continue;
+    ops.linear(LinearId::O, lw.index, Buf::Attn, Buf::Out);
+    ops.all_reduce(Buf::Out);  // o_proj is split by input columns under tensor parallelism
+    ops.add_rms_norm(NormId::PostAttention, lw.index, Buf::Out, Buf::Residual, Buf::Normed);
+    mlp_add_rms_norm(ops, lw, next, next_layer);
   }
   if (step.num_logit_rows() > 0) ops.logits(Buf::Normed);
 }

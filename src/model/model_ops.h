@@ -132,6 +132,15 @@ class ModelOps {
     all_reduce(out);
     add_rms_norm(which, norm_layer, out, residual, normed);
   }
+  // From the attention output on, a MoE layer with its post-attention norm folded away: o_proj
+  // adding into the residual in its epilogue, the norm inside the MoE block's first launch, then
+  // moe_add_rms_norm's MoE block and add + RMSNorm (which, norm_layer). Same results up to the
+  // order of the norm's sum of squares. false: not at this layer and step, nothing ran (the
+  // caller runs linear O, all_reduce, add_rms_norm and moe_add_rms_norm).
+  virtual bool o_proj_folded_norm_moe(int layer, NormId which, int norm_layer) {
+    (void)layer, (void)which, (void)norm_layer;
+    return false;
+  }
   // logits [R, vocab] f32 = in[logit_rows[r]] . lm_head^T, kept in the backend.
   virtual void logits(Buf in) = 0;
   // Copies the step's logits to host: out [R, vocab] f32.

@@ -8,6 +8,17 @@
 
 namespace tetra::moe {
 
+// The RMSNorm before a MoE block (the post-attention norm), folded into the block's first launch
+// (MoeLayerRunner::takes_pre_norm): the block then gets the un-normalised row h as x and writes
+//   normed [T, H] = rms_norm(h) * weight
+// (with ops::cuda::fused_add_rms_norm's arithmetic, its sum of squares in another order), which its
+// GEMMs read. The residual add before it is done by o_proj's epilogue (Nvfp4GemvOutput::residual).
+struct PreRmsNormStep {
+  const uint16_t* weight = nullptr;  // [H] bf16
+  float eps = 0.0f;
+  uint16_t* normed = nullptr;        // [T, H] bf16, not aliasing x
+};
+
 struct AddRmsNormStep {
   uint16_t* residual = nullptr;      // [T, H] bf16, updated in place
   const uint16_t* weight = nullptr;  // [H] bf16

@@ -118,9 +118,18 @@ class MoeLayerRunner {
   // forward(x, T, out, nullptr, stream), then the decoder's add + RMSNorm in the same launches
   // (moe/add_rms_norm_step.h; norm.normed may be x). false: this backend does not fuse it at
   // this T and nothing ran.
+  // With `pre`, x is the un-normalised row and the norm before the block runs in its first
+  // launch (moe/add_rms_norm_step.h PreRmsNormStep); only where takes_pre_norm(T).
   virtual bool forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out,
-                                    const AddRmsNormStep& norm, cudaStream_t stream) {
-    (void)x, (void)T, (void)out, (void)norm, (void)stream;
+                                    const AddRmsNormStep& norm, cudaStream_t stream,
+                                    const PreRmsNormStep* pre = nullptr) {
+    (void)x, (void)T, (void)out, (void)norm, (void)stream, (void)pre;
+    return false;
+  }
+  // Whether forward_add_rms_norm takes a PreRmsNormStep at T tokens (known before the launches
+  // that precede the block, whose epilogue must then add the residual).
+  virtual bool takes_pre_norm(int T) const {
+    (void)T;
     return false;
   }
 };

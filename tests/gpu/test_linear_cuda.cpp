@@ -269,6 +269,52 @@ TEST_F(LinearCuda, Nvfp4GemvSeveralOutputsMatchCpu) {
     }
 }
 
+// The residual add in the GEMV's epilogue (Nvfp4GemvOutput::residual, o_proj at decode): every
+// GEMV kernel, against the same kernel's plain output added to the residual on the host with the
+// add + RMSNorm kernel's rounding (bf16(bf16(y) + r)): bit-identical, guards intact; refused
+// above the GEMV's 8 rows.
+TEST_F(LinearCuda, Nvfp4GemvResidualAddEqualsSeparateAdd) {
+  std::mt19937 rng(29);
+  cuda::RowCountTable rows(8);
+  struct Case { int k, n; bool bias; };
+  const Case cases[] = {{12288, 4096, false},  // GLM-4.5-Air o_proj (the streaming kernel)
+                        {4096, 6656, true},    // Rolling
+                        {192, 96, true},
+                        {1408, 224, false}};
+  const cuda::Nvfp4GemvKernel kernels[] = {cuda::Nvfp4GemvKernel::Auto, cuda::Nvfp4GemvKernel::Batched,
+                                           cuda::Nvfp4GemvKernel::Stream, cuda::Nvfp4GemvKernel::Rolling};
+  for (const Case& c : cases)
+    for (int M : {1, 3, 8}) {
+      GemvProblem pb(c.k, {{c.n, c.bias}}, M, rng, rows);
+      const std::vector<uint16_t> r0 = random_bf16(size_t(M) * c.n, rng, 4.0f);
+      for (const cuda::Nvfp4GemvKernel kernel : kernels) {
+        if (kernel == cuda::Nvfp4GemvKernel::Rolling && cuda::nvfp4_gemv_rolling_shape(c.k).slots == 0)
+          continue;
+        const std::string what = pb.what + " kernel " + std::to_string(int(kernel));
+        pb.poison();
+        sync_ok(cuda::linear_nvfp4_gemv(pb.outs.data(), 1, pb.dx.ptr(), M, nullptr, kernel));
+        const std::vector<uint16_t> y = pb.check(what)[0];
+        std::vector<uint16_t> want(r0.size());
+        for (size_t i = 0; i < want.size(); ++i)
+          want[i] = float_to_bf16(from_bf16(y[i]) + from_bf16(r0[i]));
+        Dev<uint16_t> dres(r0);
+        cuda::Nvfp4GemvOutput o = pb.outs[0];
+        o.y = nullptr;
+        o.residual = dres.ptr();
+        ASSERT_EQ(cuda::nvfp4_gemv_unsupported_reason(&o, 1, M), "") << what;
+        sync_ok(cuda::linear_nvfp4_gemv(&o, 1, pb.dx.ptr(), M, nullptr, kernel));
+        EXPECT_EQ(dres.download(), want) << what;
+        EXPECT_TRUE(dres.guards_intact()) << what;
+      }
+    }
+  cuda::RowCountTable rows9(9);
+  GemvProblem pb(256, {{64, false}}, 9, rng, rows9);
+  Dev<uint16_t> dres(size_t(9) * 64);
+  cuda::Nvfp4GemvOutput o = pb.outs[0];
+  o.residual = dres.ptr();
+  EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(&o, 1, 9), "");
+}
+
 // The small-M kernel (9..64 rows; linear_nvfp4_gemv dispatches there above 8 rows for k <= 4096;
 // called directly here for every k and configuration, M <= 8 too): every token-tile
 // count, outputs whose row counts leave the last 128/256-row group part empty, chunk counts not

@@ -101,6 +101,44 @@ TEST_P(ModelCuda, ChunkedPrefillMatchesCpu) {
   errors.expect_within_bounds(preset + " " + dtype + " chunked");
 }
 
+// One sequence decoding alone (T = 1), where an NVFP4 o_proj adds into the residual and the MoE
+// token path normalises (the post-attention norm folded: ModelOps::o_proj_folded_norm_moe):
+// against the CPU backend, and against the CUDA backend with the fold off (the norm's own launch;
+// equal up to the norm's summation order: at most 1e-3 relative per row). The fold must happen
+// for nvfp4 and not for bf16. 40 steps: the CPU bound allows routing flips in 10% of the rows.
+TEST_P(ModelCuda, SingleSequenceDecodeMatchesCpuAndUnfolded) {
+  const auto [preset, dtype] = GetParam();
+  Twin t(tiny_checkpoint("model-cuda", preset, dtype, 11));
+  t.add(make_model_ops("cpu"));
+  auto folded = cuda::make_cuda_model_ops_api();
+  cuda::CudaModelOpsApi* f = folded.get();
+  t.add(std::move(folded));
+  auto unfolded = cuda::make_cuda_model_ops_api();
+  unfolded->set_options({.fold_post_norm = false});
+  cuda::CudaModelOpsApi* u = unfolded.get();
+  t.add(std::move(unfolded));
+  std::mt19937 rng(9);
+  const std::vector<int64_t> ids = {4};
+  auto out = t.run(t.prefill(ids, {prompt(21, t.vocab(), rng)}));
+  std::vector<int32_t> next = {argmax(out[0].data(), t.vocab())};
+  test::LogitRowErrors vs_cpu, vs_unfolded;
+  for (int step = 0; step < 40; ++step) {
+    out = t.run(t.decode(ids, next));
+    const std::string what = preset + " " + dtype + " decode " + std::to_string(step);
+    vs_cpu.add(out[1], out[0], t.vocab(), what);
+    vs_unfolded.add(out[1], out[2], t.vocab(), what + " vs unfolded");
+    next[0] = argmax(out[0].data(), t.vocab());
+  }
+  vs_cpu.expect_within_bounds(preset + " " + dtype + " single sequence");
+  vs_unfolded.expect_within_bounds(preset + " " + dtype + " folded vs unfolded");
+  EXPECT_LE(*std::max_element(vs_unfolded.rel.begin(), vs_unfolded.rel.end()), 1e-3);
+  if (dtype == "nvfp4")
+    EXPECT_GT(f->folded_post_norms(), 0);
+  else
+    EXPECT_EQ(f->folded_post_norms(), 0);
+  EXPECT_EQ(u->folded_post_norms(), 0);
+}
+
 TEST_P(ModelCuda, GraphReplayEqualsEager) {
   const auto [preset, dtype] = GetParam();
   Twin t(tiny_checkpoint("model-cuda", preset, dtype, 11));

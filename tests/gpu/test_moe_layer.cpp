@@ -666,6 +666,87 @@ TEST_F(MoeLayerGpu, ForwardAddRmsNormEqualsForwardThenNorm) {
   }
 }
 
+// The post-attention norm folded into the layer (PreRmsNormStep: x is the un-normalised row, the
+// one-launch token path normalises it) against the RMSNorm kernel then forward_add_rms_norm on
+// its output: the normalised row within one bf16 step (another summation order) and the same as
+// its own reference bit for bit wherever the rows agree; where every normalised element agrees,
+// out, residual and the next norm bit-identical. takes_pre_norm is false (and nothing runs) at
+// more than one token and with the persistent layer.
+TEST_F(MoeLayerGpu, FoldedPreNormEqualsNormThenForward) {
+  const float eps = 1e-5f;
+  moe::CudaTokenPath persistent;
+  persistent.persistent_max_tokens = 8;
+  struct Shape { std::string name; RouterParams router; int H, I, Ish; };
+  const ModelConfig c = preset_config("tiny-glm5");
+  const Shape shapes[] = {{"tiny-glm5", moe::router_params_of(c), 64, 64, 64},
+                          {"glm4.5-air (E=16)", preset_router("glm4.5-air", 16), 4096, 1408, 1408}};
+  for (const Shape& sh : shapes) {
+    const int H = sh.H;
+    std::vector<uint16_t> gain(static_cast<size_t>(H)), gain2(static_cast<size_t>(H));
+    for (int i = 0; i < H; ++i) {
+      gain[size_t(i)] = float_to_bf16(0.5f + 0.03f * float(i % 50));
+      gain2[size_t(i)] = float_to_bf16(1.5f - 0.01f * float(i % 70));
+    }
+    GuardedBf16 dgain(H), dgain2(H);
+    dgain.upload(gain), dgain2.upload(gain2);
+    for (const std::string& backend : cuda_backends()) {
+      const HostMoeLayer L = layer_for(backend, sh.router, H, sh.I, sh.Ish, 23);
+      for (const TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked})
+        for (const moe::CudaTokenPath& path : {moe::CudaTokenPath{}, persistent}) {
+          moe::CudaMoeLayer gpu(L.weights(), 32, layout, path, is_w4a4(backend));
+          for (int T : {1, 3}) {
+            // (the persistent layer runs W4A16 only: the other backends keep the launches)
+            const bool takes = T == 1 && !(path.persistent_max_tokens >= T && backend == "cuda-w4a16");
+            SCOPED_TRACE(sh.name + " " + backend + " T=" + std::to_string(T) +
+                         (layout == TokenLayout::Masked ? " masked" : " contiguous") +
+                         (path.persistent_max_tokens > 0 ? " persistent" : ""));
+            EXPECT_EQ(gpu.takes_pre_norm(T), takes);
+            const size_t n = size_t(T) * H;
+            const std::vector<uint16_t> h = test::random_x(T, H, 5), res = test::random_x(T, H, 6);
+            // Reference: the RMSNorm kernel, then the layer with the add + RMSNorm after it.
+            GuardedBf16 dh(n), dnorm(n), dout(n), dres(n), dnext(n);
+            dh.upload(h), dres.upload(res);
+            TETRA_CUDA_CHECK(ops::cuda::rms_norm(dh.ptr(), dgain.ptr(), T, H, eps, dnorm.ptr(), nullptr));
+            const moe::AddRmsNormStep step{dres.ptr(), dgain2.ptr(), eps, dnext.ptr()};
+            const bool ran_ref = gpu.forward_add_rms_norm(dnorm.ptr(), T, dout.ptr(), step, nullptr);
+            // Folded: h in, the normalised row out.
+            GuardedBf16 dh2(n), dnorm2(n), dout2(n), dres2(n), dnext2(n);
+            dh2.upload(h), dres2.upload(res);
+            const moe::AddRmsNormStep step2{dres2.ptr(), dgain2.ptr(), eps, dnext2.ptr()};
+            const moe::PreRmsNormStep pre{dgain.ptr(), eps, dnorm2.ptr()};
+            const bool ran = gpu.forward_add_rms_norm(dh2.ptr(), T, dout2.ptr(), step2, nullptr, &pre);
+            TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+            if (!takes) {
+              EXPECT_FALSE(ran);
+              EXPECT_EQ(dres2.body(), res);  // nothing ran
+              EXPECT_EQ(dh2.body(), h);
+              continue;
+            }
+            ASSERT_TRUE(ran_ref);
+            ASSERT_TRUE(ran);
+            const std::vector<uint16_t> got = dnorm2.body(), want = dnorm.body();
+            size_t differ = 0;
+            for (size_t i = 0; i < n; ++i) {
+              if (got[i] == want[i]) continue;
+              ++differ;
+              const float a = bf16_to_float(got[i]), b = bf16_to_float(want[i]);
+              EXPECT_LE(std::fabs(a - b), std::ldexp(std::fabs(b), -7)) << "element " << i;
+            }
+            EXPECT_LE(differ, n / 20);
+            EXPECT_EQ(dh2.body(), h);  // x is read only
+            if (differ == 0) {
+              EXPECT_EQ(dout2.body(), dout.body());
+              EXPECT_EQ(dres2.body(), dres.body());
+              EXPECT_EQ(dnext2.body(), dnext.body());
+            }
+            EXPECT_EQ(dh2.guards_lost() + dnorm2.guards_lost() + dout2.guards_lost() +
+                          dres2.guards_lost() + dnext2.guards_lost(), 0u);
+          }
+        }
+    }
+  }
+}
+
 // ---- cuda-w4a4 against its cpu twin (the cpu backend with W4A4 numerics) ------------------------
 // run_layer_case / all_tokens_on_one_expert above cover every built backend, cuda-w4a4 included;
 // these name it alone so that one device call can run exactly the W4A4 cases.

@@ -172,6 +172,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void synchronize() override { TETRA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   int graphs_captured() const override { return int(graphs_.size()); }
+  int64_t folded_post_norms() const override { return folded_post_norms_; }
   void* stream() const override { return stream_; }
 
   void prepare(const ModelWeights& w, const OpsLimits& lim) override { setup(w, lim, false, 0); }
@@ -395,6 +396,27 @@ class CudaModelOps final : public CudaModelOpsApi {
       if (L.moe->forward_add_rms_norm(buf(in), T_, buf(out), n, stream_)) return;
     }
     ModelOps::moe_add_rms_norm(layer, in, out, which, norm_layer, residual, normed);
+  }
+  // One token without an all-reduce hook, NVFP4 o_proj on the GEMV, a MoE block that folds the
+  // norm (CudaMoeLayer::takes_pre_norm): o_proj adds into the residual, the MoE token path
+  // normalises. One launch less per layer: GLM-4.5-Air's batch-1 decode step 1.5-1.8% faster
+  // (bench/results/2026-12-02-session33-h200.md). TETRA_FOLD_POST_NORM=0 keeps the separate
+  // launch (A/B runs).
+  bool o_proj_folded_norm_moe(int layer, NormId which, int norm_layer) override {
+    if (!folds_post_norm(layer)) return false;
+    if (skip()) return true;
+    ++folded_post_norms_;
+    DevLayer& L = layers_.at(size_t(layer));
+    const DevLinear* o = get_linear(L, LinearId::O);
+    const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o), nullptr, buf(Buf::Residual)};
+    ck(lin::linear_nvfp4_gemv(&out, 1, buf(Buf::Attn), T_, stream_));
+    const moe::PreRmsNormStep pre{norm_weight(NormId::PostAttention, layer), eps(),
+                                  buf(Buf::Normed)};
+    const moe::AddRmsNormStep n{buf(Buf::Residual), norm_weight(which, norm_layer), eps(),
+                                buf(Buf::Normed)};
+    TETRA_CHECK(L.moe->forward_add_rms_norm(buf(Buf::Residual), T_, buf(Buf::Out), n, stream_, &pre),
+                "layer ", layer, ": the MoE block refused the folded post-attention norm");
+    return true;
   }
   void logits(Buf in) override {
     if (mode_ == Mode::Replay) {
@@ -638,6 +660,21 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
 
   bool skip() const { return mode_ == Mode::Replay; }
+  // o_proj_folded_norm_moe's condition: a function of the layer and T_ only, so a captured step
+  // and its replays decide alike.
+  bool folds_post_norm(int layer) const {
+    static const bool off = [] {
+      const char* e = std::getenv("TETRA_FOLD_POST_NORM");
+      return e != nullptr && e[0] == '0';
+    }();
+    if (off || !opt_.fold_post_norm || T_ != 1 || all_reduce_) return false;
+    const DevLayer& L = layers_.at(size_t(layer));
+    const DevLinear* o = get_linear(L, LinearId::O);
+    if (L.moe == nullptr || !L.moe->on_device() || o == nullptr || !o->nvfp4) return false;
+    uint16_t residual_probe = 0;  // any non-null pointer: the reason depends on M only
+    const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o), nullptr, &residual_probe};
+    return lin::nvfp4_gemv_unsupported_reason(&out, 1, T_).empty() && L.moe->takes_pre_norm(T_);
+  }
   void ck(cudaError_t e) const { TETRA_CUDA_CHECK(e); }
 
 
@@ -698,6 +735,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
 
   CudaOpsOptions opt_;
+  int64_t folded_post_norms_ = 0;
   AllReduceHook all_reduce_;  // tensor parallel sum, or empty
   ModelConfig c_;
   OpsLimits lim_;

@@ -34,6 +34,11 @@ struct CudaOpsOptions {
   // (DecodeRope in split_decode_attention.h) where the rotary shape allows; false: the
   // rope_and_write_kv launch before it. The same bits either way. Read at prepare.
   bool rope_in_attention = true;
+  // At one token, the post-attention add + RMSNorm folded into o_proj's epilogue and the MoE
+  // block's first launch where both take it (ModelOps::o_proj_folded_norm_moe); false, or the
+  // environment's TETRA_FOLD_POST_NORM=0, keeps its own launch. Same results up to the order of
+  // the norm's sum of squares.
+  bool fold_post_norm = true;
 };
 
 class CudaModelOpsApi : public ModelOps {
@@ -51,6 +56,9 @@ class CudaModelOpsApi : public ModelOps {
   virtual void synchronize() = 0;
   // Graphs captured so far (tests check replay happens).
   virtual int graphs_captured() const = 0;
+  // Layers run so far with the post-attention norm folded (eagerly or recorded; tests check the
+  // fold happens).
+  virtual int64_t folded_post_norms() const = 0;
   virtual void* stream() const = 0;  // cudaStream_t
   // Tensor parallel: all_reduce(Buf) calls this with the buffer's first T rows (count bf16
   // elements) on the backend's stream, while recording or running eagerly (a replayed graph

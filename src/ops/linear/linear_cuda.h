@@ -105,7 +105,11 @@ inline constexpr int kNvfp4GemvMaxOutputs = 3;
 struct Nvfp4GemvOutput {
   const Nvfp4LinearDevice* w = nullptr;  // plain (not gated); n % 16 == 0, k % 64 == 0, k shared
   const uint16_t* bias = nullptr;        // [n] bf16, or null
-  uint16_t* y = nullptr;                 // [M, n] bf16
+  uint16_t* y = nullptr;                 // [M, n] bf16 (may be null with `residual`)
+  // [M, n] bf16, or null. When set, y is not written: residual <- bf16(bf16(y) + residual) in
+  // place, the decoder's residual add after o_proj, with the rounding of the add + RMSNorm it
+  // replaces. The GEMV kernels only (M <= kNvfp4GemvKernelRows).
+  uint16_t* residual = nullptr;
 };
 // Why these outputs cannot run ("" when they can).
 std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M);

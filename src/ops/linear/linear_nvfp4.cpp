@@ -179,6 +179,8 @@ std::string nvfp4_wgmma_outputs_unsupported_reason(const Nvfp4GemvOutput* outs, 
     if (w == nullptr || w->w == nullptr || w->s == nullptr || w->alpha == nullptr ||
         outs[i].y == nullptr)
       return str("wgmma outputs: output ", i, " unset");
+    if (outs[i].residual != nullptr)
+      return str("wgmma outputs: output ", i, " has a residual add (the GEMV kernels only)");
     if (w->gated) return str("wgmma outputs: output ", i, " is a gated matrix");
     const std::string why = nvfp4_linear_unsupported_reason(w->n, w->k, false);
     if (!why.empty()) return str("wgmma outputs: output ", i, ": ", why);

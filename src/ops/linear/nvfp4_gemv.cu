@@ -52,6 +52,19 @@ __device__ __forceinline__ OutputTile output_tile(const GemvArgs& a, int u) {
   return {o, u - (o > 0 ? a.tile_end[o - 1] : 0)};
 }
 
+// Output o's element (row, col) = y (bias included): stored as bf16, or with a residual
+// residual <- bf16(bf16(y) + residual) (Nvfp4GemvOutput::residual).
+__device__ __forceinline__ void store_output(const GemvArgs& a, int o, int row, int col, float y) {
+  const size_t i = size_t(row) * a.n[o] + col;
+  if (a.residual[o] == nullptr) {
+    a.y[o][i] = moe_detail::f32_to_bf16_bits(y);
+    return;
+  }
+  const float rounded = __bfloat162float(__float2bfloat16_rn(y));
+  const float r = __bfloat162float(__ushort_as_bfloat16(a.residual[o][i]));
+  a.residual[o][i] = moe_detail::f32_to_bf16_bits(rounded + r);
+}
+
 
 // One chunk: 4 k-steps of mma.m16n8k16 (16 weight rows x 8 activation rows).
 __device__ __forceinline__ void chunk_mma(float (&acc)[4], const uint4& w, uint32_t sc,
@@ -126,7 +139,7 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
       // Rounded to bf16 before the bias, as the unfused linear + add_bias pair does.
       float y = __bfloat162float(__float2bfloat16_rn(sum * alpha));
       if (a.bias[o] != nullptr) y += bias;
-      a.y[o][size_t(row) * a.n[o] + col] = moe_detail::f32_to_bf16_bits(y);
+      store_output(a, o, row, col, y);
     }
   }
 }
@@ -211,7 +224,7 @@ __global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
           for (int w = 0; w < kWarps; ++w) sum += red[buf][w][r][l];
           float y = __bfloat162float(__float2bfloat16_rn(sum * a.alpha[o][0]));
           if (a.bias[o] != nullptr) y += __bfloat162float(__ushort_as_bfloat16(a.bias[o][col]));
-          a.y[o][size_t(row) * a.n[o] + col] = moe_detail::f32_to_bf16_bits(y);
+          store_output(a, o, row, col, y);
         }
       }
       buf ^= 1;
@@ -253,7 +266,7 @@ struct DenseStreamWork {
     // Rounded to bf16 before the bias, as the unfused linear + add_bias pair does.
     float y = __bfloat162float(__float2bfloat16_rn(v[0] * un.alpha));
     if (a.bias[un.o] != nullptr) y += __bfloat162float(__ushort_as_bfloat16(a.bias[un.o][n]));
-    a.y[un.o][size_t(row) * a.n[un.o] + n] = moe_detail::f32_to_bf16_bits(y);
+    store_output(a, un.o, row, n, y);
   }
 };
 
@@ -277,6 +290,10 @@ Nvfp4GemvRollingShape nvfp4_gemv_rolling_shape(int k) {
 }
 
 std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M) {
+  for (int i = 0; i < n_outs; ++i)
+    if (outs[i].residual != nullptr && M > kNvfp4GemvKernelRows)
+      return str("output ", i, ": a residual add at M=", M, " (the GEMV kernels take it up to ",
+                 kNvfp4GemvKernelRows, " rows)");
   if (M > kNvfp4GemvKernelRows && M <= kNvfp4GemvMaxRows) {
     if (n_outs >= 1 && outs[0].w != nullptr && outs[0].w->k > kNvfp4SmallMGemvMaxK)
       return str("k ", outs[0].w->k, " at M=", M, " (the small-M kernel takes k <= ",

@@ -15,7 +15,8 @@ struct Nvfp4OutputsArg {
   const uint8_t* s[kNvfp4GemvMaxOutputs];      // [n/16][k/64][32][2] ue5m3 scale pairs
   const float* alpha[kNvfp4GemvMaxOutputs];    // [1]
   const uint16_t* bias[kNvfp4GemvMaxOutputs];  // [n] bf16 or null
-  uint16_t* y[kNvfp4GemvMaxOutputs];           // [M, n] bf16
+  uint16_t* y[kNvfp4GemvMaxOutputs];           // [M, n] bf16 (null with a residual)
+  uint16_t* residual[kNvfp4GemvMaxOutputs];    // [M, n] bf16 or null (Nvfp4GemvOutput::residual)
   int n[kNvfp4GemvMaxOutputs];
   int outputs;
 };
@@ -26,12 +27,14 @@ inline Nvfp4OutputsArg outputs_arg(const Nvfp4GemvOutput* outs, int n_outs, cons
   Nvfp4OutputsArg a{};
   for (int i = 0; i < n_outs; ++i) {
     const Nvfp4LinearDevice& w = *outs[i].w;
-    TETRA_CHECK(w.w && w.s && w.alpha && outs[i].y, what, " output ", i, " without device data");
+    TETRA_CHECK(w.w && w.s && w.alpha && (outs[i].y || outs[i].residual), what, " output ", i,
+                " without device data");
     a.w[i] = w.w;
     a.s[i] = w.s;
     a.alpha[i] = w.alpha;
     a.bias[i] = outs[i].bias;
     a.y[i] = outs[i].y;
+    a.residual[i] = outs[i].residual;
     a.n[i] = w.n;
   }
   a.outputs = n_outs;

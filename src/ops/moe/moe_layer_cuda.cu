@@ -427,12 +427,35 @@ void CudaMoeLayer::forward(const uint16_t* x, int T, uint16_t* out, const uint16
 }
 
 bool CudaMoeLayer::forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out,
-                                        const AddRmsNormStep& norm, cudaStream_t stream) {
+                                        const AddRmsNormStep& norm, cudaStream_t stream,
+                                        const PreRmsNormStep* pre) {
   if (T < 1 || T > max_tokens_ || T <= persist_T_ ||
       !cuda::combine_add_rms_norm_fits(H_, DType::F32))
     return false;
-  run(x, T, out, nullptr, stream, nullptr, &norm);
+  if (pre != nullptr && !takes_pre_norm(T)) return false;
+  run(x, T, out, nullptr, stream, nullptr, &norm, pre);
   return true;
+}
+
+bool CudaMoeLayer::takes_pre_norm(int T) const {
+  if (T > max_tokens_ || T <= persist_T_ || !cuda::combine_add_rms_norm_fits(H_, DType::F32) ||
+      path_.fused_route_max_tokens < T || !cuda::small_token_path_fits(T, router_.top_k))
+    return false;
+  // What the tiny kernel's limits read (shapes, shared memory); run() checks the real arguments
+  // again at the launch (x's alignment among them).
+  cuda::SmallTokenPath a;
+  a.x = gate_;
+  a.gate = gate_;
+  a.H = H_;
+  a.router = router_;
+  a.offsets = offsets_;
+  a.masked_m = masked_m_;
+  a.row_token = row_token_;
+  a.rows.E = E_;
+  a.rows.offsets = offsets_;
+  a.rows.masked_m = masked_m_;
+  a.rows.row_token = row_token_;
+  return cuda::small_token_path_takes_pre_norm(a, T);
 }
 
 void CudaMoeLayer::forward_marked(const uint16_t* x, int T, uint16_t* out,
@@ -443,7 +466,7 @@ void CudaMoeLayer::forward_marked(const uint16_t* x, int T, uint16_t* out,
 
 void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
                        cudaStream_t stream, cudaEvent_t const* marks,
-                       const AddRmsNormStep* add_norm) {
+                       const AddRmsNormStep* add_norm, const PreRmsNormStep* pre) {
   if (T < 0 || T > max_tokens_)
     TETRA_FAIL(name_, ": forward with ", T, " tokens; the layer was built for 0..", max_tokens_);
   if (T == 0) return;
@@ -517,8 +540,16 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     a.logits_only = route_in_gemm1;
     static_assert(cuda::SmallTokenPath::kMaxWarm >= 4);
     if (path_.warm_shared) shared_weight_ranges(a.warm, a.warm_bytes);
+    if (pre != nullptr) {  // x is h: the token path normalises it into pre->normed
+      a.pre_norm_weight = pre->weight;
+      a.pre_norm_eps = pre->eps;
+      a.pre_norm_out = pre->normed;
+    }
     check_launch(cuda::small_token_path(a, T, stream), "small token path", name_);
+    if (pre != nullptr) x = pre->normed;  // every later launch reads the normalised row
   } else {
+    TETRA_CHECK(pre == nullptr, name_, ": the norm before the layer folds into the one-launch ",
+                "token path only (takes_pre_norm)");
     const bool tiled = long(T) * E_global_ >= cuda::kRouterTiledMinLogits &&
                        cuda::router_logits_tiled_unsupported_reason(x, gate_, H).empty();
     // The chain of programmatic dependents only behind the one-warp router: measured on the H200

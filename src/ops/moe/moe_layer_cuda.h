@@ -138,7 +138,10 @@ class CudaMoeLayer final : public MoeLayerRunner {
   // The add + RMSNorm in the combine's launch (CombineOptions::add_norm), where the launches
   // (not the persistent layer) run this T.
   bool forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out, const AddRmsNormStep& norm,
-                            cudaStream_t stream) override;
+                            cudaStream_t stream, const PreRmsNormStep* pre = nullptr) override;
+  // At one token, where the tiny token path computes the logits and GEMM1 routes, with the shared
+  // expert (if any) in GEMM1's slot: the token path normalises the row (SmallTokenPath::pre_norm_*).
+  bool takes_pre_norm(int T) const override;
 
   // forward that records marks[0..4] around its parts: [0] start, [1] after route + layout,
   // [2] after GEMM1, [3] after GEMM2 (routed and shared), [4] after combine. For the benchmark.
@@ -173,7 +176,8 @@ class CudaMoeLayer final : public MoeLayerRunner {
   void upload_bf16(const ExpertMlpView& v, int e, int inter, const MoeBf16WeightsDevice& dst);
   // add_norm: the add + RMSNorm run by the combine (not null only where the launches run T).
   void run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
-           cudaStream_t stream, cudaEvent_t const* marks, const AddRmsNormStep* add_norm = nullptr);
+           cudaStream_t stream, cudaEvent_t const* marks, const AddRmsNormStep* add_norm = nullptr,
+           const PreRmsNormStep* pre = nullptr);
   // The whole layer in one persistent launch (T <= persist_T_); false when it does not take it.
   bool run_persistent(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
                       cudaStream_t stream);

@@ -176,8 +176,19 @@ void small_token_path_setup(int E_global, int E_local) {
   detail::tiny_token_path_setup();
 }
 
+bool small_token_path_takes_pre_norm(const SmallTokenPath& a, int T) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return T == 1 && a.H % 8 == 0 && a.H <= detail::kTinyPreNormMaxH &&
+         aligned(a.pre_norm_weight) && aligned(a.pre_norm_out) &&
+         detail::tiny_token_path_fits(a, T);
+}
+
 cudaError_t small_token_path(const SmallTokenPath& a, int T, cudaStream_t stream) {
   const int Eg = a.router.num_experts, K = a.router.top_k;
+  if (a.pre_norm_weight != nullptr &&
+      (!small_token_path_takes_pre_norm(a, T) || a.pre_norm_out == nullptr))
+    TETRA_FAIL("cuda small_token_path: the folded RMSNorm needs the tiny kernel at T = 1, H <= ",
+               detail::kTinyPreNormMaxH, " (T=", T, ", H=", a.H, ") and an output");
   if (!small_token_path_fits(T, K))
     TETRA_FAIL("cuda small_token_path: ", T, " tokens x top-", K, " is too many pairs");
   if (!a.counter || !a.logits || !a.ids || !a.weights || !a.slot_of || !a.row_token)

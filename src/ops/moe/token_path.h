@@ -71,10 +71,20 @@ struct SmallTokenPath {
   static constexpr int kMaxWarm = 4;
   const void* warm[kMaxWarm] = {};
   size_t warm_bytes[kMaxWarm] = {};
+  // The RMSNorm before the layer folded in (the tiny kernel at T = 1 only:
+  // small_token_path_takes_pre_norm): x is then the un-normalised row h, every block normalises
+  // its staged copy as the add + RMSNorm kernel does (bf16(h * rsqrt(mean(h^2) + eps) * weight))
+  // and block 0 stores it to pre_norm_out, the GEMMs' input. Saves the norm's launch between
+  // o_proj and this kernel (whose epilogue then adds the residual: Nvfp4GemvOutput::residual).
+  const uint16_t* pre_norm_weight = nullptr;  // [H] bf16, or null: x is normalised already
+  float pre_norm_eps = 0.0f;
+  uint16_t* pre_norm_out = nullptr;           // [1, H] bf16
 };
 
 // Largest T the one-launch path takes (T*top_k pairs must fit the one-block layout builder).
 bool small_token_path_fits(int T, int top_k);
+// Whether small_token_path takes a.pre_norm_* at T tokens (a's other fields as for the launch).
+bool small_token_path_takes_pre_norm(const SmallTokenPath& a, int T);
 // Raises the kernel's dynamic shared memory limit (one value for every shape) on the current
 // device; call before the first launch, outside stream capture. Throws tetra::Error when
 // E_global / E_local are out of range.

@@ -1,6 +1,8 @@
 // See token_path_tiny.h.
 #include "ops/moe/token_path_tiny.h"
 
+#include <cuda_bf16.h>
+
 #include <algorithm>
 #include <atomic>
 
@@ -94,6 +96,57 @@ __device__ void warm_l2_share(const void* p, size_t bytes, int b, int n) {
 #endif
 }
 
+// The folded RMSNorm (SmallTokenPath::pre_norm_weight, T = 1): the staged row xs [H] is h;
+// normalised in place as rms_norm_vec_kernel does (y = h * inv_rms * weight, rounded to bf16).
+// Thread t owns pieces t + j * kTinyThreads, the ones it copied (visible to it after its
+// cp.async wait), so the only barrier is the one that joins the warps' sums of squares; every
+// block adds them in the same order and gets the same inv_rms. Block 0 stores the row to `out`.
+__device__ __forceinline__ void normalise_staged_row(uint16_t* xs, int H,
+                                                     const uint4 (&weight)[kTinyPreNormPieces],
+                                                     float eps, uint16_t* out, float* warp_ss) {
+  const int H8 = H / 8;
+  float v[kTinyPreNormPieces][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kTinyPreNormPieces; ++j) {
+    const int i = threadIdx.x + j * kTinyThreads;
+    if (i >= H8) continue;
+    const uint4 p = *reinterpret_cast<const uint4*>(xs + 8 * size_t(i));
+    const uint32_t w4[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      v[j][e] = __bfloat162float(__ushort_as_bfloat16(uint16_t(w4[e / 2] >> (16 * (e % 2)))));
+      ss += v[j][e] * v[j][e];
+    }
+  }
+#pragma unroll
+  for (int off = 16; off >= 1; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  if (threadIdx.x % 32 == 0) warp_ss[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarpsT; ++w) total += warp_ss[w];
+  const float inv_rms = rsqrtf(total / float(H) + eps);
+#pragma unroll
+  for (int j = 0; j < kTinyPreNormPieces; ++j) {
+    const int i = threadIdx.x + j * kTinyThreads;
+    if (i >= H8) continue;
+    const uint32_t g4[4] = {weight[j].x, weight[j].y, weight[j].z, weight[j].w};
+    uint32_t y4[4];
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const float g0 = __bfloat162float(__ushort_as_bfloat16(uint16_t(g4[e / 2])));
+      const float g1 = __bfloat162float(__ushort_as_bfloat16(uint16_t(g4[e / 2] >> 16)));
+      const __nv_bfloat162 y = __floats2bfloat162_rn(v[j][e] * inv_rms * g0,
+                                                      v[j][e + 1] * inv_rms * g1);
+      y4[e / 2] = *reinterpret_cast<const uint32_t*>(&y);
+    }
+    const uint4 y = make_uint4(y4[0], y4[1], y4[2], y4[3]);
+    *reinterpret_cast<uint4*>(xs + 8 * size_t(i)) = y;
+    if (blockIdx.x == 0) reinterpret_cast<uint4*>(out)[i] = y;
+  }
+}
+
 template <bool kSoftmax, int kPerLane>
 __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const TinyArgs g) {
   extern __shared__ __align__(16) char smem[];
@@ -119,6 +172,17 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
   if (g.bias_off >= 0)
     for (int i = threadIdx.x; i < Eg / 4; i += kTinyThreads)
       cp_async16(bias_s + 4 * i, a.bias + 4 * i);
+  // The folded RMSNorm's weight (a parameter): this thread's pieces, before the wait.
+  const bool pre_norm = a.pre_norm_weight != nullptr;
+  uint4 norm_w[kTinyPreNormPieces] = {};
+  __shared__ float warp_ss[kWarpsT];
+  if (pre_norm) {
+#pragma unroll
+    for (int j = 0; j < kTinyPreNormPieces; ++j) {
+      const int i = threadIdx.x + j * kTinyThreads;
+      if (i < H8) norm_w[j] = __ldg(reinterpret_cast<const uint4*>(a.pre_norm_weight) + i);
+    }
+  }
   // As a programmatic dependent launch, the gate rows (weights) stream in while the previous
   // kernel drains; everything it may write (x) or read (this kernel's outputs) waits for it.
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -129,6 +193,7 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
     for (int i = threadIdx.x; i < tc * H8; i += kTinyThreads)
       cp_async16(xs + size_t(i) * 8, xsrc + size_t(i) * 8);
     cp_async_wait_all();
+    if (pre_norm) normalise_staged_row(xs, H, norm_w, a.pre_norm_eps, a.pre_norm_out, warp_ss);
     __syncthreads();
     if (t0 == 0) stamp(stamps, 1);
     for (int d = warp; d < tc * ne; d += kWarpsT) {

@@ -19,6 +19,10 @@
 namespace tetra::moe::cuda::detail {
 
 inline constexpr int kTinyThreads = 512;  // = the most pairs; 16 warps route up to 16 tokens at once
+// The folded RMSNorm (SmallTokenPath::pre_norm_weight): each thread holds up to 2 16-byte pieces
+// of the norm weight in registers.
+inline constexpr int kTinyPreNormPieces = 2;
+inline constexpr int kTinyPreNormMaxH = kTinyPreNormPieces * kTinyThreads * 8;
 
 // Sets the kernels' dynamic shared memory limit to what the device allows (call outside capture).
 void tiny_token_path_setup();
