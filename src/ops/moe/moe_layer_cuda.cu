@@ -441,21 +441,36 @@ bool CudaMoeLayer::takes_pre_norm(int T) const {
   if (T > max_tokens_ || T <= persist_T_ || !cuda::combine_add_rms_norm_fits(H_, DType::F32) ||
       path_.fused_route_max_tokens < T || !cuda::small_token_path_fits(T, router_.top_k))
     return false;
-  // What the tiny kernel's limits read (shapes, shared memory); run() checks the real arguments
+  // The tiny kernel's limits read shapes and the layout pointers; run() checks the real arguments
   // again at the launch (x's alignment among them).
+  cuda::RowsPrep prep;
+  prep.E = E_;
+  prep.offsets = offsets_;
+  prep.masked_m = masked_m_;
+  prep.row_token = row_token_;
+  return cuda::small_token_path_takes_pre_norm(token_path_args(gate_, prep), T);
+}
+
+cuda::SmallTokenPath CudaMoeLayer::token_path_args(const uint16_t* x,
+                                                   const cuda::RowsPrep& prep) const {
   cuda::SmallTokenPath a;
-  a.x = gate_;
+  a.x = x;
   a.gate = gate_;
+  a.bias = bias_;
   a.H = H_;
   a.router = router_;
+  a.logits = logits_;
+  a.ids = ids_;
+  a.weights = weights_;
+  a.expert_begin = begin_;
   a.offsets = offsets_;
   a.masked_m = masked_m_;
   a.row_token = row_token_;
-  a.rows.E = E_;
-  a.rows.offsets = offsets_;
-  a.rows.masked_m = masked_m_;
-  a.rows.row_token = row_token_;
-  return cuda::small_token_path_takes_pre_norm(a, T);
+  a.slot_of = slot_of_;
+  a.dropped = dropped_;
+  a.rows = prep;
+  a.counter = counter_;
+  return a;
 }
 
 void CudaMoeLayer::forward_marked(const uint16_t* x, int T, uint16_t* out,
@@ -519,23 +534,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
                               !marks && !pair_wanted &&
                               *moe_gemm1_routed_unsupported(p, g1r) == '\0';
   if (fused_route) {
-    cuda::SmallTokenPath a;
-    a.x = x;
-    a.gate = gate_;
-    a.bias = bias_;
-    a.H = H;
-    a.router = router_;
-    a.logits = logits_;
-    a.ids = ids_;
-    a.weights = weights_;
-    a.expert_begin = begin_;
-    a.offsets = offsets_;
-    a.masked_m = masked_m_;
-    a.row_token = row_token_;
-    a.slot_of = slot_of_;
-    a.dropped = dropped_;
-    a.rows = prep;
-    a.counter = counter_;
+    cuda::SmallTokenPath a = token_path_args(x, prep);
     a.pdl = path_.token_path_pdl;
     a.logits_only = route_in_gemm1;
     static_assert(cuda::SmallTokenPath::kMaxWarm >= 4);

@@ -23,6 +23,7 @@
 
 #include "moe/moe_layer.h"
 #include "ops/moe/bf16_moe.h"
+#include "ops/moe/token_path.h"
 #include "ops/moe/w4a4_moe.h"
 #include "ops/moe/w4a16_moe.h"
 
@@ -178,6 +179,8 @@ class CudaMoeLayer final : public MoeLayerRunner {
   void run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
            cudaStream_t stream, cudaEvent_t const* marks, const AddRmsNormStep* add_norm = nullptr,
            const PreRmsNormStep* pre = nullptr);
+  // The one-launch token path's arguments over x and prep (the caller sets the switches).
+  cuda::SmallTokenPath token_path_args(const uint16_t* x, const cuda::RowsPrep& prep) const;
   // The whole layer in one persistent launch (T <= persist_T_); false when it does not take it.
   bool run_persistent(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
                       cudaStream_t stream);
