@@ -11,6 +11,7 @@
 #include "core/half.h"
 #include "ops/elementwise/elementwise.h"
 #include "ops/linear/linear.h"
+#include "ops/linear/linear_cuda.h"
 
 namespace tetra::ops {
 namespace {
@@ -162,6 +163,22 @@ TEST(ElementwiseCpu, GatherSiluAddBias) {
     for (int h = 0; h < H; ++h)
       expect_bf16_near(y[t * H + h], double(bf16_to_float(y0[t * H + h])) + bf16_to_float(bias[h]),
                        "add_bias");
+}
+
+// The residual add in the NVFP4 GEMV's epilogue (Nvfp4GemvOutput::residual) exists only in the
+// GEMV kernels: the reasons refuse it past their 8 rows and in the small-M kernel called
+// directly, before looking at any device data (so this runs without a GPU).
+TEST(LinearCudaReasons, ResidualAddOnlyInTheGemvKernels) {
+  uint16_t residual = 0;
+  cuda::Nvfp4GemvOutput o;
+  o.residual = &residual;
+  EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(&o, 1, cuda::kNvfp4GemvKernelRows + 1)
+                .find("residual"),
+            std::string::npos);
+  EXPECT_NE(cuda::nvfp4_small_m_unsupported_reason(&o, 1, 3).find("residual"), std::string::npos);
+  // Without it, the same call fails on the missing matrix instead.
+  o.residual = nullptr;
+  EXPECT_EQ(cuda::nvfp4_small_m_unsupported_reason(&o, 1, 3).find("residual"), std::string::npos);
 }
 
 }  // namespace

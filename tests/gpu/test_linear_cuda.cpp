@@ -313,6 +313,7 @@ TEST_F(LinearCuda, Nvfp4GemvResidualAddEqualsSeparateAdd) {
   cuda::Nvfp4GemvOutput o = pb.outs[0];
   o.residual = dres.ptr();
   EXPECT_NE(cuda::nvfp4_gemv_unsupported_reason(&o, 1, 9), "");
+  EXPECT_NE(cuda::nvfp4_small_m_unsupported_reason(&o, 1, 3), "");  // the small-M kernel, called directly
 }
 
 // The small-M kernel (9..64 rows; linear_nvfp4_gemv dispatches there above 8 rows for k <= 4096;

@@ -312,6 +312,9 @@ std::string shape_reason(const Nvfp4GemvOutput* outs, int n_outs, int M) {
 std::string nvfp4_small_m_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs, int M) {
   if (M < 1 || M > kNvfp4GemvMaxRows)
     return str("M=", M, " (the small-M NVFP4 kernel takes 1..", kNvfp4GemvMaxRows, " rows)");
+  for (int i = 0; i < n_outs; ++i)
+    if (outs[i].residual != nullptr)
+      return str("output ", i, ": a residual add (the GEMV kernels only)");
   const std::string why = outputs_shape_reason(outs, n_outs);
   return why.empty() ? shape_reason(outs, n_outs, M) : why;
 }
