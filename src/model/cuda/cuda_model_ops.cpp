@@ -671,8 +671,8 @@ class CudaModelOps final : public CudaModelOpsApi {
     const DevLayer& L = layers_.at(size_t(layer));
     const DevLinear* o = get_linear(L, LinearId::O);
     if (L.moe == nullptr || !L.moe->on_device() || o == nullptr || !o->nvfp4) return false;
-    uint16_t residual_probe = 0;  // any non-null pointer: the reason depends on M only
-    const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o), nullptr, &residual_probe};
+    // The GEMV's shape rules (its residual add holds at one row).
+    const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o)};
     return lin::nvfp4_gemv_unsupported_reason(&out, 1, T_).empty() && L.moe->takes_pre_norm(T_);
   }
   void ck(cudaError_t e) const { TETRA_CUDA_CHECK(e); }

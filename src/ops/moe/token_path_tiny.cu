@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/global_timer.cuh"
 #include "core/kernel_launch.h"
+#include "ops/moe/bf16_device.cuh"
 #include "ops/moe/layout_device.cuh"
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/router_dot.cuh"
@@ -115,7 +116,7 @@ __device__ __forceinline__ void normalise_staged_row(uint16_t* xs, int H,
     const uint32_t w4[4] = {p.x, p.y, p.z, p.w};
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      v[j][e] = __bfloat162float(__ushort_as_bfloat16(uint16_t(w4[e / 2] >> (16 * (e % 2)))));
+      v[j][e] = bf16_to_f32(uint16_t(w4[e / 2] >> (16 * (e % 2))));
       ss += v[j][e] * v[j][e];
     }
   }
@@ -135,8 +136,8 @@ __device__ __forceinline__ void normalise_staged_row(uint16_t* xs, int H,
     uint32_t y4[4];
 #pragma unroll
     for (int e = 0; e < 8; e += 2) {
-      const float g0 = __bfloat162float(__ushort_as_bfloat16(uint16_t(g4[e / 2])));
-      const float g1 = __bfloat162float(__ushort_as_bfloat16(uint16_t(g4[e / 2] >> 16)));
+      const float g0 = bf16_to_f32(uint16_t(g4[e / 2]));
+      const float g1 = bf16_to_f32(uint16_t(g4[e / 2] >> 16));
       const __nv_bfloat162 y = __floats2bfloat162_rn(v[j][e] * inv_rms * g0,
                                                       v[j][e + 1] * inv_rms * g1);
       y4[e / 2] = *reinterpret_cast<const uint32_t*>(&y);
