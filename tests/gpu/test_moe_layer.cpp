@@ -20,6 +20,7 @@
 #include "moe/moe_layer.h"
 #include "moe/router.h"
 #include "ops/moe/moe_layer_cuda.h"
+#include "ops/moe/w4a16_launch.h"
 #include "ops/norm/rms_norm_cuda.h"
 
 namespace tetra {
@@ -466,8 +467,11 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
           EXPECT_EQ(outs[1], outs[0]) << "the L2 warm-up changed the result";
           EXPECT_EQ(outs[2], outs[0]) << "the PDL launches or the GEMM pair changed the result";
           // The same kernels' code on the same routing: bit-equal (where it does not apply,
-          // T > 1 or the masked layout, it is the default path).
-          EXPECT_EQ(outs[3], outs[0]) << "GEMM1's routing differs from the token path's";
+          // T > 1 or the masked layout, it is the default path), unless the routed GEMM1 takes
+          // its wide shape (8 k-warps: another summation order; the same ids, checked above).
+          const long g1_blocks = long(2 * c.I / 32) * (c.router.top_k + (c.Is > 0 ? 1 : 0));
+          if (T != 1 || !moe_detail::routed_gemm1_takes_wide_shape(g1_blocks, current_device_sm_count()))
+            EXPECT_EQ(outs[3], outs[0]) << "GEMM1's routing differs from the token path's";
           if (outs.size() == paths.size()) EXPECT_EQ(outs[6], outs[4]) << "side stream vs serial";
         }
       }

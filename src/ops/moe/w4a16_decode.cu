@@ -326,8 +326,9 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
 // its slot with the row mapping in shared memory. Block (0, 0) writes the T = 1 layout for GEMM2
 // and the combine, and fences it before this block lets the next grid launch.
 // kPerLane: routing scores per lane (E <= 32 * kPerLane).
-template <bool kSoftmax, int kPerLane, bool SCALES_SMEM>
-__global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
+// KW, MINB: the default late shape, or the wide one (kRoutedWideKWarps) for small grids.
+template <bool kSoftmax, int kPerLane, bool SCALES_SMEM, int KW, int MINB>
+__global__ void __launch_bounds__(KW * 32, MINB)
     moe_decode_routed_kernel(const GroupedGemmArgs a, const Gemm1Routing r) {
   using namespace moe::cuda::detail;
   constexpr int kMaxE = 32 * kPerLane;
@@ -359,7 +360,7 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
     __syncthreads();
     const int ng = r.router.n_group;
     if (ng != 1)
-      for (int g = warp; g < ng; g += kLateKWarps) {
+      for (int g = warp; g < ng; g += KW) {
         const uint32_t gk = group_order_key_warp(keys + g * (E / ng), E / ng, lane);
         if (lane == 0) group_keys[g] = gk;
       }
@@ -400,8 +401,8 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
   b.rows.gather = row_token;
   b.wait_first = false;
   auto no_wait = [] {};
-  decode_block<1, kLateKWarps, kLateChunks, true, true, false, kDecodeFull, false,
-               decltype(no_wait), SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), no_wait,
+  decode_block<1, KW, kLateChunks, true, true, false, kDecodeFull, false, decltype(no_wait),
+               SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), no_wait,
                                                t_mid);
   if (threadIdx.x == 0)
     perf::block_stamp(a.stamps, perf::kStampMoeGemm1, a.stamp_launch, t_start, t_mid[0],
@@ -499,18 +500,25 @@ cudaError_t launch_decode_routed(const GroupedGemmArgs& args, const Gemm1Routing
   a.stamps = perf::block_stamp_buffer();
   if (a.stamps) a.stamp_launch = perf::next_block_stamp_launch();
   const dim3 grid{unsigned(a.n / 32), unsigned(a.num_slots), 1u};
-  const KernelLaunch launch(grid, dim3(kLateKWarps * 32), stream, a.pdl);
-  const bool scales_smem = decode_scales_in_smem(long(grid.x) * grid.y, kLateBlocksPerSm,
-                                                 current_device_sm_count(), a.k, kLateKWarps);
+  const long blocks = long(grid.x) * grid.y;
+  const int sms = current_device_sm_count();
   const bool softmax = r.router.scoring == moe::Scoring::Softmax;
   const bool narrow = r.router.num_experts <= 128;  // 4 routing scores per lane
-  auto go = [&]<bool SCALES_SMEM>() {
-    if (softmax && narrow) return launch(moe_decode_routed_kernel<true, 4, SCALES_SMEM>, a, r);
-    if (softmax) return launch(moe_decode_routed_kernel<true, 8, SCALES_SMEM>, a, r);
-    if (narrow) return launch(moe_decode_routed_kernel<false, 4, SCALES_SMEM>, a, r);
-    return launch(moe_decode_routed_kernel<false, 8, SCALES_SMEM>, a, r);
+  auto go = [&]<int KW, int MINB>() {
+    const KernelLaunch launch(grid, dim3(KW * 32), stream, a.pdl);
+    auto with = [&]<bool SCALES_SMEM>() {
+      if (softmax && narrow)
+        return launch(moe_decode_routed_kernel<true, 4, SCALES_SMEM, KW, MINB>, a, r);
+      if (softmax) return launch(moe_decode_routed_kernel<true, 8, SCALES_SMEM, KW, MINB>, a, r);
+      if (narrow) return launch(moe_decode_routed_kernel<false, 4, SCALES_SMEM, KW, MINB>, a, r);
+      return launch(moe_decode_routed_kernel<false, 8, SCALES_SMEM, KW, MINB>, a, r);
+    };
+    return decode_scales_in_smem(blocks, MINB, sms, a.k, KW) ? with.template operator()<true>()
+                                                             : with.template operator()<false>();
   };
-  return scales_smem ? go.template operator()<true>() : go.template operator()<false>();
+  if (routed_gemm1_takes_wide_shape(blocks, sms))
+    return go.template operator()<kRoutedWideKWarps, kRoutedWideBlocksPerSm>();
+  return go.template operator()<kLateKWarps, kLateBlocksPerSm>();
 }
 
 bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k_warps) {
