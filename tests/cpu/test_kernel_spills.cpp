@@ -96,16 +96,21 @@ TEST(KernelSpills, DecodeMoeGemmsAtTheirDecodeConfigurations) {
   expect_no_spills(narrow);
   for (const KernelBudget& k : late) EXPECT_LE(k.registers, 64) << k.name;  // 8 blocks per SM
   // GEMM1 routing its token first (gemm1_routing.h): softmax / sigmoid with 4 or 8 scores per
-  // lane, scales loaded or staged. Staged (GLM-4.5-Air's one-token grid) no spill; loaded, the
-  // sigmoid routing's scores cost 8 bytes at 64 registers (the bound keeps it from growing).
+  // lane, scales loaded or staged, the default shape (4 k-warps, 8 blocks per SM) and the wide
+  // one (8 k-warps, 4 per SM). Staged (GLM-4.5-Air's one-token grid) or wide, no spill; default
+  // and loaded, the sigmoid routing's scores cost 8 bytes at 64 registers (the bound keeps it
+  // from growing).
   const auto routed = matching(all, "moe_decode_routed_kernel");
-  ASSERT_EQ(routed.size(), 8u);
+  ASSERT_EQ(routed.size(), 16u);
   for (const KernelBudget& k : routed) {
     EXPECT_LE(k.registers, 64) << k.name;
     EXPECT_LE(k.spill_stores, 8) << k.name;
     EXPECT_LE(k.spill_loads, 8) << k.name;
   }
-  expect_no_spills(matching(routed, R"(ELb1EEEvN)"));
+  expect_no_spills(matching(routed, R"(ELb1ELi[48]ELi[48]EEEvN)"));
+  const auto wide = matching(routed, R"(ELi8ELi4EEEvN)");
+  ASSERT_EQ(wide.size(), 8u);
+  expect_no_spills(wide);
   // GEMM1 + GEMM2 as one grid: both paths under the 64-register cap still spill 16/16 bytes
   // (44/52 before the second tile was addressed by index); the bound keeps it from growing.
   const auto pair = matching(all, "moe_decode_pair_kernel");
