@@ -402,8 +402,7 @@ __global__ void __launch_bounds__(KW * 32, MINB)
   b.wait_first = false;
   auto no_wait = [] {};
   decode_block<1, KW, kLateChunks, true, true, false, kDecodeFull, false, decltype(no_wait),
-               SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), no_wait,
-                                               t_mid);
+               SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), no_wait, t_mid);
   if (threadIdx.x == 0)
     perf::block_stamp(a.stamps, perf::kStampMoeGemm1, a.stamp_launch, t_start, t_mid[0],
                       t_mid[1], perf::stamp_time());

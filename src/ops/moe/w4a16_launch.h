@@ -74,8 +74,8 @@ inline constexpr int kLateNarrowKWarps = 3, kLateNarrowBlocksPerSm = 10;
 // The routed GEMM1's wide shape (w4a16_decode.cu): 8 k-warps per block (4 blocks per SM under
 // the same cap), twice the weight bytes in flight per block, for grids that fill at most 4 blocks
 // per SM: small experts, whose default grid leaves each SM ~12 warps and too few loads in flight
-// (Qwen3-30B-A3B's 384 blocks at one token: batch 1 -2.5%, bench/results/2026-12-02-session34-h200.md;
-// at GLM-4.5-Air's 792 blocks it would take two waves).
+// (Qwen3-30B-A3B's 384 blocks at one token: batch 1 -2.6..-3.4%,
+// bench/results/2026-12-02-session34-h200.md; GLM-4.5-Air's 792 blocks would take two waves).
 inline constexpr int kRoutedWideKWarps = 8, kRoutedWideBlocksPerSm = 4;
 inline bool routed_gemm1_takes_wide_shape(long blocks, int sms) {
   return blocks <= long(kRoutedWideBlocksPerSm) * sms;
