@@ -4,7 +4,8 @@
 # failure or any finding: crash, sanitizer report, exception other than tetra::Error, broken
 # invariant, timeout, leak or memory blow-up. Findings are kept and their path printed.
 #   usage: bash fuzz/run.sh [SECONDS] [TARGET]      env: CLANGXX (default clang++-14), FUZZ_JOBS
-#   TARGET: safetensors_header (default), tokenizer_json, tokenizer_encode, server_request
+#   TARGET: safetensors_header (default), tokenizer_json, tokenizer_encode, server_request,
+#           model_config
 set -euo pipefail
 seconds="${1:-60}"
 target="${2:-safetensors_header}"
@@ -36,7 +37,13 @@ case "$target" in
     sources=("$root/fuzz/fuzz_server_request.cpp" "$root/src/server/http_message.cpp"
              "$root/src/server/openai_request.cpp" "$root/src/core/error.cpp")
     seeds=("$root"/fuzz/corpus_server_request/*) ;;
-  *) echo "fuzz/run.sh: unknown target '$target' (safetensors_header, tokenizer_json, tokenizer_encode, server_request)" >&2
+  model_config)
+    sources=("$root/fuzz/fuzz_model_config.cpp" "$root/src/format/model_config.cpp"
+             "$root/src/format/model_layout.cpp" "$root/src/format/model_size.cpp"
+             "$root/src/format/quant_config.cpp" "$root/src/format/wildcard.cpp"
+             "$root/src/core/error.cpp" "$root/src/core/dtype.cpp")
+    seeds=("$root"/tests/data/configs/*.json) ;;
+  *) echo "fuzz/run.sh: unknown target '$target' (safetensors_header, tokenizer_json, tokenizer_encode, server_request, model_config)" >&2
      exit 1 ;;
 esac
 common=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined

@@ -32,6 +32,8 @@ std::string supported_list() {
   return s;
 }
 
+constexpr int64_t kMaxConfigInt = int64_t(1) << 40;
+
 // Typed access to one JSON object with errors that name the file and the key. A key whose
 // value is null counts as absent (HF writes `"q_lora_rank": null`, `"rope_scaling": null`).
 class Reader {
@@ -100,11 +102,20 @@ class Reader {
  private:
   int64_t to_int(const char* key) const {
     const auto& v = j_.at(key);
-    if (v.is_number_integer()) return v.get<int64_t>();
+    // Every integer of a config is a size, a count or an index: beyond 2^40 it is not a model,
+    // and a bound here keeps the sums and products below from overflowing before validate()
+    // checks each key against its own limit.
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(kMaxConfigInt))
+      fail(key, "is out of range: " + v.dump());
+    if (v.is_number_integer()) {
+      const int64_t i = v.get<int64_t>();
+      if (i > kMaxConfigInt || i < -kMaxConfigInt) fail(key, "is out of range: " + v.dump());
+      return i;
+    }
     // Some writers emit 2048.0; accept exact integers only.
     if (v.is_number_float()) {
       const double d = v.get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15)
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) <= double(kMaxConfigInt))
         return static_cast<int64_t>(d);
     }
     fail(key, "must be an integer, got " + v.dump());
@@ -268,6 +279,33 @@ void validate(const ModelConfig& c, const std::string& src) {
   positive(c.num_experts_per_tok, "num_experts_per_tok");
   positive(c.moe_intermediate_size, "moe_intermediate_size");
   if (c.num_dense_layers() > 0) positive(c.intermediate_size, "intermediate_size");
+  // Limits far above any published model (sizes up to 64x, counts up to 10x), so that every
+  // size the layout, the roofline and the loaders compute stays well inside int64 and the
+  // per-expert tensor lists inside memory.
+  auto at_most = [&](int64_t v, int64_t limit, const char* key) {
+    if (v > limit) TETRA_FAIL(src, ": key '", key, "' is ", v, "; Tetra takes at most ", limit);
+  };
+  at_most(c.hidden_size, kMaxHidden, "hidden_size");
+  at_most(c.vocab_size, kMaxVocab, "vocab_size");
+  at_most(c.max_position_embeddings, kMaxPositions, "max_position_embeddings");
+  at_most(c.intermediate_size, kMaxIntermediate, "intermediate_size");
+  at_most(c.moe_intermediate_size, kMaxIntermediate, "moe_intermediate_size");
+  at_most(c.n_routed_experts, kMaxExperts, "n_routed_experts");
+  at_most(c.n_shared_experts, kMaxSharedExperts, "n_shared_experts");
+  at_most(c.num_attention_heads, kMaxHeads, "num_attention_heads");
+  at_most(c.num_key_value_heads, kMaxHeads, "num_key_value_heads");
+  at_most(c.head_dim, kMaxHeadDim, "head_dim");
+  at_most(c.q_lora_rank, kMaxHidden, "q_lora_rank");
+  at_most(c.kv_lora_rank, kMaxHidden, "kv_lora_rank");
+  at_most(c.v_head_dim, kMaxHeadDim, "v_head_dim");
+  at_most(c.index_n_heads, kMaxHeads, "index_n_heads");
+  at_most(c.index_head_dim, kMaxHeadDim, "index_head_dim");
+  at_most(c.index_topk, kMaxPositions, "index_topk");
+  at_most(c.num_nextn_predict_layers, kMaxLayers, "num_nextn_predict_layers");
+  if (c.num_moe_layers() * (c.n_routed_experts + c.n_shared_experts) > kMaxExpertInstances)
+    TETRA_FAIL(src, ": ", c.num_moe_layers(), " MoE layers x ",
+               c.n_routed_experts + c.n_shared_experts, " experts is over Tetra's limit of ",
+               kMaxExpertInstances, " expert instances");
   if (c.num_experts_per_tok > c.n_routed_experts)
     TETRA_FAIL(src, ": num_experts_per_tok (", c.num_experts_per_tok,
                ") is larger than the number of experts (", c.n_routed_experts, ")");
@@ -389,6 +427,8 @@ ModelConfig parse_model_config(const nlohmann::json& j, std::string_view source_
   c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
   c.num_nextn_predict_layers = r.opt_int("num_nextn_predict_layers", 0);
   if (c.num_layers <= 0) r.fail("num_hidden_layers", "must be > 0");
+  if (c.num_layers > kMaxLayers)
+    r.fail("num_hidden_layers", str("is ", c.num_layers, "; Tetra takes at most ", kMaxLayers));
 
   // Experts: Qwen spells the count num_experts; GLM-5 accepts it for backward compatibility.
   if (r.has("n_routed_experts")) c.n_routed_experts = r.req_int("n_routed_experts");

@@ -50,6 +50,14 @@ struct RoutingConfig {
   friend bool operator==(const RoutingConfig&, const RoutingConfig&) = default;
 };
 
+// The largest config parse_model_config accepts (far above any published model): every size
+// the layout, the roofline and the loaders compute from it then stays inside int64, and the
+// per-expert tensor lists (layers x experts) inside memory.
+inline constexpr int64_t kMaxLayers = 1024, kMaxHidden = 65536, kMaxVocab = int64_t(1) << 22,
+                         kMaxPositions = int64_t(1) << 30, kMaxIntermediate = int64_t(1) << 20,
+                         kMaxExperts = 4096, kMaxSharedExperts = 64, kMaxHeads = 1024,
+                         kMaxHeadDim = 4096, kMaxExpertInstances = int64_t(1) << 20;
+
 struct ModelConfig {
   Arch arch = Arch::Qwen3Moe;
   std::string model_type;   // as in config.json, e.g. "glm_moe_dsa"

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "core/error.h"
@@ -306,6 +307,52 @@ TEST(ModelConfig, BadValuesAreRefusedWithTheKey) {
       for (const auto& p : c.parts) EXPECT_NE(msg.find(p), std::string::npos) << msg;
     }
   }
+}
+
+// Sizes beyond any model are refused with the key and the limit, before anything is sized from
+// them: a hostile config used to reach std::bad_alloc (10^12 layers) or overflow int64 in the
+// roofline's arithmetic (hidden_size 2^40). The limits themselves still parse.
+TEST(ModelConfig, OversizeValuesAreRefusedWithTheLimit) {
+  struct Case {
+    std::string file, key;
+    int64_t value;
+    std::string expect;  // part of the message
+  };
+  const std::vector<Case> cases = {
+      {"glm4.5-air.json", "num_hidden_layers", int64_t(1) << 39, "at most 1024"},
+      {"glm4.5-air.json", "num_hidden_layers", 1025, "at most 1024"},
+      {"glm4.5-air.json", "hidden_size", 65536 * 2, "at most 65536"},
+      {"glm4.5-air.json", "vocab_size", (int64_t(1) << 22) + 1, "at most 4194304"},
+      {"glm4.5-air.json", "vocab_size", int64_t(1) << 62, "out of range"},
+      {"glm4.5-air.json", "max_position_embeddings", (int64_t(1) << 30) + 1, "at most"},
+      {"glm4.5-air.json", "moe_intermediate_size", (int64_t(1) << 20) + 1, "at most"},
+      {"glm4.5-air.json", "intermediate_size", int64_t(1) << 41, "out of range"},
+      {"glm4.5-air.json", "n_routed_experts", 4097, "at most 4096"},
+      {"glm4.5-air.json", "n_shared_experts", 65, "at most 64"},
+      {"glm4.5-air.json", "head_dim", 8192, "at most 4096"},
+      {"deepseek-v3.json", "kv_lora_rank", 65537, "at most 65536"},
+      {"deepseek-v3.json", "qk_nope_head_dim", int64_t(1) << 40, "head_dim"},
+      {"qwen3-30b-a3b.json", "num_experts", 4096, "expert instances"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.key + " = " + std::to_string(c.value));
+    json j = fixture(c.file);
+    j[c.key] = c.value;
+    if (c.key == "num_experts") j["num_hidden_layers"] = 257;  // 257 x 4096 > 2^20
+    expect_error([&] { parse_model_config(j, c.file); }, {c.file, c.expect});
+  }
+  json big = fixture("glm4.5-air.json");  // every limit at once, and an unsigned 2^64 - 1
+  big["num_hidden_layers"] = kMaxLayers;
+  big["first_k_dense_replace"] = kMaxLayers - 255;  // 255 MoE layers x 4096 experts: under 2^20
+  big["hidden_size"] = kMaxHidden;
+  big["vocab_size"] = kMaxVocab;
+  big["n_routed_experts"] = kMaxExperts;
+  big["n_group"] = 1;
+  const ModelConfig c = parse_model_config(big, "big");
+  EXPECT_EQ(c.num_layers, kMaxLayers);
+  EXPECT_EQ(c.num_moe_layers() * (c.n_routed_experts + c.n_shared_experts), 255 * 4097);
+  big["vocab_size"] = std::numeric_limits<uint64_t>::max();
+  expect_error([&] { parse_model_config(big, "big"); }, {"vocab_size", "out of range"});
 }
 
 TEST(ModelConfig, HeadDimDefaultsToHiddenOverHeads) {
