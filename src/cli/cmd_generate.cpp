@@ -1,6 +1,7 @@
 // `tetra generate`: one prompt (token ids) through the engine. Streams the generated ids as
 // they come, then a timing summary. Greedy unless --temperature > 0.
 #include <cstdio>
+#include <limits>
 #include <memory>
 
 #include "cli/commands.h"
@@ -29,7 +30,11 @@ void run_generate(const GenerateOptions& o) {
   eo.tp = o.tp;
   eo.ep = o.ep;
   eo.max_batch = 1;
-  eo.max_context = int(prompt.size()) + o.max_new_tokens;
+  const int64_t context = int64_t(prompt.size()) + o.max_new_tokens;
+  if (context > std::numeric_limits<int>::max())
+    TETRA_FAIL("the prompt (", prompt.size(), " tokens) + --max-new-tokens (", o.max_new_tokens,
+               ") is beyond any context");
+  eo.max_context = int(context);
   auto engine = runtime::Engine::load(o.model_dir, eo);
   const int64_t id = engine->add_request(prompt, o.sampling, o.max_new_tokens, stop);
   while (engine->has_work()) {

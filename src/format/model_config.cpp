@@ -396,6 +396,12 @@ std::vector<std::string> supported_architectures() {
   return out;
 }
 
+int64_t ModelConfig::context_limit() const {
+  if (rope.type != "yarn") return max_position_embeddings;
+  const double scaled = double(rope.original_max_position) * rope.factor;
+  return std::max(max_position_embeddings, int64_t(std::min(scaled, double(kMaxPositions))));
+}
+
 int64_t ModelConfig::num_moe_layers() const {
   return std::count(layer_is_moe.begin(), layer_is_moe.end(), true);
 }

@@ -89,6 +89,10 @@ struct ModelConfig {
   friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 
   int64_t num_moe_layers() const;
+  // The longest sequence (prompt + generated tokens) the model is configured for, as vLLM
+  // derives its max_model_len: max_position_embeddings, or with YaRN the original length times
+  // the factor when that is longer.
+  int64_t context_limit() const;
   int64_t num_dense_layers() const { return num_layers - num_moe_layers(); }
   // Layer L runs the DSA indexer itself (it has indexer weights).
   bool layer_has_indexer(int64_t layer) const;

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "format/model_config.h"
 
 namespace tetra::runtime {
 namespace {
@@ -40,6 +41,12 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   if (opt.max_batch < 1) TETRA_FAIL("max_batch must be at least 1 (got ", opt.max_batch, ")");
   if (opt.max_context < 2) TETRA_FAIL("max_context must be at least 2 (got ", opt.max_context, ")");
   if (opt.kv_block_size < 1) TETRA_FAIL("kv_block_size must be at least 1");
+  // Before any weight or KV cache is allocated for it: a context past the model's positions
+  // would size the cache for tokens the model was never configured for.
+  const int64_t limit = load_model_config(dir).context_limit();
+  if (opt.max_context > limit)
+    TETRA_FAIL("a context of ", opt.max_context, " tokens (prompt + generated) is over the model's ",
+               limit, " positions (config.json max_position_embeddings", " and rope scaling)");
   std::unique_ptr<Engine> e(new Engine());
   e->opt_ = opt;
   if (e->opt_.max_prefill_tokens <= 0) e->opt_.max_prefill_tokens = std::max(opt.max_context, 256);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "format/model_config.h"
 #include "model_fixture.h"
 #include "runtime/engine.h"
 
@@ -118,6 +119,29 @@ TEST(Engine, RefusesBadRequests) {
   bad.top_p = 0.0f;
   EXPECT_THROW(e->add_request({1, 2}, bad, 4), Error);
   EXPECT_FALSE(e->has_work());
+}
+
+// A context past the model's positions is refused before anything is sized for it (a billion
+// tokens used to end in std::bad_alloc); the model's own limit loads.
+TEST(Engine, RefusesAContextPastTheModelsPositions) {
+  const auto dir = test::tiny_model("tiny-glm4.5-air", "nvfp4");
+  const int64_t limit = load_model_config(dir).context_limit();
+  ASSERT_EQ(limit, 4096);
+  EngineOptions o;
+  o.max_batch = 1;
+  o.kv_block_size = 16;
+  for (int ctx : {4097, 1000000000}) {
+    o.max_context = ctx;
+    try {
+      Engine::load(dir, o);
+      ADD_FAILURE() << "a context of " << ctx << " tokens was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("over the model's 4096 positions"), std::string::npos)
+          << e.what();
+    }
+  }
+  o.max_context = 4096;
+  EXPECT_NO_THROW(Engine::load(dir, o));
 }
 
 TEST(Engine, MoreRequestsThanBatchAllFinish) {

@@ -355,6 +355,16 @@ TEST(ModelConfig, OversizeValuesAreRefusedWithTheLimit) {
   expect_error([&] { parse_model_config(big, "big"); }, {"vocab_size", "out of range"});
 }
 
+TEST(ModelConfig, ContextLimitFollowsYarn) {
+  EXPECT_EQ(parse_fixture("glm4.5-air.json").context_limit(),
+            parse_fixture("glm4.5-air.json").max_position_embeddings);
+  json j = fixture("deepseek-v3.json");  // YaRN: factor 40 over 4096 original positions
+  j["max_position_embeddings"] = 4096;
+  EXPECT_EQ(parse_model_config(j, "deepseek-v3.json").context_limit(), 40 * 4096);
+  j["max_position_embeddings"] = 200000;  // the longer of the two
+  EXPECT_EQ(parse_model_config(j, "deepseek-v3.json").context_limit(), 200000);
+}
+
 TEST(ModelConfig, HeadDimDefaultsToHiddenOverHeads) {
   json j = fixture("qwen3-30b-a3b.json");
   j.erase("head_dim");
