@@ -511,6 +511,7 @@ ModelConfig parse_model_config(const nlohmann::json& j, std::string_view source_
 }
 
 ModelConfig load_model_config(const std::filesystem::path& dir) {
+  if (!std::filesystem::is_directory(dir)) TETRA_FAIL("model directory not found: ", dir.string());
   const auto path = dir / "config.json";
   std::ifstream in(path);
   if (!in) TETRA_FAIL("cannot open ", path.string(), " (is ", dir.string(), " a model folder?)");
