@@ -46,7 +46,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   const int64_t limit = load_model_config(dir).context_limit();
   if (opt.max_context > limit)
     TETRA_FAIL("a context of ", opt.max_context, " tokens (prompt + generated) is over the model's ",
-               limit, " positions (config.json max_position_embeddings", " and rope scaling)");
+               limit, " positions (config.json max_position_embeddings and rope scaling)");
   std::unique_ptr<Engine> e(new Engine());
   e->opt_ = opt;
   if (e->opt_.max_prefill_tokens <= 0) e->opt_.max_prefill_tokens = std::max(opt.max_context, 256);
