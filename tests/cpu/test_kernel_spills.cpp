@@ -90,10 +90,15 @@ TEST(KernelSpills, DecodeMoeGemmsAtTheirDecodeConfigurations) {
   // (DIAG 0), in each of their three output forms, scales loaded or staged in shared memory.
   const auto late = matching(all, R"(moe_decode_kernelILi1ELi4ELi2ELb1ELi8ELb[01]ELb[01]ELi0E)");
   const auto narrow = matching(all, R"(moe_decode_kernelILi1ELi3ELi2ELb1ELi10ELb[01]ELb[01]ELi0E)");
+  // ... and the 8-warp GEMM2 of small grids (1, 8, 2, true, 4).
+  const auto wide_late =
+      matching(all, R"(moe_decode_kernelILi1ELi8ELi2ELb1ELi4ELb[01]ELb[01]ELi0E)");
   ASSERT_EQ(late.size(), 6u);
   ASSERT_EQ(narrow.size(), 6u);
+  ASSERT_EQ(wide_late.size(), 6u);
   expect_no_spills(late);
   expect_no_spills(narrow);
+  expect_no_spills(wide_late);
   for (const KernelBudget& k : late) EXPECT_LE(k.registers, 64) << k.name;  // 8 blocks per SM
   // GEMM1 routing its token first (gemm1_routing.h): softmax / sigmoid with 4 or 8 scores per
   // lane, scales loaded or staged, the default shape (4 k-warps, 8 blocks per SM) and the wide

@@ -299,6 +299,11 @@ void run_case(const Case& c, uint32_t seed) {
       {MoeKernel::kDecode, true,
        {.k_warps = 3, .late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 10,
         .scales_smem = 1}, true},
+      {MoeKernel::kDecode, true,  // the 8-warp shape of small grids (one_wave_late_config)
+       {.k_warps = 8, .late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 4}, true},
+      {MoeKernel::kDecode, true,
+       {.k_warps = 8, .late_x = true, .chunks_per_batch = 2, .min_blocks_per_sm = 4,
+        .scales_smem = 1}},
       {MoeKernel::kTiled, true, {.tiled_blocks_per_sm = 1}},  // tiled, one block per SM
       {MoeKernel::kTiled, false, {}},                       // tiled, two blocks per SM
       {MoeKernel::kWgmma, false, {}},                       // warpgroup MMA (SM90a)

@@ -616,6 +616,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   MoeGemmProblem p2 = p;
   p2.gemm2_pdl = true;
   p2.gemm2_one_wave = path_.gemm2_one_wave;
+  p2.gemm2_wide = path_.gemm2_wide;
   MoeRows sh;
   MoeGemmProblem ps;
   if (own) {
@@ -775,6 +776,8 @@ CudaTokenPath cuda_token_path_from_env() {
       p.gemm1_pdl = v != 0;
     } else if (key == "g2wave") {
       p.gemm2_one_wave = v != 0;
+    } else if (key == "g2wide") {
+      p.gemm2_wide = v != 0;
     } else if (key == "rpdl") {
       p.route_pdl = v != 0;
     } else if (key == "pair") {
@@ -782,7 +785,7 @@ CudaTokenPath cuda_token_path_from_env() {
       p.gemm_pair = v;
     } else {
       TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key,
-                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1route, g1pdl, g2wave, rpdl)");
+                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1route, g1pdl, g2wave, g2wide, rpdl)");
     }
   }
   return p;
@@ -795,7 +798,8 @@ std::string cuda_token_path_label(const CudaTokenPath& p) {
      << " tpdl=" << int(p.token_path_pdl) << " warm=" << int(p.warm_shared)
      << " pair=" << p.gemm_pair << " g1route=" << int(p.gemm1_routes)
      << " g1pdl=" << int(p.gemm1_pdl)
-     << " g2wave=" << int(p.gemm2_one_wave) << " rpdl=" << int(p.route_pdl);
+     << " g2wave=" << int(p.gemm2_one_wave) << " g2wide=" << int(p.gemm2_wide)
+     << " rpdl=" << int(p.route_pdl);
   return os.str();
 }
 

@@ -86,6 +86,11 @@ struct CudaTokenPath {
   // gemm2_one_wave; GLM-4.5-Air at 1 token: decode step -0.5%, session 19). Off gives the
   // persistent layer's k split, the same bits as it.
   bool gemm2_one_wave = true;
+  // With gemm2_one_wave, GEMM2 grids that fit 4 blocks per SM take 8-warp blocks
+  // (MoeGemmProblem::gemm2_wide; the routed GEMM1's wide shape): twice the bytes in flight per
+  // block where blocks are few. Measured on the H200 (bench/results/2026-12-02-session35-h200.md):
+  // Qwen3-30B-A3B batch 1 -1.3% (512 blocks at one token); GLM-4.x grids are too large for it.
+  bool gemm2_wide = true;
   // Above fused_route_max_tokens, where the one-warp router kernel runs (T x E below
   // cuda::kRouterTiledMinLogits): the router logits, routing, layout and row bookkeeping as a
   // chain of programmatic dependent launches, each staged while the one before ends. Measured
@@ -95,7 +100,7 @@ struct CudaTokenPath {
 };
 
 // The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1,
-// warm=0|1,pair=0|1|2,g1route=0|1,g1pdl=0|1,g2wave=0|1,rpdl=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
+// warm=0|1,pair=0|1|2,g1route=0|1,g1pdl=0|1,g2wave=0|1,g2wide=0|1,rpdl=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
 // the model's layers and `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
 CudaTokenPath cuda_token_path_from_env();
 // The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1 pair=1 g1pdl=1 g2wave=1" (for

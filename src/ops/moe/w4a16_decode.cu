@@ -470,6 +470,9 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
     case key(1, 4, 4, 5): return launch_variant<1, 4, 4, true, 5>(a, stream, c.scales_smem);
     case key(1, 4, 4, 6): return launch_variant<1, 4, 4, true, 6>(a, stream, c.scales_smem);
     case key(1, 4, 2, 8): return launch_variant<1, 4, 2, true, 8>(a, stream, c.scales_smem);
+    case key(1, kRoutedWideKWarps, 2, kRoutedWideBlocksPerSm):
+      return launch_variant<1, kRoutedWideKWarps, 2, true, kRoutedWideBlocksPerSm>(a, stream,
+                                                                                  c.scales_smem);
     case key(1, kLateNarrowKWarps, 2, kLateNarrowBlocksPerSm):
       return launch_variant<1, kLateNarrowKWarps, 2, true, kLateNarrowBlocksPerSm>(a, stream,
                                                                                 c.scales_smem);
@@ -526,8 +529,14 @@ bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k
          decode_warp_chunks(k, k_warps) <= kScalesSmemMaxWarpChunks;
 }
 
-DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c) {
+DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c,
+                                  bool wide_small_grids) {
   const long blocks = long(a.n / 32) * a.num_slots, sms = current_device_sm_count();
+  if (wide_small_grids && is_default_late(c) && routed_gemm1_takes_wide_shape(blocks, int(sms))) {
+    c.k_warps = kRoutedWideKWarps;
+    c.min_blocks_per_sm = kRoutedWideBlocksPerSm;
+    return c;
+  }
   if (is_default_late(c) && blocks > kLateBlocksPerSm * sms &&
       blocks <= kLateNarrowBlocksPerSm * sms) {
     c.k_warps = kLateNarrowKWarps;

@@ -123,8 +123,10 @@ inline bool is_default_late(const DecodeConfig& c) {
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
 // The default late configuration c, or its 3-warp variant where only that one runs a's grid in
-// one wave on this device.
-DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c);
+// one wave on this device; with wide_small_grids, the wide shape (kRoutedWideKWarps at
+// kRoutedWideBlocksPerSm) where a's grid fits that many blocks per SM.
+DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c,
+                                  bool wide_small_grids = false);
 // Whether the late kernel stages its scales in shared memory (DecodeConfig::scales_smem = -1):
 // for grids of half a wave to one wave (blocks per SM between half and all of blocks_per_sm)
 // whose warps' k ranges fit the staging buffer (kScalesSmemMaxWarpChunks chunks). Measured on the

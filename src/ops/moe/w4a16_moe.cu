@@ -17,7 +17,7 @@ std::ostream& operator<<(std::ostream& os, const MoeGemmProblem& p) {
   return os << "MoeGemmProblem{E=" << p.num_experts << " H=" << p.hidden << " I=" << p.inter
             << " rows=" << p.total_rows << " slots=" << p.num_slots
             << " max_rows_hint=" << p.max_rows_hint << " gemm2_pdl=" << p.gemm2_pdl
-            << " gemm2_one_wave=" << p.gemm2_one_wave << "}";
+            << " gemm2_one_wave=" << p.gemm2_one_wave << " gemm2_wide=" << p.gemm2_wide << "}";
 }
 
 const char* moe_kernel_name(MoeKernel k) {
@@ -147,7 +147,7 @@ cudaError_t run(const MoeGemmProblem& p, moe_detail::GroupedGemmArgs a, MoeKerne
   // 1152 blocks on 132 SMs; decode step -0.5%, the MoE layer -1%, H200). GEMM1 starts cold and
   // needs the bytes in flight of 4-warp blocks (3-warp blocks measured slower there).
   if (cfg == nullptr && c.late_x && a.pdl && !a.gated && p.gemm2_one_wave)
-    c = moe_detail::one_wave_late_config(a, c);
+    c = moe_detail::one_wave_late_config(a, c, p.gemm2_wide);
   if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, c.tiled_blocks_per_sm, stream);
   if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream, c.wgmma);
   return moe_detail::launch_decode(a, c, stream);
