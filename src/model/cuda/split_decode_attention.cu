@@ -244,7 +244,7 @@ __device__ __forceinline__ void rope_pair(uint32_t& lo, uint32_t& hi, int e, flo
 // sn/cs [half]: the angles of the sequence's position, from shared memory.
 template <int D, int STEP>
 __device__ __forceinline__ void rope_q_fragments(uint32_t (&qa)[D / 16][4], int pairs, int t,
-                                                 const float* sn, const float* cs) {
+                                                 bool hi, const float* sn, const float* cs) {
   if constexpr (STEP > 0) {
 #pragma unroll
     for (int ks = 0; ks < STEP; ++ks)
@@ -252,6 +252,7 @@ __device__ __forceinline__ void rope_q_fragments(uint32_t (&qa)[D / 16][4], int 
       for (int r = 0; r < 4; ++r)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
+          if (r % 2 && !hi) continue;
           const int i = 16 * ks + 2 * t + (r >= 2 ? 8 : 0) + e;
           rope_pair(qa[ks][r], qa[ks + STEP][r], e, sn[i], cs[i]);
         }
@@ -261,6 +262,7 @@ __device__ __forceinline__ void rope_q_fragments(uint32_t (&qa)[D / 16][4], int 
       if (ks < pairs / 8)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
+          if (r % 2 && !hi) continue;
           const int i = 8 * ks + t + (r >= 2 ? 4 : 0);
           __nv_bfloat162 p = *reinterpret_cast<__nv_bfloat162*>(&qa[ks][r]);
           ops::cuda::rope_turn(__bfloat162float(p.x), __bfloat162float(p.y), sn[i], cs[i], p.x,
@@ -269,16 +271,18 @@ __device__ __forceinline__ void rope_q_fragments(uint32_t (&qa)[D / 16][4], int 
         }
   }
 }
+// rows: the group's query heads; rows g + 8 (odd registers) are turned only where some exist.
 template <int D>
 __device__ __forceinline__ void rope_q(uint32_t (&qa)[D / 16][4], const DecodeRope& r, int t,
-                                       const float* sn, const float* cs) {
+                                       int rows, const float* sn, const float* cs) {
   const int half = r.rotary_dim / 2;
-  if (!r.neox) return rope_q_fragments<D, 0>(qa, half, t, sn, cs);
+  const bool hi = rows > 8;  // warp-uniform
+  if (!r.neox) return rope_q_fragments<D, 0>(qa, half, t, hi, sn, cs);
   switch (half / 16) {  // rotary_dim % 32 == 0 (split_decode_rope_unsupported_reason)
-    case 1: return rope_q_fragments<D, 1>(qa, half, t, sn, cs);
-    case 2: return rope_q_fragments<D, 2>(qa, half, t, sn, cs);
-    case 3: if constexpr (D >= 96) return rope_q_fragments<D, 3>(qa, half, t, sn, cs); break;
-    case 4: if constexpr (D >= 128) return rope_q_fragments<D, 4>(qa, half, t, sn, cs); break;
+    case 1: return rope_q_fragments<D, 1>(qa, half, t, hi, sn, cs);
+    case 2: return rope_q_fragments<D, 2>(qa, half, t, hi, sn, cs);
+    case 3: if constexpr (D >= 96) return rope_q_fragments<D, 3>(qa, half, t, hi, sn, cs); break;
+    case 4: if constexpr (D >= 128) return rope_q_fragments<D, 4>(qa, half, t, hi, sn, cs); break;
     default: break;
   }
 }
@@ -505,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, 2) split_decode_kernel(SplitArgs a) 
     qa[ks][2] = g < G ? *reinterpret_cast<const uint32_t*>(qh + g * D + d0 + 8) : 0u;
     qa[ks][3] = g + 8 < G ? *reinterpret_cast<const uint32_t*>(qh + (g + 8) * D + d0 + 8) : 0u;
   }
-  if (a.rope_on) rope_q<D>(qa, a.rope, t, rope_sn, rope_cs);
+  if (a.rope_on) rope_q<D>(qa, a.rope, t, G, rope_sn, rope_cs);
   if (late.off >= 0) {
     store_16_shared(late.k_dst, late_k);
     store_16_shared(late.v_dst, late_v);
