@@ -89,7 +89,7 @@ struct CudaTokenPath {
   // With gemm2_one_wave, GEMM2 grids that fit 4 blocks per SM take 8-warp blocks
   // (MoeGemmProblem::gemm2_wide; the routed GEMM1's wide shape): twice the bytes in flight per
   // block where blocks are few. Measured on the H200 (bench/results/2026-12-02-session35-h200.md):
-  // Qwen3-30B-A3B batch 1 -1.3% (512 blocks at one token); GLM-4.x grids are too large for it.
+  // Qwen3-30B-A3B batch 1 -1.5..-2.4% (512 blocks at one token); GLM-4.x grids are too large.
   bool gemm2_wide = true;
   // Above fused_route_max_tokens, where the one-warp router kernel runs (T x E below
   // cuda::kRouterTiledMinLogits): the router logits, routing, layout and row bookkeeping as a
