@@ -476,7 +476,7 @@ TEST_F(MoeLayerGpu, TokenPathSettingsAgree) {
           // T > 1 or the masked layout, it is the default path), unless the routed GEMM1 takes
           // its wide shape (8 k-warps: another summation order; the same ids, checked above).
           const long g1_blocks = long(2 * c.I / 32) * (c.router.top_k + (c.Is > 0 ? 1 : 0));
-          if (T != 1 || !moe_detail::routed_gemm1_takes_wide_shape(g1_blocks, current_device_sm_count()))
+          if (T != 1 || !moe_detail::late_grid_takes_wide_shape(g1_blocks, current_device_sm_count()))
             EXPECT_EQ(outs[3], outs[0]) << "GEMM1's routing differs from the token path's";
           if (outs.size() == paths.size()) EXPECT_EQ(outs[6], outs[4]) << "side stream vs serial";
         }

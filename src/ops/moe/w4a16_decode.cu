@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
 // its slot with the row mapping in shared memory. Block (0, 0) writes the T = 1 layout for GEMM2
 // and the combine, and fences it before this block lets the next grid launch.
 // kPerLane: routing scores per lane (E <= 32 * kPerLane).
-// KW, MINB: the default late shape, or the wide one (kRoutedWideKWarps) for small grids.
+// KW, MINB: the default late shape, or the wide one (kLateWideKWarps) for small grids.
 template <bool kSoftmax, int kPerLane, bool SCALES_SMEM, int KW, int MINB>
 __global__ void __launch_bounds__(KW * 32, MINB)
     moe_decode_routed_kernel(const GroupedGemmArgs a, const Gemm1Routing r) {
@@ -470,9 +470,9 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
     case key(1, 4, 4, 5): return launch_variant<1, 4, 4, true, 5>(a, stream, c.scales_smem);
     case key(1, 4, 4, 6): return launch_variant<1, 4, 4, true, 6>(a, stream, c.scales_smem);
     case key(1, 4, 2, 8): return launch_variant<1, 4, 2, true, 8>(a, stream, c.scales_smem);
-    case key(1, kRoutedWideKWarps, 2, kRoutedWideBlocksPerSm):
-      return launch_variant<1, kRoutedWideKWarps, 2, true, kRoutedWideBlocksPerSm>(a, stream,
-                                                                                  c.scales_smem);
+    case key(1, kLateWideKWarps, 2, kLateWideBlocksPerSm):
+      return launch_variant<1, kLateWideKWarps, 2, true, kLateWideBlocksPerSm>(a, stream,
+                                                                              c.scales_smem);
     case key(1, kLateNarrowKWarps, 2, kLateNarrowBlocksPerSm):
       return launch_variant<1, kLateNarrowKWarps, 2, true, kLateNarrowBlocksPerSm>(a, stream,
                                                                                 c.scales_smem);
@@ -518,8 +518,8 @@ cudaError_t launch_decode_routed(const GroupedGemmArgs& args, const Gemm1Routing
     return decode_scales_in_smem(blocks, MINB, sms, a.k, KW) ? with.template operator()<true>()
                                                              : with.template operator()<false>();
   };
-  if (routed_gemm1_takes_wide_shape(blocks, sms))
-    return go.template operator()<kRoutedWideKWarps, kRoutedWideBlocksPerSm>();
+  if (late_grid_takes_wide_shape(blocks, sms))
+    return go.template operator()<kLateWideKWarps, kLateWideBlocksPerSm>();
   return go.template operator()<kLateKWarps, kLateBlocksPerSm>();
 }
 
@@ -532,9 +532,9 @@ bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k
 DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c,
                                   bool wide_small_grids) {
   const long blocks = long(a.n / 32) * a.num_slots, sms = current_device_sm_count();
-  if (wide_small_grids && is_default_late(c) && routed_gemm1_takes_wide_shape(blocks, int(sms))) {
-    c.k_warps = kRoutedWideKWarps;
-    c.min_blocks_per_sm = kRoutedWideBlocksPerSm;
+  if (wide_small_grids && is_default_late(c) && late_grid_takes_wide_shape(blocks, int(sms))) {
+    c.k_warps = kLateWideKWarps;
+    c.min_blocks_per_sm = kLateWideBlocksPerSm;
     return c;
   }
   if (is_default_late(c) && blocks > kLateBlocksPerSm * sms &&

@@ -71,14 +71,16 @@ enum DecodeDiag {
 inline constexpr int kLateKWarps = 4, kLateChunks = 2, kLateBlocksPerSm = 8;
 // Its 3-warp variant, 10 blocks per SM under the same 64-register cap.
 inline constexpr int kLateNarrowKWarps = 3, kLateNarrowBlocksPerSm = 10;
-// The routed GEMM1's wide shape (w4a16_decode.cu): 8 k-warps per block (4 blocks per SM under
-// the same cap), twice the weight bytes in flight per block, for grids that fill at most 4 blocks
-// per SM: small experts, whose default grid leaves each SM ~12 warps and too few loads in flight
-// (Qwen3-30B-A3B's 384 blocks at one token: batch 1 -2.6..-3.4%,
-// bench/results/2026-12-02-session34-h200.md; GLM-4.5-Air's 792 blocks would take two waves).
-inline constexpr int kRoutedWideKWarps = 8, kRoutedWideBlocksPerSm = 4;
-inline bool routed_gemm1_takes_wide_shape(long blocks, int sms) {
-  return blocks <= long(kRoutedWideBlocksPerSm) * sms;
+// Its wide variant (w4a16_decode.cu): 8 k-warps per block (4 blocks per SM under the same cap),
+// twice the weight bytes in flight per block, for grids that fill at most 4 blocks per SM: small
+// experts, whose default grid leaves each SM ~12 warps and too few loads in flight. Taken by the
+// routed GEMM1 (Qwen3-30B-A3B's 384 blocks at one token: batch 1 -2.6..-3.4%,
+// bench/results/2026-12-02-session34-h200.md; GLM-4.5-Air's 792 blocks would take two waves) and
+// by a programmatic-dependent GEMM2 with MoeGemmProblem::gemm2_wide (one_wave_late_config;
+// Qwen3's 512 blocks, bench/results/2026-12-02-session35-h200.md).
+inline constexpr int kLateWideKWarps = 8, kLateWideBlocksPerSm = 4;
+inline bool late_grid_takes_wide_shape(long blocks, int sms) {
+  return blocks <= long(kLateWideBlocksPerSm) * sms;
 }
 
 // The wgmma kernel's shape (0 = the launcher's choice).
@@ -123,8 +125,8 @@ inline bool is_default_late(const DecodeConfig& c) {
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
 // The default late configuration c, or its 3-warp variant where only that one runs a's grid in
-// one wave on this device; with wide_small_grids, the wide shape (kRoutedWideKWarps at
-// kRoutedWideBlocksPerSm) where a's grid fits that many blocks per SM.
+// one wave on this device; with wide_small_grids, the wide shape (kLateWideKWarps at
+// kLateWideBlocksPerSm) where a's grid fits that many blocks per SM.
 DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c,
                                   bool wide_small_grids = false);
 // Whether the late kernel stages its scales in shared memory (DecodeConfig::scales_smem = -1):

@@ -37,8 +37,8 @@ struct MoeGemmProblem {
   // from the 4-warp blocks', so the sums round differently; false keeps 4 warps (the persistent
   // layer's split: tests compare the two bit for bit).
   bool gemm2_one_wave = true;
-  // With gemm2_one_wave: 8-warp blocks (4 per SM) where the grid fits 4 blocks per SM, the
-  // routed GEMM1's wide shape (moe_detail::routed_gemm1_takes_wide_shape).
+  // With gemm2_one_wave: 8-warp blocks (4 per SM) where the grid fits 4 blocks per SM, the late
+  // kernel's wide shape (moe_detail::late_grid_takes_wide_shape), as the routed GEMM1 takes it.
   bool gemm2_wide = false;
   // GEMM1 (decode kernel, or the pair launch) as a programmatic dependent of the kernel that writes
   // the row mapping: every block waits for it before reading anything. Valid only when that kernel
