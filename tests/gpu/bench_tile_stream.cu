@@ -11,8 +11,9 @@
 //   interleaved - scales stored right after their chunk (576-byte tile-chunks, one array)
 //   scales_first- each warp reads its whole range's scales as 16-byte loads first, then weights
 // Timed as a CUDA graph of launches over rotating expert sets (the model's launch gaps).
+// OccupancyTable walks the decode pattern at other block shapes, occupancies and batch depths.
 // Default: a smoke check that every variant reads every byte it should (XOR against the host).
-// TETRA_BENCH_FULL=1: the table.
+// TETRA_BENCH_FULL=1: the tables.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -57,8 +58,10 @@ struct StreamArgs {
 
 // kPdl: launched as a programmatic dependent that waits after its first weight batch (the real
 // GEMM2 after GEMM1). Every variant lets its dependents start at once (as GEMM1 does).
-template <int P, int U, bool kPdl = false>
-__global__ void __launch_bounds__(kWarps * 32) tile_stream(const StreamArgs a) {
+// MINB: the register cap of an occupancy above kBlocksPerSm; KW: k-warps per block
+// (OccupancyTable).
+template <int P, int U, bool kPdl = false, int MINB = 1, int KW = kWarps>
+__global__ void __launch_bounds__(KW * 32, MINB) tile_stream(const StreamArgs a) {
   asm volatile("griddepcontrol.launch_dependents;");
   const uint64_t pol = moe_detail::l2_evict_first_policy();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -90,7 +93,7 @@ __global__ void __launch_bounds__(kWarps * 32) tile_stream(const StreamArgs a) {
   } else {
     const int pair = int(blockIdx.x) % a.pairs, slot = int(blockIdx.x) / a.pairs;
     const size_t e = size_t(a.experts[slot]);
-    const int c_begin = warp * a.chunks / kWarps, c_end = (warp + 1) * a.chunks / kWarps;
+    const int c_begin = warp * a.chunks / KW, c_end = (warp + 1) * a.chunks / KW;
     const size_t t0 = size_t(2 * pair) * a.chunks;  // tile-chunk index of tile0's chunk 0
     const size_t t1 = t0 + a.chunks;                // tile0 + 1
     constexpr size_t kIl = kTileChunkBytes + kTileChunkScales;
@@ -138,17 +141,19 @@ __global__ void __launch_bounds__(kWarps * 32) tile_stream(const StreamArgs a) {
   if (acc != 0) atomicXor(a.out, acc);
 }
 
-// Grid, block and the shared-memory padding that holds occupancy at kBlocksPerSm.
-constexpr size_t kPad = size_t(227 << 10) / kBlocksPerSm - 1024;
-template <int P, int U, bool kPdl = false>
+// Grid, block and the shared-memory padding that holds occupancy at BPS blocks per SM.
+constexpr size_t pad_for(int blocks_per_sm) { return size_t(227 << 10) / blocks_per_sm - 1024; }
+constexpr size_t kPad = pad_for(kBlocksPerSm);
+template <int P, int U, bool kPdl = false, int BPS = kBlocksPerSm, int KW = kWarps>
 cudaError_t launch_pattern(const StreamArgs& a, cudaStream_t s) {
   const int sms = current_device_sm_count();
-  const unsigned grid = P == kSweep ? unsigned(sms * kBlocksPerSm) : unsigned(a.pairs * kSlots);
-  auto kernel = tile_stream<P, U, kPdl>;
+  const unsigned grid = P == kSweep ? unsigned(sms * BPS) : unsigned(a.pairs * kSlots);
+  auto kernel = tile_stream<P, U, kPdl, (BPS * KW > kBlocksPerSm * kWarps ? BPS : 1), KW>;
+  const int pad = int(pad_for(BPS));
   const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPad));
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pad);
   if (e != cudaSuccess) return e;
-  const KernelLaunch launch(dim3(grid), dim3(kWarps * 32), s, kPdl, kPad);
+  const KernelLaunch launch(dim3(grid), dim3(KW * 32), s, kPdl, size_t(pad));
   return launch(kernel, a);
 }
 
@@ -401,6 +406,50 @@ TEST(BenchTileStream, OneTokenGemmsFusedVsTwoLaunches) {
       std::printf("| %s | %s | %.2f | %.2f |\n", l.name, names[v], us, moved / us / 1e6);
       std::fflush(stdout);
     }
+  }
+}
+
+// The decode pattern's loads at other occupancies and batch depths: does a one-token GEMM1 that
+// keeps more warps per SM (fewer registers each) read faster than the real kernel's 8 blocks of 4
+// warps? (A plain sweep at 16 blocks of 8 warps per SM reads ~4.5 TB/s, session 11.)
+template <int U, int BPS, int KW = kWarps>
+double occupancy_row(const Geometry& g, Pool& pool) {
+  return test::graph_us_per_launch(32, [&](int i, cudaStream_t s) {
+    const StreamArgs a{pool.w, pool.s, pool.ids + (i % kSets) * kSlots, g.pairs, g.chunks, pool.out};
+    TETRA_CUDA_CHECK((launch_pattern<kDecode, U, false, BPS, KW>(a, s)));
+  });
+}
+
+TEST(BenchTileStream, OccupancyTable) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  if (std::getenv("TETRA_BENCH_FULL") == nullptr) GTEST_SKIP() << "TETRA_BENCH_FULL=1 runs it";
+  const Geometry shapes[] = {{"air gemm1 (n 2816, k 4096)", 88, 64},
+                             {"air gemm2 (n 4096, k 1408)", 128, 22},
+                             {"glm5 gemm1 (n 4096, k 6144)", 128, 96}};
+  std::printf("| shape | k-warps | blocks/SM (cap) | U | us/launch | TB/s |\n|---|---|---|---|---|---|\n");
+  for (const Geometry& g : shapes) {
+    const int experts = int(std::max<size_t>(64, (size_t(800) << 20) / (g.w_bytes() + g.s_bytes())));
+    Pool pool(g, experts);
+    pool.fill_for_timing();
+    const double bytes = double(g.w_bytes() + g.s_bytes()) * kSlots;
+    auto row = [&](int kw, int bps, int u, double us) {
+      EXPECT_GT(us, 0.0);
+      std::printf("| %s | %d | %d | %d | %.2f | %.2f |\n", g.name, kw, bps, u, us,
+                  bytes / us / 1e6);
+      std::fflush(stdout);
+    };
+    row(4, 8, 2, occupancy_row<2, 8>(g, pool));  // the real kernel's shape
+    row(4, 8, 1, occupancy_row<1, 8>(g, pool));
+    row(4, 4, 2, occupancy_row<2, 4>(g, pool));
+    row(4, 12, 2, occupancy_row<2, 12>(g, pool));
+    row(4, 16, 1, occupancy_row<1, 16>(g, pool));
+    row(6, 8, 2, occupancy_row<2, 8, 6>(g, pool));
+    row(8, 6, 1, occupancy_row<1, 6, 8>(g, pool));
+    row(8, 6, 2, occupancy_row<2, 6, 8>(g, pool));
+    row(8, 8, 1, occupancy_row<1, 8, 8>(g, pool));
+    row(8, 8, 2, occupancy_row<2, 8, 8>(g, pool));
+    row(16, 4, 1, occupancy_row<1, 4, 16>(g, pool));
+    row(4, 8, 2, occupancy_row<2, 8>(g, pool));  // the first row again: drift
   }
 }
 
