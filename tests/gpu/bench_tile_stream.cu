@@ -412,6 +412,15 @@ TEST(BenchTileStream, OneTokenGemmsFusedVsTwoLaunches) {
 // The decode pattern's loads at other occupancies and batch depths: does a one-token GEMM1 that
 // keeps more warps per SM (fewer registers each) read faster than the real kernel's 8 blocks of 4
 // warps? (A plain sweep at 16 blocks of 8 warps per SM reads ~4.5 TB/s, session 11.)
+// The one-token GEMMs the timing tables walk.
+constexpr Geometry kOneTokenShapes[] = {{"air gemm1 (n 2816, k 4096)", 88, 64},
+                                        {"air gemm2 (n 4096, k 1408)", 128, 22},
+                                        {"glm5 gemm1 (n 4096, k 6144)", 128, 96}};
+// A pool of experts 12x the L2 at least; launch i reads the 9 experts of set i % 16.
+int timing_pool_experts(const Geometry& g) {
+  return int(std::max<size_t>(64, (size_t(800) << 20) / (g.w_bytes() + g.s_bytes())));
+}
+
 template <int U, int BPS, int KW = kWarps>
 double occupancy_row(const Geometry& g, Pool& pool) {
   return test::graph_us_per_launch(32, [&](int i, cudaStream_t s) {
@@ -423,13 +432,9 @@ double occupancy_row(const Geometry& g, Pool& pool) {
 TEST(BenchTileStream, OccupancyTable) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   if (std::getenv("TETRA_BENCH_FULL") == nullptr) GTEST_SKIP() << "TETRA_BENCH_FULL=1 runs it";
-  const Geometry shapes[] = {{"air gemm1 (n 2816, k 4096)", 88, 64},
-                             {"air gemm2 (n 4096, k 1408)", 128, 22},
-                             {"glm5 gemm1 (n 4096, k 6144)", 128, 96}};
   std::printf("| shape | k-warps | blocks/SM (cap) | U | us/launch | TB/s |\n|---|---|---|---|---|---|\n");
-  for (const Geometry& g : shapes) {
-    const int experts = int(std::max<size_t>(64, (size_t(800) << 20) / (g.w_bytes() + g.s_bytes())));
-    Pool pool(g, experts);
+  for (const Geometry& g : kOneTokenShapes) {
+    Pool pool(g, timing_pool_experts(g));
     pool.fill_for_timing();
     const double bytes = double(g.w_bytes() + g.s_bytes()) * kSlots;
     auto row = [&](int kw, int bps, int u, double us) {
@@ -456,14 +461,9 @@ TEST(BenchTileStream, OccupancyTable) {
 TEST(BenchTileStream, PatternTable) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   if (std::getenv("TETRA_BENCH_FULL") == nullptr) GTEST_SKIP() << "TETRA_BENCH_FULL=1 runs it";
-  const Geometry shapes[] = {{"air gemm1 (n 2816, k 4096)", 88, 64},
-                             {"air gemm2 (n 4096, k 1408)", 128, 22},
-                             {"glm5 gemm1 (n 4096, k 6144)", 128, 96}};
   std::printf("| shape | pattern | U | us/launch | TB/s (weights + scales) |\n|---|---|---|---|---|\n");
-  for (const Geometry& g : shapes) {
-    // A pool of experts 12x the L2 at least; launch i reads the 9 experts of set i % 16.
-    const int experts = int(std::max<size_t>(64, (size_t(800) << 20) / (g.w_bytes() + g.s_bytes())));
-    Pool pool(g, experts);
+  for (const Geometry& g : kOneTokenShapes) {
+    Pool pool(g, timing_pool_experts(g));
     pool.fill_for_timing();
     const double bytes = double(g.w_bytes() + g.s_bytes()) * kSlots;
     for (int pattern : {kSweep, kDecode, kNoScales, kInterleaved, kScalesFirst})
