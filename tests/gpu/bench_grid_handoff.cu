@@ -11,6 +11,10 @@
 //             (acquire) until every producer block is in. A consumer grid is scheduled only
 //             once every producer block has started (launch_dependents), so the spin cannot
 //             hold a slot a producer block needs.
+// And one launch for the whole chain (what a persistent decode-layer kernel would pay):
+//   barrier:  every link runs in one resident grid; between links each block counts itself in
+//             on one monotonic counter (release) and thread 0 polls it (relaxed, then one acquire
+//             fence) until the whole grid is in, instead of a kernel boundary.
 // `work` FMA rounds per thread before the stores give each link a body (and an uneven end when
 // `skew` adds work to every 8th block).
 // Default: a smoke check that every mode computes the host's chain (and so that the counter's
@@ -72,6 +76,34 @@ __global__ void __launch_bounds__(kThreads) link_kernel(const int* in, int* out,
   }
 }
 
+// The whole chain in one launch: link k reads level k and writes level k + 1 after a grid-wide
+// barrier (arrivals >= k * G). arrivals: zero before the launch. Every block must be resident.
+__global__ void __launch_bounds__(kThreads) barrier_chain(int* levels, uint32_t* arrivals,
+                                                          int links, int work, int skew) {
+  const int n = int(gridDim.x) * kThreads;
+  const int i = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  float f = float(threadIdx.x);
+  const int rounds = work + ((skew > 0 && blockIdx.x % 8 == 0) ? skew : 0);
+  for (int k = 0; k < links; ++k) {
+    for (int r = 0; r < rounds; ++r) f = fmaf(f, 0.999f, 0.5f);
+    if (k > 0) {
+      __syncthreads();  // every thread's level-k store, before the block counts in
+      if (threadIdx.x == 0) {
+        __threadfence();
+        red_add_release_gpu(arrivals, 1u);
+        const uint32_t all = uint32_t(k) * gridDim.x;
+        while (ld_relaxed_gpu(arrivals) < all) {
+        }
+        fence_acq_rel_gpu();
+      }
+      __syncthreads();
+    }
+    const int* in = levels + size_t(k) * n;
+    int* out = levels + size_t(k + 1) * n;
+    out[i] = in[(i + kReadShift) % n] + 1 + (f < -1.0f ? 1 : 0);
+  }
+}
+
 struct Chain {
   int G = 0, links = 0, mode = kStream, work = 0, skew = 0;
   test::DeviceScratch buf, done;
@@ -96,6 +128,13 @@ struct Chain {
       default: e = l(link_kernel<kRelaxedLateNoFence>, level(k), level(k + 1), in_done, d + k, work, skew);
     }
     TETRA_CUDA_CHECK(e);
+  }
+  // The whole chain as one barrier_chain launch (after zeroing its counter).
+  void launch_persistent(cudaStream_t s) const {
+    uint32_t* d = done.as<uint32_t>();
+    TETRA_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(uint32_t), s));
+    KernelLaunch l(dim3(G), dim3(kThreads), s, false);
+    TETRA_CUDA_CHECK(l(barrier_chain, level(0), d, links, work, skew));
   }
   // The chain's last level against the host's: level k element i = level 0 element
   // (i + k * shift) mod n, plus k.
@@ -132,15 +171,24 @@ TEST(GridHandoff, EveryModeComputesTheHostChain) {
         test::graph_us_per_launch(c.links, [&](int k, cudaStream_t s) { c.launch(k, s); }, 3);
         c.expect_host_result(level0);
       }
+  // The one-launch chain (its grid is resident: at most 8 blocks of 128 threads per SM).
+  for (int G : {1, 132, 528, 1056})
+    for (int skew : {0, 4000}) {
+      Chain c(G, 24, kStream, 200, skew);
+      const std::vector<int> level0 = seed_level0(c);
+      test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_persistent(s); }, 3);
+      c.expect_host_result(level0);
+    }
 }
 
 TEST(GridHandoff, Table) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   if (std::getenv("TETRA_BENCH_FULL") == nullptr) GTEST_SKIP() << "TETRA_BENCH_FULL=1 runs it";
   std::printf("| blocks | work | skew | stream | pdl | counter (acquire spin) | counter (relaxed "
-              "spin) | relaxed, trigger after the spin | the same without __threadfence |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
-  for (int G : {64, 132, 528, 1056})
+              "spin) | relaxed, trigger after the spin | the same without __threadfence | one "
+              "launch, grid barrier |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (int G : {64, 132, 264, 528, 1056})
     for (int work : {0, 2000})
       for (int skew : {0, 4000}) {
         double us[6];
@@ -151,8 +199,13 @@ TEST(GridHandoff, Table) {
                                                20);
           c.expect_host_result(level0);
         }
-        std::printf("| %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", G, work, skew, us[0],
-                    us[1], us[2], us[3], us[4], us[5]);
+        Chain c(G, 64, kStream, work, skew);
+        const std::vector<int> level0 = seed_level0(c);
+        const double one = test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_persistent(s); },
+                                                     20) / c.links;
+        c.expect_host_result(level0);
+        std::printf("| %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", G, work, skew,
+                    us[0], us[1], us[2], us[3], us[4], us[5], one);
       }
 }
 
