@@ -21,6 +21,7 @@
 // ordering holds). TETRA_BENCH_FULL=1: the table, us per link, median of graph replays.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -76,23 +77,34 @@ __global__ void __launch_bounds__(kThreads) link_kernel(const int* in, int* out,
   }
 }
 
-// The whole chain in one launch: link k reads level k and writes level k + 1 after a grid-wide
-// barrier (arrivals >= k * G). arrivals: zero before the launch. Every block must be resident.
+// Block b of link k reads block src_block(b) of level k, thread for thread: 37 blocks further
+// within its group of `group` consecutive blocks (group = G: the whole grid).
+__host__ __device__ inline int src_block(int b, int group, int steps) {
+  return b - b % group + int((int64_t(b % group) + int64_t(steps) * 37) % group);
+}
+
+// The whole chain in one launch: link k reads level k and writes level k + 1 after a barrier
+// over its group of blocks (arrivals[b / group] >= k * group; group = G: the whole grid), so the
+// chain's dependencies are grid-wide or only group-wide. arrivals [G / group]: zero before the
+// launch. Every block must be resident.
 __global__ void __launch_bounds__(kThreads) barrier_chain(int* levels, uint32_t* arrivals,
-                                                          int links, int work, int skew) {
+                                                          int group, int links, int work,
+                                                          int skew) {
   const int n = int(gridDim.x) * kThreads;
-  const int i = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  const int b = int(blockIdx.x), i = b * kThreads + int(threadIdx.x);
+  const int src = src_block(b, group, 1) * kThreads + int(threadIdx.x);
+  uint32_t* my_arrivals = arrivals + b / group;
   float f = float(threadIdx.x);
-  const int rounds = work + ((skew > 0 && blockIdx.x % 8 == 0) ? skew : 0);
+  const int rounds = work + ((skew > 0 && b % 8 == 0) ? skew : 0);
   for (int k = 0; k < links; ++k) {
     for (int r = 0; r < rounds; ++r) f = fmaf(f, 0.999f, 0.5f);
     if (k > 0) {
       __syncthreads();  // every thread's level-k store, before the block counts in
       if (threadIdx.x == 0) {
         __threadfence();
-        red_add_release_gpu(arrivals, 1u);
-        const uint32_t all = uint32_t(k) * gridDim.x;
-        while (ld_relaxed_gpu(arrivals) < all) {
+        red_add_release_gpu(my_arrivals, 1u);
+        const uint32_t all = uint32_t(k) * uint32_t(group);
+        while (ld_relaxed_gpu(my_arrivals) < all) {
         }
         fence_acq_rel_gpu();
       }
@@ -100,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) barrier_chain(int* levels, uint32_t*
     }
     const int* in = levels + size_t(k) * n;
     int* out = levels + size_t(k + 1) * n;
-    out[i] = in[(i + kReadShift) % n] + 1 + (f < -1.0f ? 1 : 0);
+    out[i] = in[src] + 1 + (f < -1.0f ? 1 : 0);
   }
 }
 
@@ -109,7 +121,8 @@ struct Chain {
   test::DeviceScratch buf, done;
   Chain(int g, int n, int m, int w, int s)
       : G(g), links(n), mode(m), work(w), skew(s),
-        buf(size_t(n + 1) * g * kThreads * sizeof(int)), done(size_t(n) * sizeof(uint32_t)) {}
+        buf(size_t(n + 1) * g * kThreads * sizeof(int)),
+        done(size_t(std::max(n, g)) * sizeof(uint32_t)) {}
   int* level(int k) const { return buf.as<int>() + size_t(k) * G * kThreads; }
 
   void launch(int k, cudaStream_t s) const {
@@ -129,26 +142,28 @@ struct Chain {
     }
     TETRA_CUDA_CHECK(e);
   }
-  // The whole chain as one barrier_chain launch (after zeroing its counter).
-  void launch_persistent(cudaStream_t s) const {
+  // The whole chain as one barrier_chain launch over groups of `group` blocks (G: the whole
+  // grid; G % group == 0), after zeroing its counters.
+  void launch_persistent(int group, cudaStream_t s) const {
     uint32_t* d = done.as<uint32_t>();
-    TETRA_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(uint32_t), s));
+    TETRA_CUDA_CHECK(cudaMemsetAsync(d, 0, size_t(G / group) * sizeof(uint32_t), s));
     KernelLaunch l(dim3(G), dim3(kThreads), s, false);
-    TETRA_CUDA_CHECK(l(barrier_chain, level(0), d, links, work, skew));
+    TETRA_CUDA_CHECK(l(barrier_chain, level(0), d, group, links, work, skew));
   }
-  // The chain's last level against the host's: level k element i = level 0 element
-  // (i + k * shift) mod n, plus k.
-  void expect_host_result(const std::vector<int>& level0) const {
-    const int n = G * kThreads;
+  // The chain's last level against the host's: level k element (b, t) = level 0 element
+  // (src_block(b, group, k), t), plus k. The kernel-per-link modes read across the whole grid.
+  void expect_host_result(const std::vector<int>& level0, int group = 0) const {
+    const int n = G * kThreads, g = group > 0 ? group : G;
     std::vector<int> got(static_cast<size_t>(n));
     TETRA_CUDA_CHECK(cudaMemcpy(got.data(), level(links), size_t(n) * sizeof(int),
                                 cudaMemcpyDeviceToHost));
     int bad = 0;
     for (int i = 0; i < n; ++i) {
-      const int src = int((int64_t(i) + int64_t(links) * kReadShift) % n);
+      const int src = src_block(i / kThreads, g, links) * kThreads + i % kThreads;
       if (got[size_t(i)] != level0[size_t(src)] + links) ++bad;
     }
-    EXPECT_EQ(bad, 0) << "mode " << mode << " G " << G << " work " << work << " skew " << skew;
+    EXPECT_EQ(bad, 0) << "mode " << mode << " G " << G << " group " << g << " work " << work
+                      << " skew " << skew;
   }
 };
 
@@ -171,14 +186,16 @@ TEST(GridHandoff, EveryModeComputesTheHostChain) {
         test::graph_us_per_launch(c.links, [&](int k, cudaStream_t s) { c.launch(k, s); }, 3);
         c.expect_host_result(level0);
       }
-  // The one-launch chain (its grid is resident: at most 8 blocks of 128 threads per SM).
-  for (int G : {1, 132, 528, 1056})
-    for (int skew : {0, 4000}) {
-      Chain c(G, 24, kStream, 200, skew);
-      const std::vector<int> level0 = seed_level0(c);
-      test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_persistent(s); }, 3);
-      c.expect_host_result(level0);
-    }
+  // The one-launch chain (its grid is resident: at most 8 blocks of 128 threads per SM), over
+  // the whole grid and over groups of 4 blocks.
+  for (int G : {4, 132, 528, 1056})
+    for (int group : {G, 4})
+      for (int skew : {0, 4000}) {
+        Chain c(G, 24, kStream, 200, skew);
+        const std::vector<int> level0 = seed_level0(c);
+        test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_persistent(group, s); }, 3);
+        c.expect_host_result(level0, group);
+      }
 }
 
 TEST(GridHandoff, Table) {
@@ -186,8 +203,8 @@ TEST(GridHandoff, Table) {
   if (std::getenv("TETRA_BENCH_FULL") == nullptr) GTEST_SKIP() << "TETRA_BENCH_FULL=1 runs it";
   std::printf("| blocks | work | skew | stream | pdl | counter (acquire spin) | counter (relaxed "
               "spin) | relaxed, trigger after the spin | the same without __threadfence | one "
-              "launch, grid barrier |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+              "launch, grid barrier | one launch, barriers over 4 blocks |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int G : {64, 132, 264, 528, 1056})
     for (int work : {0, 2000})
       for (int skew : {0, 4000}) {
@@ -199,13 +216,18 @@ TEST(GridHandoff, Table) {
                                                20);
           c.expect_host_result(level0);
         }
-        Chain c(G, 64, kStream, work, skew);
-        const std::vector<int> level0 = seed_level0(c);
-        const double one = test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_persistent(s); },
-                                                     20) / c.links;
-        c.expect_host_result(level0);
-        std::printf("| %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", G, work, skew,
-                    us[0], us[1], us[2], us[3], us[4], us[5], one);
+        double one[2];
+        for (int v = 0; v < 2; ++v) {
+          const int group = v == 0 ? G : 4;
+          Chain c(G, 64, kStream, work, skew);
+          const std::vector<int> level0 = seed_level0(c);
+          one[v] = test::graph_us_per_launch(
+                       1, [&](int, cudaStream_t s) { c.launch_persistent(group, s); }, 20) /
+                   c.links;
+          c.expect_host_result(level0, group);
+        }
+        std::printf("| %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", G,
+                    work, skew, us[0], us[1], us[2], us[3], us[4], us[5], one[0], one[1]);
       }
 }
 
