@@ -13,8 +13,9 @@
 //             hold a slot a producer block needs.
 // And one launch for the whole chain (what a persistent decode-layer kernel would pay):
 //   barrier:  every link runs in one resident grid; between links each block counts itself in
-//             on one monotonic counter (release) and thread 0 polls it (relaxed, then one acquire
-//             fence) until the whole grid is in, instead of a kernel boundary.
+//             on a monotonic counter (release) and thread 0 polls it (relaxed, then one acquire
+//             fence) until the whole grid, or only its group of 4 blocks, is in, instead of a
+//             kernel boundary.
 // `work` FMA rounds per thread before the stores give each link a body (and an uneven end when
 // `skew` adds work to every 8th block).
 // Default: a smoke check that every mode computes the host's chain (and so that the counter's
