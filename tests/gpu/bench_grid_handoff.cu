@@ -15,7 +15,8 @@
 //   barrier:  every link runs in one resident grid; between links each block counts itself in
 //             on a monotonic counter (release) and thread 0 polls it (relaxed, then one acquire
 //             fence) until the whole grid, or only its group of 4 blocks, is in, instead of a
-//             kernel boundary.
+//             kernel boundary;
+//   cluster:  the same in clusters of 8 blocks that wait on the cluster's hardware barrier.
 // `work` FMA rounds per thread before the stores give each link a body (and an uneven end when
 // `skew` adds work to every 8th block).
 // Default: a smoke check that every mode computes the host's chain (and so that the counter's
@@ -117,6 +118,28 @@ __global__ void __launch_bounds__(kThreads) barrier_chain(int* levels, uint32_t*
   }
 }
 
+// The same chain with clusters of kClusterBlocks blocks as the groups and the cluster's hardware
+// barrier (arrive.release / wait.acquire) as the signal: no counter in memory. G: a multiple of
+// kClusterBlocks. Clusters never wait on each other, so they need not all be resident.
+constexpr int kClusterBlocks = 8;
+__global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads)
+    cluster_chain(int* levels, int links, int work, int skew) {
+  const int n = int(gridDim.x) * kThreads;
+  const int b = int(blockIdx.x), i = b * kThreads + int(threadIdx.x);
+  const int src = src_block(b, kClusterBlocks, 1) * kThreads + int(threadIdx.x);
+  float f = float(threadIdx.x);
+  const int rounds = work + ((skew > 0 && b % 8 == 0) ? skew : 0);
+  for (int k = 0; k < links; ++k) {
+    for (int r = 0; r < rounds; ++r) f = fmaf(f, 0.999f, 0.5f);
+    if (k > 0)
+      asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                   "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+    const int* in = levels + size_t(k) * n;
+    int* out = levels + size_t(k + 1) * n;
+    out[i] = in[src] + 1 + (f < -1.0f ? 1 : 0);
+  }
+}
+
 struct Chain {
   int G = 0, links = 0, mode = kStream, work = 0, skew = 0;
   test::DeviceScratch buf, done;
@@ -150,6 +173,11 @@ struct Chain {
     TETRA_CUDA_CHECK(cudaMemsetAsync(d, 0, size_t(G / group) * sizeof(uint32_t), s));
     KernelLaunch l(dim3(G), dim3(kThreads), s, false);
     TETRA_CUDA_CHECK(l(barrier_chain, level(0), d, group, links, work, skew));
+  }
+  // The whole chain as one cluster_chain launch.
+  void launch_clusters(cudaStream_t s) const {
+    KernelLaunch l(dim3(G), dim3(kThreads), s, false);
+    TETRA_CUDA_CHECK(l(cluster_chain, level(0), links, work, skew));
   }
   // The chain's last level against the host's: level k element (b, t) = level 0 element
   // (src_block(b, group, k), t), plus k. The kernel-per-link modes read across the whole grid.
@@ -197,6 +225,13 @@ TEST(GridHandoff, EveryModeComputesTheHostChain) {
         test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_persistent(group, s); }, 3);
         c.expect_host_result(level0, group);
       }
+  for (int G : {8, 264, 1056})
+    for (int skew : {0, 4000}) {
+      Chain c(G, 24, kStream, 200, skew);
+      const std::vector<int> level0 = seed_level0(c);
+      test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_clusters(s); }, 3);
+      c.expect_host_result(level0, kClusterBlocks);
+    }
 }
 
 TEST(GridHandoff, Table) {
@@ -204,8 +239,9 @@ TEST(GridHandoff, Table) {
   if (std::getenv("TETRA_BENCH_FULL") == nullptr) GTEST_SKIP() << "TETRA_BENCH_FULL=1 runs it";
   std::printf("| blocks | work | skew | stream | pdl | counter (acquire spin) | counter (relaxed "
               "spin) | relaxed, trigger after the spin | the same without __threadfence | one "
-              "launch, grid barrier | one launch, barriers over 4 blocks |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "launch, grid barrier | one launch, barriers over 4 blocks | one launch, cluster "
+              "barriers (8 blocks) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int G : {64, 132, 264, 528, 1056})
     for (int work : {0, 2000})
       for (int skew : {0, 4000}) {
@@ -227,8 +263,18 @@ TEST(GridHandoff, Table) {
                    c.links;
           c.expect_host_result(level0, group);
         }
-        std::printf("| %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", G,
-                    work, skew, us[0], us[1], us[2], us[3], us[4], us[5], one[0], one[1]);
+        char cl[16] = "-";  // grids of whole clusters only
+        if (G % kClusterBlocks == 0) {
+          Chain c(G, 64, kStream, work, skew);
+          const std::vector<int> level0 = seed_level0(c);
+          const double us_cl =
+              test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_clusters(s); }, 20) /
+              c.links;
+          c.expect_host_result(level0, kClusterBlocks);
+          std::snprintf(cl, sizeof(cl), "%.2f", us_cl);
+        }
+        std::printf("| %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n",
+                    G, work, skew, us[0], us[1], us[2], us[3], us[4], us[5], one[0], one[1], cl);
       }
 }
 
