@@ -39,7 +39,14 @@ namespace {
 
 enum Handoff { kStream = 0, kPdl = 1, kCounter = 2, kRelaxed = 3, kRelaxedLate = 4, kRelaxedLateNoFence = 5 };
 constexpr int kThreads = 128;
-constexpr int kReadShift = 37 * kThreads;  // element i reads i + shift of the link before
+constexpr int kReadBlocks = 37;  // block b reads block b + 37 (in its group) of the link before
+
+// Block b of link k reads block src_block(b, group, 1) of level k, thread for thread: kReadBlocks
+// blocks further within its group of `group` consecutive blocks (group = G: the whole grid);
+// `steps` links back, src_block(b, group, steps).
+__host__ __device__ inline int src_block(int b, int group, int steps) {
+  return b - b % group + int((int64_t(b % group) + int64_t(steps) * kReadBlocks) % group);
+}
 
 // in, out: [G * kThreads]. in_done: the producer's counter (nullptr: nothing to wait for).
 template <int MODE>
@@ -66,10 +73,10 @@ __global__ void __launch_bounds__(kThreads) link_kernel(const int* in, int* out,
     __syncthreads();
     if (MODE >= kRelaxedLate) asm volatile("griddepcontrol.launch_dependents;");
   }
-  const int n = int(gridDim.x) * kThreads;
   const int i = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  const int src = src_block(int(blockIdx.x), int(gridDim.x), 1) * kThreads + int(threadIdx.x);
   // f is ~500 after any rounds: adds 0 (keeps the FMA loop alive).
-  out[i] = in[(i + kReadShift) % n] + 1 + (f < -1.0f ? 1 : 0);
+  out[i] = in[src] + 1 + (f < -1.0f ? 1 : 0);
   if (MODE >= kCounter) {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -79,65 +86,56 @@ __global__ void __launch_bounds__(kThreads) link_kernel(const int* in, int* out,
   }
 }
 
-// Block b of link k reads block src_block(b) of level k, thread for thread: 37 blocks further
-// within its group of `group` consecutive blocks (group = G: the whole grid).
-__host__ __device__ inline int src_block(int b, int group, int steps) {
-  return b - b % group + int((int64_t(b % group) + int64_t(steps) * 37) % group);
-}
-
-// The whole chain in one launch: link k reads level k and writes level k + 1 after a barrier
-// over its group of blocks (arrivals[b / group] >= k * group; group = G: the whole grid), so the
-// chain's dependencies are grid-wide or only group-wide. arrivals [G / group]: zero before the
-// launch. Every block must be resident.
-__global__ void __launch_bounds__(kThreads) barrier_chain(int* levels, uint32_t* arrivals,
-                                                          int group, int links, int work,
-                                                          int skew) {
+// The links of a one-launch chain, as block b runs them: link k does its work, waits (k > 0)
+// with wait(k) until its group has written level k, then reads level k and writes level k + 1.
+template <class Wait>
+__device__ __forceinline__ void run_links(int* levels, int group, int links, int work, int skew,
+                                          Wait wait) {
   const int n = int(gridDim.x) * kThreads;
   const int b = int(blockIdx.x), i = b * kThreads + int(threadIdx.x);
   const int src = src_block(b, group, 1) * kThreads + int(threadIdx.x);
-  uint32_t* my_arrivals = arrivals + b / group;
   float f = float(threadIdx.x);
   const int rounds = work + ((skew > 0 && b % 8 == 0) ? skew : 0);
   for (int k = 0; k < links; ++k) {
     for (int r = 0; r < rounds; ++r) f = fmaf(f, 0.999f, 0.5f);
-    if (k > 0) {
-      __syncthreads();  // every thread's level-k store, before the block counts in
-      if (threadIdx.x == 0) {
-        __threadfence();
-        red_add_release_gpu(my_arrivals, 1u);
-        const uint32_t all = uint32_t(k) * uint32_t(group);
-        while (ld_relaxed_gpu(my_arrivals) < all) {
-        }
-        fence_acq_rel_gpu();
-      }
-      __syncthreads();
-    }
+    if (k > 0) wait(k);
     const int* in = levels + size_t(k) * n;
     int* out = levels + size_t(k + 1) * n;
     out[i] = in[src] + 1 + (f < -1.0f ? 1 : 0);
   }
 }
 
-// The same chain with clusters of kClusterBlocks blocks as the groups and the cluster's hardware
+// The whole chain in one launch, links separated by a barrier over each group of blocks
+// (arrivals[b / group] >= k * group; group = G: the whole grid). arrivals [G / group]: zero
+// before the launch. Every block must be resident.
+__global__ void __launch_bounds__(kThreads) barrier_chain(int* levels, uint32_t* arrivals,
+                                                          int group, int links, int work,
+                                                          int skew) {
+  uint32_t* my_arrivals = arrivals + blockIdx.x / group;
+  run_links(levels, group, links, work, skew, [&](int k) {
+    __syncthreads();  // every thread's level-k store, before the block counts in
+    if (threadIdx.x == 0) {
+      __threadfence();
+      red_add_release_gpu(my_arrivals, 1u);
+      const uint32_t all = uint32_t(k) * uint32_t(group);
+      while (ld_relaxed_gpu(my_arrivals) < all) {
+      }
+      fence_acq_rel_gpu();
+    }
+    __syncthreads();
+  });
+}
+
+// The same with clusters of kClusterBlocks blocks as the groups and the cluster's hardware
 // barrier (arrive.release / wait.acquire) as the signal: no counter in memory. G: a multiple of
 // kClusterBlocks. Clusters never wait on each other, so they need not all be resident.
 constexpr int kClusterBlocks = 8;
 __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads)
     cluster_chain(int* levels, int links, int work, int skew) {
-  const int n = int(gridDim.x) * kThreads;
-  const int b = int(blockIdx.x), i = b * kThreads + int(threadIdx.x);
-  const int src = src_block(b, kClusterBlocks, 1) * kThreads + int(threadIdx.x);
-  float f = float(threadIdx.x);
-  const int rounds = work + ((skew > 0 && b % 8 == 0) ? skew : 0);
-  for (int k = 0; k < links; ++k) {
-    for (int r = 0; r < rounds; ++r) f = fmaf(f, 0.999f, 0.5f);
-    if (k > 0)
-      asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                   "barrier.cluster.wait.acquire.aligned;" ::: "memory");
-    const int* in = levels + size_t(k) * n;
-    int* out = levels + size_t(k + 1) * n;
-    out[i] = in[src] + 1 + (f < -1.0f ? 1 : 0);
-  }
+  run_links(levels, kClusterBlocks, links, work, skew, [](int) {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+  });
 }
 
 struct Chain {
@@ -166,18 +164,17 @@ struct Chain {
     }
     TETRA_CUDA_CHECK(e);
   }
-  // The whole chain as one barrier_chain launch over groups of `group` blocks (G: the whole
-  // grid; G % group == 0), after zeroing its counters.
-  void launch_persistent(int group, cudaStream_t s) const {
+  // The whole chain as one launch: barrier_chain over groups of `group` blocks (G: the whole
+  // grid; G % group == 0), its counters zeroed first, or cluster_chain (group kClusterBlocks).
+  void launch_one(int group, bool clusters, cudaStream_t s) const {
+    KernelLaunch l(dim3(G), dim3(kThreads), s, false);
+    if (clusters) {
+      TETRA_CUDA_CHECK(l(cluster_chain, level(0), links, work, skew));
+      return;
+    }
     uint32_t* d = done.as<uint32_t>();
     TETRA_CUDA_CHECK(cudaMemsetAsync(d, 0, size_t(G / group) * sizeof(uint32_t), s));
-    KernelLaunch l(dim3(G), dim3(kThreads), s, false);
     TETRA_CUDA_CHECK(l(barrier_chain, level(0), d, group, links, work, skew));
-  }
-  // The whole chain as one cluster_chain launch.
-  void launch_clusters(cudaStream_t s) const {
-    KernelLaunch l(dim3(G), dim3(kThreads), s, false);
-    TETRA_CUDA_CHECK(l(cluster_chain, level(0), links, work, skew));
   }
   // The chain's last level against the host's: level k element (b, t) = level 0 element
   // (src_block(b, group, k), t), plus k. The kernel-per-link modes read across the whole grid.
@@ -204,6 +201,18 @@ std::vector<int> seed_level0(const Chain& c) {
   return v;
 }
 
+// A chain of `links` links on G blocks run as one launch (Chain::launch_one), replayed `replays`
+// times and checked against the host's; returns us per link.
+double one_launch_us_per_link(int G, int links, int work, int skew, int group, bool clusters,
+                              int replays) {
+  Chain c(G, links, kStream, work, skew);
+  const std::vector<int> level0 = seed_level0(c);
+  const double us = test::graph_us_per_launch(
+      1, [&](int, cudaStream_t s) { c.launch_one(group, clusters, s); }, replays);
+  c.expect_host_result(level0, clusters ? kClusterBlocks : group);
+  return us / links;
+}
+
 TEST(GridHandoff, EveryModeComputesTheHostChain) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (int mode : {kStream, kPdl, kCounter, kRelaxed, kRelaxedLate, kRelaxedLateNoFence})
@@ -219,19 +228,9 @@ TEST(GridHandoff, EveryModeComputesTheHostChain) {
   // the whole grid and over groups of 4 blocks.
   for (int G : {4, 132, 528, 1056})
     for (int group : {G, 4})
-      for (int skew : {0, 4000}) {
-        Chain c(G, 24, kStream, 200, skew);
-        const std::vector<int> level0 = seed_level0(c);
-        test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_persistent(group, s); }, 3);
-        c.expect_host_result(level0, group);
-      }
+      for (int skew : {0, 4000}) one_launch_us_per_link(G, 24, 200, skew, group, false, 3);
   for (int G : {8, 264, 1056})
-    for (int skew : {0, 4000}) {
-      Chain c(G, 24, kStream, 200, skew);
-      const std::vector<int> level0 = seed_level0(c);
-      test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_clusters(s); }, 3);
-      c.expect_host_result(level0, kClusterBlocks);
-    }
+    for (int skew : {0, 4000}) one_launch_us_per_link(G, 24, 200, skew, kClusterBlocks, true, 3);
 }
 
 TEST(GridHandoff, Table) {
@@ -253,28 +252,14 @@ TEST(GridHandoff, Table) {
                                                20);
           c.expect_host_result(level0);
         }
-        double one[2];
-        for (int v = 0; v < 2; ++v) {
-          const int group = v == 0 ? G : 4;
-          Chain c(G, 64, kStream, work, skew);
-          const std::vector<int> level0 = seed_level0(c);
-          one[v] = test::graph_us_per_launch(
-                       1, [&](int, cudaStream_t s) { c.launch_persistent(group, s); }, 20) /
-                   c.links;
-          c.expect_host_result(level0, group);
-        }
+        const double grid = one_launch_us_per_link(G, 64, work, skew, G, false, 20);
+        const double four = one_launch_us_per_link(G, 64, work, skew, 4, false, 20);
         char cl[16] = "-";  // grids of whole clusters only
-        if (G % kClusterBlocks == 0) {
-          Chain c(G, 64, kStream, work, skew);
-          const std::vector<int> level0 = seed_level0(c);
-          const double us_cl =
-              test::graph_us_per_launch(1, [&](int, cudaStream_t s) { c.launch_clusters(s); }, 20) /
-              c.links;
-          c.expect_host_result(level0, kClusterBlocks);
-          std::snprintf(cl, sizeof(cl), "%.2f", us_cl);
-        }
+        if (G % kClusterBlocks == 0)
+          std::snprintf(cl, sizeof(cl), "%.2f",
+                        one_launch_us_per_link(G, 64, work, skew, kClusterBlocks, true, 20));
         std::printf("| %d | %d | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s |\n",
-                    G, work, skew, us[0], us[1], us[2], us[3], us[4], us[5], one[0], one[1], cl);
+                    G, work, skew, us[0], us[1], us[2], us[3], us[4], us[5], grid, four, cl);
       }
 }
 

@@ -409,9 +409,6 @@ TEST(BenchTileStream, OneTokenGemmsFusedVsTwoLaunches) {
   }
 }
 
-// The decode pattern's loads at other occupancies and batch depths: does a one-token GEMM1 that
-// keeps more warps per SM (fewer registers each) read faster than the real kernel's 8 blocks of 4
-// warps? (A plain sweep at 16 blocks of 8 warps per SM reads ~4.5 TB/s, session 11.)
 // The one-token GEMMs the timing tables walk.
 constexpr Geometry kOneTokenShapes[] = {{"air gemm1 (n 2816, k 4096)", 88, 64},
                                         {"air gemm2 (n 4096, k 1408)", 128, 22},
@@ -421,6 +418,11 @@ int timing_pool_experts(const Geometry& g) {
   return int(std::max<size_t>(64, (size_t(800) << 20) / (g.w_bytes() + g.s_bytes())));
 }
 
+// The decode pattern's loads at other occupancies and batch depths: does a one-token GEMM1 that
+// keeps more warps per SM (fewer registers each) read faster than the real kernel's 8 blocks of 4
+// warps? (A plain sweep at 16 blocks of 8 warps per SM reads ~4.5 TB/s, session 11.)
+// One row: us per launch of the decode pattern at U chunks per batch, BPS blocks per SM (cap),
+// KW k-warps per block.
 template <int U, int BPS, int KW = kWarps>
 double occupancy_row(const Geometry& g, Pool& pool) {
   return test::graph_us_per_launch(32, [&](int i, cudaStream_t s) {
