@@ -423,9 +423,12 @@ TEST_F(RuntimeOpsCuda, KvBlockCopies) {
 }
 
 // ---------------------------------------------------------------- sampling
-TEST_F(RuntimeOpsCuda, SamplingPicksTheSameTokensAsTheCpu) {
+// A vocabulary that is a multiple of 4 (the kernel's first pass reads float4) and an odd one.
+class SamplingVocab : public RuntimeOpsCuda, public ::testing::WithParamInterface<int> {};
+
+TEST_P(SamplingVocab, SamplingPicksTheSameTokensAsTheCpu) {
   std::mt19937 rng(108);
-  const int V = 151936;
+  const int V = GetParam();
   std::vector<SamplingParams> params;
   auto add = [&](float temp, int k, float p, float minp, float rep, float freq, float pres) {
     SamplingParams sp;
@@ -471,14 +474,11 @@ TEST_F(RuntimeOpsCuda, SamplingPicksTheSameTokensAsTheCpu) {
   int mismatches = 0;
   for (int round = 0; round < 8; ++round) {  // new steps: new draws
     for (auto& p : params) ++p.step;
-    std::vector<unsigned char> raw(sizeof(SamplingParams) * rows);
-    std::memcpy(raw.data(), params.data(), raw.size());
-    Dev<unsigned char> dparams(raw);
     std::vector<int32_t> want(rows);
     sample_cpu(logits.data(), rows, V, params.data(), host_hist, want.data());
     dtok.poison();
-    sync_ok(cuda::sample(dlogits.ptr(), rows, V, reinterpret_cast<const SamplingParams*>(dparams.ptr()),
-                         dev_hist, ws.ptr(), ws.size(), dtok.ptr(), nullptr));
+    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), dev_hist, ws.ptr(), ws.size(),
+                         dtok.ptr(), nullptr));
     const auto got = dtok.download();
     for (int r = 0; r < rows; ++r) {
       EXPECT_EQ(got[r], want[r]) << "round " << round << " row " << r;
@@ -489,6 +489,48 @@ TEST_F(RuntimeOpsCuda, SamplingPicksTheSameTokensAsTheCpu) {
   }
   EXPECT_EQ(mismatches, 0);
 }
+
+// Plain greedy rows only: the cluster argmax kernel alone, no scratch. Rows of 1..70 so the
+// splits per row go from 8 to 1 and the rows span two launches; ties at the row's maximum go to
+// the lowest index; -0 equals +0; a row of NaN and -inf has nothing to draw (-1).
+TEST_P(SamplingVocab, GreedyRowsTakeTheArgmaxKernel) {
+  std::mt19937 rng(110);
+  const int V = GetParam();
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  for (int rows : {1, 3, 40, 70}) {
+    std::vector<float> logits(size_t(rows) * V);
+    for (float& x : logits) x = n01(rng);
+    float* first = logits.data();
+    std::fill(first, first + V, -INFINITY);
+    for (int v = 1; v < V; v += 3) first[v] = NAN;
+    if (rows > 1) {
+      float* tied = logits.data() + V;
+      tied[V - 1] = tied[V / 2] = tied[7] = 9.0f;  // the lowest index wins
+      if (rows > 2) {
+        float* zero = logits.data() + 2 * size_t(V);
+        std::fill_n(zero, V, -1.0f);
+        zero[V - 2] = -0.0f;
+      }
+    }
+    std::vector<SamplingParams> params(rows);
+    for (SamplingParams& p : params) p.temperature = 0.0f;
+    ASSERT_FALSE(cuda::sampling_needs_workspace(params.data(), rows));
+    std::vector<int32_t> want(rows);
+    sample_cpu(logits.data(), rows, V, params.data(), TokenHistory{}, want.data());
+    Dev<float> dlogits(logits);
+    Dev<int32_t> dtok(rows);
+    dtok.poison();
+    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), TokenHistory{}, nullptr, 0,
+                         dtok.ptr(), nullptr));
+    EXPECT_EQ(dtok.download(), want) << rows << " rows";
+    EXPECT_EQ(want[0], -1);
+    if (rows > 1) EXPECT_EQ(want[1], 7);
+    if (rows > 2) EXPECT_EQ(want[2], V - 2);
+    EXPECT_TRUE(dtok.guards_intact());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocab, SamplingVocab, ::testing::Values(151936, 32003));
 
 }  // namespace
 }  // namespace tetra::ops

@@ -2,9 +2,13 @@
 //   penalties + temperature into x (workspace) and the block argmax; min-p; top-k and top-p cuts
 //   by radix select (largest key cut with weight(key >= cut) >= target, built byte by byte from
 //   shared-memory histograms); the Gumbel-max draw. Dropped tokens become NaN in x, which
-//   sampling_math::order_key maps to 0 ("not a candidate"). Every thread walks the same tokens
-//   (v = tid + i * 1024) in every pass, so a pass reads only what the same thread wrote.
+//   sampling_math::order_key maps to 0 ("not a candidate"). After the first pass (4 tokens per
+//   thread and load) every thread walks the same tokens (v = tid + i * 1024), with a block
+//   barrier between passes that rewrite x and the passes that read it.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
+
+#include <algorithm>
 
 #include "core/error.h"
 #include "ops/sampling/sampling_cuda.h"
@@ -99,13 +103,23 @@ __device__ void drop_below(float* x, int V, uint32_t cut) {
     if (sm::order_key(x[v]) < cut) x[v] = NAN;
 }
 
+// A launch's rows, passed by value (kernel parameter space): no copy to the device per step.
+struct ChunkParams {
+  SamplingParams row[kMaxRowsPerLaunch];
+};
+static_assert(sizeof(ChunkParams) + 128 <= 4096, "kernel parameters are limited to 4 KB");
+
+// Row r of the chunk is this kernel's when bit r of `mask` is set; the other kernel takes it.
+__device__ __forceinline__ bool takes_row(uint64_t mask, int r) { return (mask >> r) & 1u; }
+
 __global__ void __launch_bounds__(kThreads)
-    sample_kernel(const float* __restrict__ logits, int V, const SamplingParams* __restrict__ params,
-                  TokenHistory hist, float* __restrict__ x_ws, int32_t* __restrict__ count_ws,
-                  int32_t* __restrict__ tokens) {
+    sample_kernel(const float* __restrict__ logits, int V, const __grid_constant__ ChunkParams params,
+                  uint64_t mask, TokenHistory hist, float* __restrict__ x_ws,
+                  int32_t* __restrict__ count_ws, int32_t* __restrict__ tokens) {
   __shared__ Shared sh;
   const int r = blockIdx.x;
-  const SamplingParams p = params[r];
+  if (!takes_row(mask, r)) return;
+  const SamplingParams& p = params.row[r];
   const float* lg = logits + int64_t(r) * V;
   float* x = x_ws + int64_t(r) * V;
   int32_t* cnt = count_ws + int64_t(r) * V;
@@ -130,15 +144,29 @@ __global__ void __launch_bounds__(kThreads)
   const bool greedy = p.temperature <= 0.0f;
   float best = 0.0f;
   int best_i = -1;
-  for (int v = threadIdx.x; v < V; v += kThreads) {
+  auto visit = [&](int v, float logit) {
     const int c = penalties ? cnt[v] : 0;
-    float xv = sm::penalised(lg[v], c != 0, c & (kSeenBit - 1), p.repetition_penalty,
+    float xv = sm::penalised(logit, c != 0, c & (kSeenBit - 1), p.repetition_penalty,
                              p.frequency_penalty, p.presence_penalty) + 0.0f;
-    if (!greedy) xv = xv / p.temperature;
-    x[v] = xv;
+    if (!greedy) {  // a greedy row ends at this pass's argmax: nothing reads x
+      xv = xv / p.temperature;
+      x[v] = xv;
+    }
     if (sm::order_key(xv) != 0 && better(xv, v, best, best_i)) best = xv, best_i = v;
+  };
+  // The one pass every row makes (a greedy row's only one) reads 4 logits per load where rows
+  // are 16-byte aligned: one block per row, so at batch 1 its load chain is the kernel's time.
+  if (V % 4 == 0) {
+    const float4* lg4 = reinterpret_cast<const float4*>(lg);
+#pragma unroll 4
+    for (int q = threadIdx.x; q < V / 4; q += kThreads) {
+      const float4 l = lg4[q];
+      visit(4 * q, l.x), visit(4 * q + 1, l.y), visit(4 * q + 2, l.z), visit(4 * q + 3, l.w);
+    }
+  } else {
+    for (int v = threadIdx.x; v < V; v += kThreads) visit(v, lg[v]);
   }
-  block_best(best, best_i, sh.best_f, sh.best_i);
+  block_best(best, best_i, sh.best_f, sh.best_i);  // (its barrier also publishes x block-wide)
   if (greedy || best_i < 0) {
     if (threadIdx.x == 0) tokens[r] = best_i;
     return;
@@ -182,24 +210,134 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) tokens[r] = pick;
 }
 
+// Greedy rows without penalties need only their argmax: a cluster of `splits` blocks per row
+// (grid [splits, rows]) so a small batch reads each row through several SMs. Each block reduces
+// its slice of the row; rank 0 takes the cluster's best over distributed shared memory.
+constexpr int kGreedyThreads = 512;
+constexpr int kMaxGreedySplits = 8;  // the portable cluster size
+
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_kernel(const float* __restrict__ logits, int V, uint64_t mask,
+                  int32_t* __restrict__ tokens) {
+  namespace cg = cooperative_groups;
+  __shared__ float best_f[kGreedyThreads / 32];
+  __shared__ int best_i[kGreedyThreads / 32];
+  __shared__ float cluster_f[kMaxGreedySplits];
+  __shared__ int cluster_i[kMaxGreedySplits];
+  const int r = blockIdx.y;
+  if (!takes_row(mask, r)) return;  // (the whole cluster: its blocks share the row)
+  cg::cluster_group cluster = cg::this_cluster();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  // Slices of whole float4 groups when rows are 16-byte aligned.
+  const int unit = V % 4 == 0 ? 4 : 1;
+  const int units = V / unit, per = (units + splits - 1) / splits;
+  const int begin = std::min(units, rank * per) * unit, end = std::min(units, (rank + 1) * per) * unit;
+  const float* lg = logits + int64_t(r) * V;
+  float best = 0.0f;
+  int at = -1;
+  auto visit = [&](int v, float x) {
+    x += 0.0f;  // -0 -> +0, as sampling_math::penalised returns it
+    if (sm::order_key(x) != 0 && better(x, v, best, at)) best = x, at = v;
+  };
+  if (unit == 4) {
+    const float4* lg4 = reinterpret_cast<const float4*>(lg);
+#pragma unroll 4
+    for (int q = begin / 4 + int(threadIdx.x); q < end / 4; q += kGreedyThreads) {
+      const float4 l = lg4[q];
+      visit(4 * q, l.x), visit(4 * q + 1, l.y), visit(4 * q + 2, l.z), visit(4 * q + 3, l.w);
+    }
+  } else {
+    for (int v = begin + int(threadIdx.x); v < end; v += kGreedyThreads) visit(v, lg[v]);
+  }
+  for (int off = 16; off >= 1; off /= 2) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, at, off);
+    if (better(ov, oi, best, at)) best = ov, at = oi;
+  }
+  if (threadIdx.x % 32 == 0) best_f[threadIdx.x / 32] = best, best_i[threadIdx.x / 32] = at;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kGreedyThreads / 32; ++w)
+      if (better(best_f[w], best_i[w], best, at)) best = best_f[w], at = best_i[w];
+    cluster.map_shared_rank(cluster_f, 0)[rank] = best;
+    cluster.map_shared_rank(cluster_i, 0)[rank] = at;
+  }
+  cluster.sync();
+  if (rank == 0 && threadIdx.x == 0) {
+    best = cluster_f[0], at = cluster_i[0];
+    for (int b = 1; b < splits; ++b)
+      if (better(cluster_f[b], cluster_i[b], best, at)) best = cluster_f[b], at = cluster_i[b];
+    tokens[r] = at;
+  }
+}
+
+bool plain_greedy(const SamplingParams& p) {
+  return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
+         p.presence_penalty == 0.0f;
+}
+
+// More blocks per row when the rows are few: about two blocks per SM in all.
+int greedy_splits(int rows) { return std::clamp(264 / std::max(rows, 1), 1, kMaxGreedySplits); }
+
+cudaError_t launch_greedy(const float* logits, int rows, int V, uint64_t mask, int32_t* tokens,
+                          cudaStream_t stream) {
+  const int splits = greedy_splits(rows);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(splits), unsigned(rows));
+  cfg.blockDim = dim3(kGreedyThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(splits);
+  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, greedy_kernel, logits, V, mask, tokens);
+}
+
 }  // namespace
 
 size_t sampling_workspace_bytes(int rows, int vocab) {
-  return size_t(rows) * size_t(vocab) * (sizeof(float) + sizeof(int32_t));
+  return size_t(std::min(rows, kMaxRowsPerLaunch)) * size_t(vocab) * (sizeof(float) + sizeof(int32_t));
+}
+
+bool sampling_needs_workspace(const SamplingParams* params, int rows) {
+  return !std::all_of(params, params + rows, plain_greedy);
 }
 
 cudaError_t sample(const float* logits, int rows, int vocab, const SamplingParams* params,
                    const TokenHistory& history, void* workspace, size_t workspace_bytes,
                    int32_t* tokens, cudaStream_t stream) {
   TETRA_CHECK(rows >= 0 && vocab > 0, "sampling: rows=", rows, " vocab=", vocab);
-  const size_t need = sampling_workspace_bytes(rows, vocab);
-  TETRA_CHECK(workspace_bytes >= need && (need == 0 || workspace != nullptr),
-              "sampling: workspace ", workspace_bytes, " bytes, needs ", need);
-  if (rows == 0) return cudaSuccess;
-  float* x = static_cast<float*>(workspace);
-  int32_t* counts = reinterpret_cast<int32_t*>(x + size_t(rows) * vocab);
-  sample_kernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, history, x, counts, tokens);
-  return cudaGetLastError();
+  for (int r0 = 0; r0 < rows; r0 += kMaxRowsPerLaunch) {
+    const int n = std::min(kMaxRowsPerLaunch, rows - r0);
+    ChunkParams chunk{};
+    uint64_t greedy = 0;
+    for (int r = 0; r < n; ++r) {
+      chunk.row[r] = params[r0 + r];
+      if (plain_greedy(chunk.row[r])) greedy |= uint64_t(1) << r;
+    }
+    const uint64_t all = n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
+    const float* lg = logits + size_t(r0) * vocab;
+    if (greedy != 0) {
+      const cudaError_t e = launch_greedy(lg, n, vocab, greedy, tokens + r0, stream);
+      if (e != cudaSuccess) return e;
+    }
+    if (greedy == all) continue;
+    const size_t need = sampling_workspace_bytes(n, vocab);
+    TETRA_CHECK(workspace_bytes >= need && workspace != nullptr, "sampling: workspace ",
+                workspace_bytes, " bytes, needs ", need);
+    TokenHistory part = history;  // offsets index the whole token arrays: shift only them
+    if (part.prompt_offsets != nullptr) part.prompt_offsets += r0;
+    if (part.output_offsets != nullptr) part.output_offsets += r0;
+    float* x = static_cast<float*>(workspace);
+    int32_t* counts = reinterpret_cast<int32_t*>(x + size_t(n) * vocab);
+    sample_kernel<<<n, kThreads, 0, stream>>>(lg, vocab, chunk, all & ~greedy, part, x, counts,
+                                              tokens + r0);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace tetra::ops::cuda

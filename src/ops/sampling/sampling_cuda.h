@@ -1,7 +1,8 @@
 // CUDA twin of ops/sampling/sampling.h: the same steps and the same per-element math
 // (sampling_math.h), so it returns the same token ids as sample_cpu for the same inputs, greedy
-// and seeded alike. One block per row; top-k and top-p cuts by radix select on the order keys
-// (four 8-bit passes, exact: counts and integer top-p weights), no sort.
+// and seeded alike. Plain greedy rows: a cluster argmax; the others one block per row, with top-k
+// and top-p cuts by radix select on the order keys (four 8-bit passes, exact: counts and integer
+// top-p weights), no sort.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -12,12 +13,21 @@
 
 namespace tetra::ops::cuda {
 
-// Scratch: the processed logits and the history counts of every row, [rows, vocab] f32 + i32.
-size_t sampling_workspace_bytes(int rows, int vocab);
+// Rows per launch: their params travel by value as kernel parameters (4 KB), and the scratch of
+// a launch is bounded whatever the batch.
+constexpr int kMaxRowsPerLaunch = 64;
 
-// logits [rows, vocab] f32, params [rows] (device copies; validate them on the host with
-// check_sampling_params), history as in sample_cpu but device pointers (tokens outside the
-// vocab are ignored here, refused by the CPU twin) -> tokens [rows] int32.
+// Scratch of the rows that are not plain greedy: processed logits and history counts,
+// [min(rows, kMaxRowsPerLaunch), vocab] f32 + i32.
+size_t sampling_workspace_bytes(int rows, int vocab);
+// False when every row is greedy without penalties (they take the argmax kernel and no scratch).
+bool sampling_needs_workspace(const SamplingParams* params, int rows);
+
+// logits [rows, vocab] f32 on the device; params [rows] on the host (validate them with
+// check_sampling_params); history as in sample_cpu but device pointers, read only for rows with
+// penalties (tokens outside the vocab are ignored here, refused by the CPU twin) -> tokens [rows]
+// int32, device or mapped host memory. Greedy rows without penalties run a cluster argmax kernel
+// (several SMs per row when rows are few), the others one block per row.
 cudaError_t sample(const float* logits, int rows, int vocab, const SamplingParams* params,
                    const TokenHistory& history, void* workspace, size_t workspace_bytes,
                    int32_t* tokens, cudaStream_t stream);
