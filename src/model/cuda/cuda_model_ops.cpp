@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "model/cuda/cuda_moe_block.h"
 #include "model/cuda/device_mem.h"
+#include "model/cuda/device_sampler.h"
 #include "model/attention_shapes.h"
 #include "model/moe_layer_views.h"
 #include "model/cuda/split_decode_attention.h"
@@ -445,9 +446,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void sample(const ops::SamplingParams* params, const ops::TokenHistory& history,
               int32_t* tokens) override {
-    host_logits_.resize(size_t(R_) * c_.vocab_size);
-    read_logits(host_logits_.data());
-    ops::sample_cpu(host_logits_.data(), R_, int(c_.vocab_size), params, history, tokens);
+    sampler_.sample(logits_.as<float>(), R_, int(c_.vocab_size), params, history, tokens, stream_);
   }
   void set_all_reduce_hook(AllReduceHook hook) override { all_reduce_ = std::move(hook); }
   void all_reduce(Buf b) override {
@@ -760,7 +759,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   void* host_ = nullptr;  // StepArrays, pinned
   cudaEvent_t staged_ = nullptr;
   DeviceMem x_wgmma_;  // [max_tokens, widest NVFP4 input] bf16: x reordered for the wgmma kernel
-  std::vector<float> host_logits_;  // [R, vocab] for the CPU sampler
+  DeviceSampler sampler_;  // the step's tokens from logits_, on the device
   size_t weight_bytes_ = 0, moe_bytes_ = 0;
   bool split_decode_ = false;        // decode attention by split_decode_attention.h
   bool rope_in_attention_ = false;   // and the step's RoPE + KV write inside it (DecodeRope)
