@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <iomanip>
 #include <map>
 #include <optional>
 #include <random>
@@ -23,6 +24,7 @@
 #include "model/model.h"
 #include "model/parallel/parallel_model_ops.h"
 #include "moe/moe_layer.h"
+#include "ops/sampling/sampling.h"
 #include "perf/block_stamps.h"
 #include "perf/gpu_spec.h"
 #include "perf/roofline.h"
@@ -125,7 +127,7 @@ class TimedOps final : public model::ModelOps {
   void logits(Buf i) override { timed("lm_head", [&] { in_.logits(i); }); }
   void read_logits(float* o) override { in_.read_logits(o); }
   void sample(const ops::SamplingParams* p, const ops::TokenHistory& h, int32_t* t) override {
-    in_.sample(p, h, t);
+    timed("sampling", [&] { in_.sample(p, h, t); });
   }
   void copy_kv_blocks(const std::vector<runtime::BlockCopy>& c) override { in_.copy_kv_blocks(c); }
 
@@ -345,9 +347,16 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
   r.ep = o.ep;
   std::mt19937 rng(uint32_t(o.seed));
   using clock = std::chrono::steady_clock;
+  // A timed step is what the runtime runs per token: the forward, then greedy sampling of its
+  // logit rows on the GPU with the tokens copied to the host.
+  std::vector<ops::SamplingParams> greedy;
+  std::vector<int32_t> sampled;
   auto timed_forward = [&](model::ModelOps& m, const model::StepBatch& st) {
+    greedy.assign(st.logit_rows.size(), ops::SamplingParams{.temperature = 0.0f});
+    sampled.resize(st.logit_rows.size());
     const auto t0 = clock::now();
     model::run_forward(m, w, st);
+    m.sample(greedy.data(), ops::TokenHistory{}, sampled.data());
     ops->synchronize();  // every GPU's stream
     return std::chrono::duration<double, std::micro>(clock::now() - t0).count();
   };
@@ -370,7 +379,11 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
 
   // Stamps need their buffer before the first decode graph is captured (launches keep it).
   if (!o.block_stamps_path.empty()) perf::enable_block_stamps();
-  const GpuSpec gpu = gpu_spec("h200");
+  // The floor's bandwidth: this GPU's table row (measured on the H200), else the driver's figure.
+  const std::optional<GpuSpec> gpu = detect_local_gpu();
+  TETRA_CHECK(gpu.has_value(), "tetra bench decode: no CUDA GPU detected");
+  r.bandwidth_bytes_per_s = o.bandwidth > 0 ? o.bandwidth : gpu->bandwidth_bytes_per_s;
+  r.bandwidth_source = o.bandwidth > 0 ? "given" : gpu->sources.bandwidth;
   for (int C : o.contexts)
     for (int B : o.batches) {
       const model::StepBatch st = decode_step(B, C, lim.kv_block_size, mb_decode,
@@ -397,7 +410,7 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
       ro.bandwidth_bytes_per_s = o.bandwidth;
       ro.tp = o.tp;
       ro.ep = o.ep;
-      const DecodeRoofline f = decode_roofline(c, quant, gpu, ro);
+      const DecodeRoofline f = decode_roofline(c, quant, *gpu, ro);
       row.floor_us = f.memory_seconds * 1e6;
       row.floor_bytes = f.memory_bytes;
       row.unique_experts_per_layer = f.unique_experts_per_layer;
@@ -426,10 +439,7 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
         copt.graphs = false;
         ops->set_options(copt);
         TimedOps timed(*ops, stream);
-        const auto t0 = clock::now();
-        model::run_forward(timed, w, st);
-        ops->synchronize();
-        row.eager_us = std::chrono::duration<double, std::micro>(clock::now() - t0).count();
+        row.eager_us = timed_forward(timed, st);
         row.ops = timed.results();
         copt.graphs = o.graphs;
         ops->set_options(copt);
@@ -449,7 +459,10 @@ std::string decode_bench_markdown(const DecodeBenchReport& r) {
      << "- date " << r.date << ", commit " << r.commit << ", GPU " << r.gpu << "\n"
      << "- command: `" << r.command_line << "`\n"
      << "- weights on the GPU" << (r.tp * r.ep > 1 ? "s (all together)" : "") << ": " << r.weight_gb
-     << " GB\n";
+     << " GB\n"
+     << "- a step: the forward, greedy sampling on the GPU, the tokens on the host; floor at "
+     << std::setprecision(2) << r.bandwidth_bytes_per_s / 1e12 << std::setprecision(1)
+     << " TB/s (" << r.bandwidth_source << ")\n";
   if (r.prefill_tokens > 0)
     os << "- prefill of " << r.prefill_tokens << " tokens (one sequence): " << r.prefill_us / 1e3
        << " ms = " << r.prefill_tokens_per_s << " tokens/s\n";
@@ -490,6 +503,8 @@ nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
   j["date"] = r.date;
   j["command"] = r.command_line;
   j["weight_gb"] = r.weight_gb;
+  j["floor_bandwidth_bytes_per_s"] = r.bandwidth_bytes_per_s;
+  j["floor_bandwidth_source"] = r.bandwidth_source;
   j["tp"] = r.tp;
   j["ep"] = r.ep;
   j["prefill"] = {{"tokens", r.prefill_tokens}, {"us", r.prefill_us},

@@ -5,10 +5,12 @@
 // Method: one backend prepared for the largest batch and context asked for. A decode step at
 // context C: every sequence has C tokens in its KV cache (cache contents are whatever is there:
 // the bytes read and the work are the same as for real ones) and decodes one more. Steps are
-// replayed as CUDA graphs (the runtime's normal path); each timed step is forward + stream sync,
-// wall clock, after warm-up; median and p90 over --iters steps. Prefill: one sequence of
+// replayed as CUDA graphs (the runtime's normal path); each timed step is the forward, greedy
+// sampling of its rows on the GPU and the tokens' copy to the host (what the runtime runs per
+// token), wall clock, after warm-up; median and p90 over --iters steps. Prefill: one sequence of
 // --prefill-tokens tokens, median of 3. Floor: perf/roofline.h's decode floor (active weight bytes
-// incl. unique experts at that batch + KV read + lm_head) at the measured 4.46 TB/s (DEVICE.md);
+// incl. unique experts at that batch + KV read + lm_head) at the GPU's bandwidth from the GPU
+// table (perf/gpu_spec.h: on the H200 the measured 4.46 TB/s of DEVICE.md);
 // efficiency = floor / measured. Per-op times: one eager step with CUDA events around each op.
 // tp/ep > 1: the model is split over max(tp, ep) GPUs (model/parallel/parallel_model_ops.h), each
 // GPU's share of the random weights built on it; the floor is roofline's per-GPU HBM floor at that
@@ -48,7 +50,7 @@ struct DecodeBenchOptions {
   std::string block_stamps_path;  // non-empty: per-block stamps of one step per row to
                                   // PATH.b<batch>.c<context>.bin (perf/block_stamps.h, one GPU)
   uint64_t seed = 1;
-  double bandwidth = 4.46e12;     // bytes/s, DEVICE.md's measured HBM read
+  double bandwidth = 0;           // bytes/s for the floor; 0: the detected GPU's (perf/gpu_spec.h)
   int tp = 1, ep = 1;             // tensor / expert parallel: GPUs 0 .. max(tp, ep) - 1
   std::string command_line;
 };
@@ -75,6 +77,8 @@ struct DecodeBenchRow {
 struct DecodeBenchReport {
   std::string preset;  // preset name, or the checkpoint directory
   std::string gpu, commit, date, command_line;
+  double bandwidth_bytes_per_s = 0;  // the floor's
+  std::string bandwidth_source;      // where that figure comes from
   ModelConfig config;
   bool nvfp4 = true;
   double weight_gb = 0;  // all GPUs together
