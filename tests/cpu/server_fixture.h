@@ -1,5 +1,5 @@
-// Shared pieces of the server tests: a tiny GLM-4.5-Air-shaped NVFP4 model with a 512-id
-// tokenizer.json made from the GLM-style test tokenizer, and small HTTP/JSON helpers.
+// Shared pieces of the server tests: a tiny GLM-4.5-Air-shaped NVFP4 model, with or without
+// a tokenizer.json (tokenizer_fixture.h), and small HTTP/JSON helpers.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -10,40 +10,13 @@
 #include <string>
 
 #include "model_fixture.h"
+#include "tokenizer_fixture.h"
 #include "server/http_client.h"
 
 namespace tetra::test {
 
 // The tiny model without a tokenizer (made once per binary).
 inline std::filesystem::path server_model_plain() { return tiny_model("tiny-glm4.5-air", "nvfp4"); }
-
-// The same weights plus tokenizer.json: the GLM-style test tokenizer, extended with
-// <|system|>/<|assistant|> specials and plain added tokens up to the model's 512 ids, so every
-// id the model can draw decodes to text.
-inline std::filesystem::path server_model_with_tokenizer() {
-  static TempDir root("server-model");
-  static std::filesystem::path dir;
-  if (!dir.empty()) return dir;
-  const std::filesystem::path src = server_model_plain();
-  dir = root.path() / "tiny-glm-chat";
-  std::filesystem::create_directories(dir);
-  for (const auto& e : std::filesystem::directory_iterator(src))
-    std::filesystem::create_symlink(e.path(), dir / e.path().filename());
-  std::ifstream in(std::filesystem::path(TETRA_TEST_DATA_DIR) / "tokenizers" / "glm4_style.json");
-  nlohmann::json tok = nlohmann::json::parse(in);
-  int next = 0;
-  for (const auto& a : tok["added_tokens"]) next = std::max(next, a["id"].get<int>() + 1);
-  auto add = [&](const std::string& content, bool special) {
-    tok["added_tokens"].push_back({{"id", next++}, {"content", content}, {"single_word", false},
-                                   {"lstrip", false}, {"rstrip", false}, {"normalized", false},
-                                   {"special", special}});
-  };
-  add("<|system|>", true);
-  add("<|assistant|>", true);
-  while (next < 512) add("<w" + std::to_string(next) + ">", false);
-  std::ofstream(dir / "tokenizer.json") << tok.dump();
-  return dir;
-}
 
 inline nlohmann::json parse_json(const std::string& s) {
   return nlohmann::json::parse(s, nullptr, false);

@@ -38,9 +38,9 @@ server::ServerOptions options(const std::filesystem::path& dir, int max_running,
 class Server : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    srv_ = new server::Server(options(test::server_model_with_tokenizer(), 4, 64));
+    srv_ = new server::Server(options(test::tiny_model_with_tokenizer(), 4, 64));
     port_ = srv_->start("127.0.0.1", 0);
-    tok_ = new tok::Tokenizer(tok::Tokenizer::from_file(test::server_model_with_tokenizer() / "tokenizer.json"));
+    tok_ = new tok::Tokenizer(tok::Tokenizer::from_file(test::tiny_model_with_tokenizer() / "tokenizer.json"));
   }
   static void TearDownTestSuite() {
     delete srv_;
