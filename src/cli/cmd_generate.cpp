@@ -1,26 +1,81 @@
-// `tetra generate`: one prompt (token ids) through the engine. Streams the generated ids as
-// they come, then a timing summary. Greedy unless --temperature > 0.
+// `tetra generate`: one prompt through the engine, given as text (--prompt, encoded with the
+// checkpoint's tokenizer.json) or as token ids (--prompt-ids). Streams what it generates as it
+// comes, as text or as ids (--output; by default the prompt's form), then a timing summary.
+// Greedy unless --temperature > 0.
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "cli/commands.h"
 #include "cli/token_ids.h"
 #include "core/error.h"
 #include "runtime/engine.h"
+#include "tokenizer/stream_decoder.h"
+#include "tokenizer/tokenizer.h"
 
 namespace tetra::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model_dir, prompt_ids, stop_ids, backend = "auto", moe_backend = "auto";
+  std::string model_dir, prompt_text, prompt_ids, stop_ids, backend = "auto", moe_backend = "auto";
+  std::string output = "auto";  // auto (the prompt's form), text or ids
+  bool has_prompt_text = false;  // --prompt "" counts as given
   int max_new_tokens = 16;
   int tp = 1, ep = 1;  // tensor / expert parallel GPUs
   ops::SamplingParams sampling;
 };
 
+// The checkpoint's tokenizer; when it is missing, the error names the flag that needs it and
+// what to do instead.
+tok::Tokenizer model_tokenizer(const std::filesystem::path& dir, const char* need,
+                               const char* instead) {
+  const std::filesystem::path file = dir / "tokenizer.json";
+  if (!std::filesystem::exists(file))
+    TETRA_FAIL(need, " needs the checkpoint's tokenizer, and ", file.string(), " does not exist; ",
+               instead);
+  return tok::Tokenizer::from_file(file);
+}
+
+// Prints each generated token as it comes: its id, or its text once the text is whole.
+class TokenPrinter {
+ public:
+  explicit TokenPrinter(const tok::Tokenizer* text) {
+    if (text) decoder_.emplace(*text, /*skip_special_tokens=*/true);  // as vLLM and `serve` do
+  }
+  void token(int32_t id) {
+    if (!decoder_) {
+      std::printf("%d ", id);
+    } else {
+      try {
+        std::fputs(decoder_->push(id).c_str(), stdout);
+      } catch (const Error&) {
+        // An id the tokenizer lacks (vocabularies are padded past the tokenizer): no text.
+      }
+    }
+    std::fflush(stdout);
+  }
+  void finish() {
+    if (decoder_) std::fputs(decoder_->finish().c_str(), stdout);
+  }
+
+ private:
+  std::optional<tok::StreamDecoder> decoder_;
+};
+
 void run_generate(const GenerateOptions& o) {
-  const std::vector<int32_t> prompt = parse_token_ids(o.prompt_ids, "--prompt-ids");
+  const bool text_in = o.has_prompt_text;
+  const bool text_out = o.output == "text" || (o.output == "auto" && text_in);
+  std::optional<tok::Tokenizer> tokenizer;
+  if (text_in)
+    tokenizer = model_tokenizer(o.model_dir, "--prompt",
+                                "give the prompt as token ids with --prompt-ids 1,2,3 instead");
+  else if (text_out)
+    tokenizer = model_tokenizer(o.model_dir, "--output text", "use --output ids");
+  const std::vector<int32_t> prompt =
+      text_in ? tokenizer->encode(o.prompt_text) : parse_token_ids(o.prompt_ids, "--prompt-ids");
+  if (prompt.empty()) TETRA_FAIL("--prompt encodes to no tokens; give some text");
   const std::vector<int32_t> stop =
       o.stop_ids.empty() ? std::vector<int32_t>{} : parse_token_ids(o.stop_ids, "--stop-ids");
   if (o.max_new_tokens < 1) TETRA_FAIL("--max-new-tokens must be at least 1");
@@ -37,12 +92,10 @@ void run_generate(const GenerateOptions& o) {
   eo.max_context = int(context);
   auto engine = runtime::Engine::load(o.model_dir, eo);
   const int64_t id = engine->add_request(prompt, o.sampling, o.max_new_tokens, stop);
-  while (engine->has_work()) {
-    for (const runtime::TokenEvent& ev : engine->step()) {
-      std::printf("%d ", ev.token);
-      std::fflush(stdout);
-    }
-  }
+  TokenPrinter printer(text_out ? &*tokenizer : nullptr);
+  while (engine->has_work())
+    for (const runtime::TokenEvent& ev : engine->step()) printer.token(ev.token);
+  printer.finish();
   const runtime::EngineStats& s = engine->stats();
   std::printf("\nfinish: %s, %zu tokens, backend %s\n",
               runtime::finish_reason_name(engine->request(id).finish),
@@ -58,10 +111,21 @@ void run_generate(const GenerateOptions& o) {
 static void add_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   o->sampling.temperature = 0.0f;
-  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens from a prompt of token ids");
+  CLI::App* cmd = app.add_subcommand(
+      "generate", "Generate from a prompt given as text (with the checkpoint's tokenizer.json) or "
+                  "as token ids");
   cmd->add_option("--model", o->model_dir, "checkpoint directory")->required();
-  cmd->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, comma-separated (e.g. 1,2,3)")
-      ->required();
+  CLI::Option_group* prompt = cmd->add_option_group("prompt", "as text or as token ids");
+  prompt->add_option("--prompt", o->prompt_text,
+                     "prompt text, encoded with the model directory's tokenizer.json")
+      ->each([o](const std::string&) { o->has_prompt_text = true; });
+  prompt->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, comma-separated (e.g. 1,2,3)");
+  prompt->require_option(1);
+  cmd->add_option("--output", o->output,
+                  "how generated tokens are shown: auto (text for --prompt, ids for "
+                  "--prompt-ids), text (needs tokenizer.json) or ids")
+      ->check(CLI::IsMember({"auto", "text", "ids"}))
+      ->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--stop-ids", o->stop_ids, "token ids that end generation, comma-separated");
   cmd->add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();

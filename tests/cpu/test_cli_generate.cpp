@@ -1,5 +1,6 @@
 // `tetra generate`, `tetra logits` and `tetra demo` through the real binary: output agrees with
-// the library engine, stop ids, and one clear error line for bad input.
+// the library engine (as ids, or as text through the model's tokenizer.json), stop ids, and one
+// clear error line for bad input.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -9,6 +10,8 @@
 
 #include "model_fixture.h"
 #include "runtime/engine.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer_fixture.h"
 
 namespace tetra {
 namespace {
@@ -58,6 +61,57 @@ TEST(CliGenerate, StopIdsEndGeneration) {
   EXPECT_EQ(got.back(), stop);
   EXPECT_LE(got.size(), 3u);
   EXPECT_NE(r.output.find("finish: stop"), std::string::npos) << r.output;
+}
+
+// --prompt TEXT: encoded with the checkpoint's tokenizer.json; the generated tokens stream as
+// text (special tokens left out, as serve and vLLM do), or as ids with --output ids.
+TEST(CliGenerate, TextPromptIsEncodedAndTheTokensStreamAsText) {
+  const auto dir = test::tiny_model_with_tokenizer();
+  const tok::Tokenizer t = tok::Tokenizer::from_file(dir / "tokenizer.json");
+  const std::vector<int32_t> prompt = t.encode("hello world");
+  const std::vector<int32_t> want = engine_greedy(dir, prompt, 6);
+  const std::string want_text = t.decode(want, /*skip_special_tokens=*/true);
+  ASSERT_FALSE(want_text.empty());
+  const std::string gen = "generate --model " + dir.string() + " --max-new-tokens 6 ";
+
+  const auto text = run_tetra(gen + "--prompt 'hello world'");
+  ASSERT_EQ(text.code, 0) << text.output;
+  const size_t end = text.output.find("\nfinish: length, 6 tokens");
+  ASSERT_NE(end, std::string::npos) << text.output;
+  EXPECT_EQ(text.output.substr(0, end), want_text);
+  EXPECT_NE(text.output.find("prefill: " + std::to_string(prompt.size()) + " tokens"),
+            std::string::npos) << text.output;
+
+  const auto ids = run_tetra(gen + "--prompt 'hello world' --output ids");
+  ASSERT_EQ(ids.code, 0) << ids.output;
+  EXPECT_EQ(first_line_ids(ids.output), want);
+
+  std::string prompt_ids;
+  for (int32_t id : prompt) prompt_ids += (prompt_ids.empty() ? "" : ",") + std::to_string(id);
+  const auto from_ids = run_tetra(gen + "--prompt-ids " + prompt_ids + " --output text");
+  ASSERT_EQ(from_ids.code, 0) << from_ids.output;
+  EXPECT_EQ(from_ids.output.substr(0, from_ids.output.find("\nfinish: ")), want_text);
+}
+
+TEST(CliGenerate, TextNeedsTheTokenizerAndExactlyOnePrompt) {
+  const std::string plain = "generate --model " + tiny_model("tiny-glm4.5-air", "nvfp4").string();
+  const auto no_tok = run_tetra(plain + " --prompt hello");
+  EXPECT_EQ(no_tok.code, 1) << no_tok.output;
+  EXPECT_NE(no_tok.output.find("tokenizer.json does not exist"), std::string::npos) << no_tok.output;
+  EXPECT_NE(no_tok.output.find("--prompt-ids"), std::string::npos) << no_tok.output;
+  const auto no_tok_out = run_tetra(plain + " --prompt-ids 1,2 --output text");
+  EXPECT_EQ(no_tok_out.code, 1) << no_tok_out.output;
+  EXPECT_NE(no_tok_out.output.find("--output ids"), std::string::npos) << no_tok_out.output;
+
+  const std::string with_tok = "generate --model " + test::tiny_model_with_tokenizer().string();
+  for (const std::string& args : {with_tok, with_tok + " --prompt hi --prompt-ids 1,2"}) {
+    const auto r = run_tetra(args);
+    EXPECT_GE(r.code, 100) << args << "\n" << r.output;  // a malformed command line
+    EXPECT_NE(r.output.find("Exactly 1 option from [--prompt,--prompt-ids]"), std::string::npos)
+        << r.output;
+  }
+  const auto bad_output = run_tetra(with_tok + " --prompt hi --output words");
+  EXPECT_GE(bad_output.code, 100) << bad_output.output;
 }
 
 TEST(CliGenerate, BadInputGivesOneClearLine) {
