@@ -1,8 +1,9 @@
 // `tetra roofline`: the theoretical per-token decode time of a model on a GPU and its parts
 // (weights by kind, KV read, lm_head, communication), from perf/roofline.h.
 //
-// Exit codes: 0 printed; 1 bad input (unknown preset/GPU/quant, tp not dividing the heads, ...);
-//             CLI11's own codes (>= 100) for malformed command lines.
+// Exit codes: 0 printed; 1 bad input (unknown preset/GPU/quant, a tp/ep split `tetra check`
+//             refuses, with its reasons, ...); CLI11's own codes (>= 100) for malformed command
+//             lines.
 //
 // DESIGN.md's "~3.2 ms floor" for GLM-5 NVFP4 on Blackwell workstations: ~40B active params at
 // 0.5625 B = 22.5 GB over four RTX PRO 6000 (4 x 1.792 TB/s) is 3.14 ms. Counted exactly
@@ -13,6 +14,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "dist/sharding_plan.h"
 #include "format/presets.h"
 #include "format/model_config.h"
 #include "format/quant_config.h"
@@ -44,6 +46,14 @@ void run_roofline(const RooflineCliOptions& o) {
   } else {
     cfg = preset_config(o.preset);
     quant = preset_quant(o.quant, "tetra roofline --preset");
+  }
+  // The split rules `tetra check` lists (dist/sharding_plan.h), so a floor is only printed for
+  // a split the model can run at.
+  const std::vector<std::string> problems = dist::sharding_problems(cfg, quant, ParallelPlan{o.tp, o.ep});
+  if (!problems.empty()) {
+    std::string why;
+    for (const std::string& p : problems) why += (why.empty() ? "" : "; ") + p;
+    TETRA_FAIL("tp=", o.tp, " ep=", o.ep, " cannot split this model: ", why);
   }
   const std::optional<GpuSpec> gpu = resolve_gpu(o.gpu);
   if (!gpu) {

@@ -1,6 +1,6 @@
 // The decode roofline: bytes per part for small hand-made configs, counted here by hand from the
 // tensor shapes (not through model_size), the unique-expert formula, KV read, communication,
-// errors, the JSON shape and the CLI's exit codes.
+// errors, the JSON shape, and the CLI's exit codes and split refusals.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -286,4 +286,26 @@ TEST(RooflineCli, TableJsonAndExitCodes) {
     if (part["name"] == "lm_head") EXPECT_DOUBLE_EQ(part["bytes"].get<double>(), 100.0 * 64 * 2);
   auto bad_flag = test::run_tetra("roofline --preset glm5 --gpu h200 --batch x");
   EXPECT_GE(bad_flag.code, 100) << bad_flag.output;
+}
+
+// A split `tetra check` lists problems for gets no floor: roofline exits 1 with check's reasons
+// (divisibility, and NVFP4 scale blocks cut by a row split: tp 16 cuts 1408 into slices of 88).
+TEST(RooflineCli, RefusesTheSplitsCheckRefusesWithItsReasons) {
+  for (const std::string split : {"--tp 3", "--ep 3", "--tp 16"}) {
+    const std::string args = " --preset glm4.5-air --gpu h200 " + split;
+    const auto check = test::run_tetra("check" + args + " --json");
+    ASSERT_EQ(check.code, 3) << split << "\n" << check.output;
+    const json problems = json::parse(check.output)["parallel"]["problems"];
+    ASSERT_FALSE(problems.empty()) << split;
+    const auto roof = test::run_tetra("roofline" + args);
+    EXPECT_EQ(roof.code, 1) << split << "\n" << roof.output;
+    EXPECT_EQ(roof.output.find("per-token floor"), std::string::npos) << roof.output;
+    for (const json& p : problems)
+      EXPECT_NE(roof.output.find(p.get<std::string>()), std::string::npos)
+          << split << ": " << p << "\n" << roof.output;
+  }
+  // BF16 weights have no scale blocks to cut: check and roofline both take tp 16.
+  const std::string bf16 = " --preset glm4.5-air --quant bf16 --gpu h200 --tp 16";
+  EXPECT_TRUE(json::parse(test::run_tetra("check" + bf16 + " --json").output)["parallel"]["problems"].empty());
+  EXPECT_EQ(test::run_tetra("roofline" + bf16).code, 0);
 }
