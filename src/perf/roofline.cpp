@@ -168,10 +168,13 @@ DecodeRoofline decode_roofline(const ModelConfig& c, const QuantConfig& quant, c
 
   // Communication. Hidden states travel as BF16: [tokens, hidden] * 2 bytes.
   const double hidden_bytes = double(seqs) * double(c.hidden_size) * 2.0;
-  auto add_comm = [&](std::string name, double bytes, double seconds, std::string formula) {
-    r.parts.push_back({std::move(name), true, bytes, seconds, std::move(formula)});
+  auto add_comm = [&](std::string name, double bytes, double seconds, std::string formula,
+                      int64_t layers) {
+    r.parts.push_back({std::move(name), true, bytes, seconds, std::move(formula), layers});
     r.comm_bytes += bytes;
     r.comm_seconds += seconds;
+    r.comm_bytes_per_layer += r.parts.back().bytes_per_layer();
+    r.comm_seconds_per_layer += r.parts.back().seconds_per_layer();
   };
   if (tp > 1) {
     // Row-parallel o_proj and down_proj (or the MoE combine) each end in one all-reduce.
@@ -179,7 +182,8 @@ DecodeRoofline decode_roofline(const ModelConfig& c, const QuantConfig& quant, c
     add_comm("tp_allreduce", calls * 2.0 * (tp - 1) / tp * hidden_bytes,
              calls * allreduce_seconds(hidden_bytes, tp, used),
              "2 per layer: ring all-reduce of seqs * hidden * 2 B over tp: 2 (tp-1)/tp * bytes / "
-             "link + latency");
+             "link + latency",
+             c.num_layers);
   }
   if (dp > 1 && c.n_routed_experts > 0) {
     // Data-parallel attention feeding expert-parallel MoE: each token goes to the other GPUs
@@ -189,11 +193,12 @@ DecodeRoofline decode_roofline(const ModelConfig& c, const QuantConfig& quant, c
     const double ep = double(o.ep), k = double(c.num_experts_per_tok);
     const double remote_gpus = (ep - 1.0) * (1.0 - std::pow(1.0 - 1.0 / ep, k));
     const double sent = hidden_bytes / tp * remote_gpus;  // one direction, one all-to-all
-    const double layers = double(c.num_moe_layers());
+    const int64_t layers = c.num_moe_layers();
     const double seconds_each = sent / used.bytes_per_s + used.latency_s;
-    add_comm("ep_dispatch_combine", 2.0 * layers * sent, 2.0 * layers * seconds_each,
+    add_comm("ep_dispatch_combine", 2.0 * double(layers) * sent, 2.0 * double(layers) * seconds_each,
              "2 all-to-alls per MoE layer: seqs/tp * hidden * 2 B * (ep-1)(1-(1-1/ep)^k) remote "
-             "GPUs / link + latency");
+             "GPUs / link + latency",
+             layers);
   }
   r.step_seconds = r.memory_seconds + r.comm_seconds;
   return r;
@@ -215,18 +220,27 @@ nlohmann::json decode_roofline_to_json(const DecodeRoofline& r) {
   j["kv_element_bytes"] = o.kv_element_bytes;
   j["unique_experts_per_layer"] = r.unique_experts_per_layer;
   nlohmann::json parts = nlohmann::json::array();
-  for (const RooflinePart& p : r.parts)
-    parts.push_back({{"name", p.name},
-                     {"kind", p.communication ? "communication" : "memory"},
-                     {"bytes", p.bytes},
-                     {"seconds", p.seconds},
-                     {"share", r.step_seconds > 0 ? p.seconds / r.step_seconds : 0.0},
-                     {"formula", p.formula}});
+  for (const RooflinePart& p : r.parts) {
+    nlohmann::json part = {{"name", p.name},
+                           {"kind", p.communication ? "communication" : "memory"},
+                           {"bytes", p.bytes},
+                           {"seconds", p.seconds},
+                           {"share", r.step_seconds > 0 ? p.seconds / r.step_seconds : 0.0},
+                           {"formula", p.formula}};
+    if (p.communication) {
+      part["layers"] = p.layers;
+      part["bytes_per_layer"] = p.bytes_per_layer();
+      part["seconds_per_layer"] = p.seconds_per_layer();
+    }
+    parts.push_back(std::move(part));
+  }
   j["parts"] = parts;
   j["memory_bytes"] = r.memory_bytes;
   j["memory_seconds"] = r.memory_seconds;
   j["comm_bytes"] = r.comm_bytes;
   j["comm_seconds"] = r.comm_seconds;
+  j["comm_bytes_per_layer"] = r.comm_bytes_per_layer;
+  j["comm_seconds_per_layer"] = r.comm_seconds_per_layer;
   j["step_seconds"] = r.step_seconds;
   j["per_token_seconds"] = r.step_seconds;
   j["tokens_per_s"] = r.tokens_per_s();
@@ -252,9 +266,16 @@ std::string decode_roofline_table(const DecodeRoofline& r) {
   std::snprintf(line, sizeof line, "%-22s %16s %12s %8s\n", "part", "bytes/GPU", "us", "%");
   os << line;
   for (const RooflinePart& p : r.parts) {
-    std::snprintf(line, sizeof line, "%-22s %16.0f %12.2f %7.1f%%\n", p.name.c_str(), p.bytes,
+    std::snprintf(line, sizeof line, "%-22s %16.0f %12.2f %7.1f%%", p.name.c_str(), p.bytes,
                   p.seconds * 1e6, r.step_seconds > 0 ? 100.0 * p.seconds / r.step_seconds : 0.0);
     os << line;
+    if (p.communication) {
+      std::snprintf(line, sizeof line, "  per layer %.0f B, %.2f us (%lld layers)",
+                    p.bytes_per_layer(), p.seconds_per_layer() * 1e6,
+                    static_cast<long long>(p.layers));
+      os << line;
+    }
+    os << "\n";
   }
   std::snprintf(line, sizeof line, "%-22s %16.0f %12.2f\n", "memory total", r.memory_bytes,
                 r.memory_seconds * 1e6);
@@ -262,6 +283,9 @@ std::string decode_roofline_table(const DecodeRoofline& r) {
   if (r.comm_seconds > 0) {
     std::snprintf(line, sizeof line, "%-22s %16.0f %12.2f\n", "communication total", r.comm_bytes,
                   r.comm_seconds * 1e6);
+    os << line;
+    std::snprintf(line, sizeof line, "%-22s %16.0f %12.2f  (a layer with every collective)\n",
+                  "communication/layer", r.comm_bytes_per_layer, r.comm_seconds_per_layer * 1e6);
     os << line;
   }
   std::snprintf(line, sizeof line,

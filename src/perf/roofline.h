@@ -53,6 +53,9 @@ struct RooflinePart {
   double bytes = 0;     // per GPU per decode step
   double seconds = 0;
   std::string formula;  // how the bytes were counted (printed with --json)
+  int64_t layers = 0;   // communication: the layers it happens in, the same in each; 0 for memory
+  double bytes_per_layer() const { return layers > 0 ? bytes / double(layers) : 0; }
+  double seconds_per_layer() const { return layers > 0 ? seconds / double(layers) : 0; }
 };
 
 struct DecodeRoofline {
@@ -64,6 +67,9 @@ struct DecodeRoofline {
   std::vector<RooflinePart> parts;      // memory parts first, then communication
   double memory_bytes = 0, memory_seconds = 0;
   double comm_bytes = 0, comm_seconds = 0;
+  // One layer that has every collective (a MoE layer when experts are exchanged): the sum of
+  // the communication parts' per-layer figures.
+  double comm_bytes_per_layer = 0, comm_seconds_per_layer = 0;
   double step_seconds = 0;  // = per-token latency
   double tokens_per_s() const { return step_seconds > 0 ? double(options.batch) / step_seconds : 0; }
 };
@@ -83,7 +89,8 @@ double kv_read_bytes_per_sequence(const ModelConfig&, int tp, int64_t context,
                                   double kv_element_bytes);
 
 nlohmann::json decode_roofline_to_json(const DecodeRoofline&);
-// The human table: part, bytes, microseconds, share of the step; then total and tokens/s.
+// The human table: part, bytes, microseconds, share of the step (communication parts also per
+// layer); then the totals, communication per layer, and tokens/s.
 std::string decode_roofline_table(const DecodeRoofline&);
 
 }  // namespace tetra

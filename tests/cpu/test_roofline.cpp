@@ -1,6 +1,6 @@
 // The decode roofline: bytes per part for small hand-made configs, counted here by hand from the
-// tensor shapes (not through model_size), the unique-expert formula, KV read, communication,
-// errors, the JSON shape, and the CLI's exit codes and split refusals.
+// tensor shapes (not through model_size), the unique-expert formula, KV read, communication (in
+// total and per layer), errors, the JSON shape, and the CLI's exit codes and split refusals.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -133,6 +133,34 @@ TEST(Roofline, TensorParallelSplitsAndAddsAllReduces) {
   EXPECT_NEAR(p["tp_allreduce"].seconds, 4 * (384.0 / 1e11 + 5e-6), 1e-15);
   EXPECT_EQ(p.count("ep_dispatch_combine"), 0u);  // tp == world: every GPU has every token
   EXPECT_NEAR(r.step_seconds, r.memory_bytes / 1e12 + p["tp_allreduce"].seconds, 1e-15);
+  // Per layer: its two all-reduces.
+  EXPECT_EQ(p["tp_allreduce"].layers, 2);
+  EXPECT_DOUBLE_EQ(p["tp_allreduce"].bytes_per_layer(), 2 * 384.0);
+  EXPECT_NEAR(p["tp_allreduce"].seconds_per_layer(), 2 * (384.0 / 1e11 + 5e-6), 1e-15);
+  EXPECT_DOUBLE_EQ(r.comm_seconds_per_layer, p["tp_allreduce"].seconds_per_layer());
+  EXPECT_EQ(p["attention"].layers, 0);  // memory parts have no per-layer figure
+}
+
+TEST(Roofline, CommunicationPerLayerAddsEveryCollectiveOfOneLayer) {
+  QuantConfig none;
+  // tp 2 inside ep 4: 2 attention groups of 2 GPUs, batch 4 -> 2 sequences per GPU.
+  const DecodeRoofline r = decode_roofline(small_qwen(), none, round_gpu(), opts(2, 4, 4, 0));
+  auto p = by_name(r);
+  ASSERT_EQ(p.count("tp_allreduce"), 1u);
+  ASSERT_EQ(p.count("ep_dispatch_combine"), 1u);
+  // 2 tokens * 64 * 2 B = 256 B per all-reduce, two per layer, ring over 2.
+  EXPECT_NEAR(p["tp_allreduce"].seconds_per_layer(), 2 * (256.0 / 1e11 + 5e-6), 1e-15);
+  // Each token reaches 3 * (1 - (3/4)^2) = 1.3125 other GPUs with its half (tp 2) of 128 B;
+  // dispatch and combine per MoE layer.
+  const double sent = 2 * 64.0 * 1.3125;
+  EXPECT_EQ(p["ep_dispatch_combine"].layers, 2);
+  EXPECT_NEAR(p["ep_dispatch_combine"].bytes_per_layer(), 2 * sent, 1e-9);
+  EXPECT_NEAR(p["ep_dispatch_combine"].seconds_per_layer(), 2 * (sent / 1e11 + 5e-6), 1e-15);
+  EXPECT_NEAR(r.comm_seconds_per_layer,
+              p["tp_allreduce"].seconds_per_layer() + p["ep_dispatch_combine"].seconds_per_layer(),
+              1e-15);
+  EXPECT_NEAR(r.comm_bytes_per_layer, 2 * 2 * (1.0 / 2) * 256 + 2 * sent, 1e-9);
+  EXPECT_NEAR(r.comm_seconds, 2 * r.comm_seconds_per_layer, 1e-15);  // both layers are MoE
 }
 
 TEST(Roofline, ExpertParallelWithDataParallelAttention) {
@@ -244,12 +272,24 @@ TEST(Roofline, JsonShape) {
     EXPECT_TRUE(j.contains(key)) << key;
   ASSERT_TRUE(j["parts"].is_array());
   double share = 0;
+  int comm_parts = 0;
   for (const json& p : j["parts"]) {
     EXPECT_TRUE(p["name"].is_string());
     EXPECT_TRUE(p["kind"] == "memory" || p["kind"] == "communication");
     share += p["share"].get<double>();
+    const bool comm = p["kind"] == "communication";
+    comm_parts += comm;
+    EXPECT_EQ(p.contains("seconds_per_layer"), comm) << p.dump();
+    if (comm) {
+      EXPECT_EQ(p["layers"], 2);
+      EXPECT_DOUBLE_EQ(p["seconds_per_layer"].get<double>(), p["seconds"].get<double>() / 2);
+      EXPECT_DOUBLE_EQ(p["bytes_per_layer"].get<double>(), p["bytes"].get<double>() / 2);
+    }
   }
+  EXPECT_EQ(comm_parts, 1);  // tp 2: the all-reduces
   EXPECT_NEAR(share, 1.0, 1e-12);
+  EXPECT_DOUBLE_EQ(j["comm_seconds_per_layer"].get<double>(), r.comm_seconds_per_layer);
+  EXPECT_DOUBLE_EQ(j["comm_bytes_per_layer"].get<double>(), r.comm_bytes_per_layer);
   EXPECT_DOUBLE_EQ(j["tokens_per_s"].get<double>(), 2 / j["step_seconds"].get<double>());
 }
 
@@ -308,4 +348,27 @@ TEST(RooflineCli, RefusesTheSplitsCheckRefusesWithItsReasons) {
   const std::string bf16 = " --preset glm4.5-air --quant bf16 --gpu h200 --tp 16";
   EXPECT_TRUE(json::parse(test::run_tetra("check" + bf16 + " --json").output)["parallel"]["problems"].empty());
   EXPECT_EQ(test::run_tetra("roofline" + bf16).code, 0);
+}
+
+// Communication per layer next to the totals: GLM-4.5-Air has 46 layers, 45 of them MoE.
+TEST(RooflineCli, CommunicationPerLayer) {
+  const std::string args = "roofline --preset glm4.5-air --gpu h200 --tp 2 --ep 4";
+  auto table = test::run_tetra(args);
+  ASSERT_EQ(table.code, 0) << table.output;
+  EXPECT_NE(table.output.find("(46 layers)"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("(45 layers)"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("communication/layer"), std::string::npos) << table.output;
+  EXPECT_NE(table.output.find("communication total"), std::string::npos) << table.output;
+  auto js = test::run_tetra(args + " --json");
+  ASSERT_EQ(js.code, 0) << js.output;
+  const json j = json::parse(js.output);
+  double per_layer = 0;
+  for (const json& p : j["parts"]) {
+    if (p["kind"] != "communication") continue;
+    EXPECT_EQ(p["layers"], p["name"] == "tp_allreduce" ? 46 : 45) << p.dump();
+    per_layer += p["seconds_per_layer"].get<double>();
+  }
+  EXPECT_GT(per_layer, 0);
+  EXPECT_NEAR(j["comm_seconds_per_layer"].get<double>(), per_layer, 1e-15);
+  EXPECT_GT(j["comm_seconds"].get<double>(), 45 * per_layer);
 }
