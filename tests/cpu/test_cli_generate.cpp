@@ -1,17 +1,21 @@
 // `tetra generate`, `tetra logits` and `tetra demo` through the real binary: output agrees with
-// the library engine (as ids, or as text through the model's tokenizer.json), stop ids, and one
-// clear error line for bad input.
+// the library engine (as ids, or as text through the model's tokenizer.json), stop ids, the demo's
+// floor and efficiency, and one clear error line for bad input.
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "format/checkpoint.h"
 #include "model_fixture.h"
+#include "perf/roofline.h"
 #include "runtime/engine.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer_fixture.h"
+#include "tools/demo_model.h"
 
 namespace tetra {
 namespace {
@@ -185,6 +189,45 @@ TEST(CliDemo, MakesCachesAndGenerates) {
     return s.substr(a, s.find('\n', a) - a);
   };
   EXPECT_EQ(tokens_line(first.output), tokens_line(second.output));
+}
+
+// The demo's decode floor counts the bytes bench decode's roofline does for the steps it ran
+// (prompt of 8, step j reads 9 + j positions), over the host bandwidth it measured and names;
+// the efficiency it prints is that floor over the decode time it prints.
+TEST(CliDemo, PrintsTheDecodeFloorAndAnEfficiencyThatAgree) {
+  test::TempDir tmp("demo-floor");
+  const auto r = run_tetra("demo --tokens 4 --cache-dir " + tmp.path().string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto number = [&](const std::string& pattern, int group = 1) {
+    std::smatch m;
+    if (!std::regex_search(r.output, m, std::regex(pattern))) {
+      ADD_FAILURE() << "no match for " << pattern << " in\n" << r.output;
+      return 0.0;
+    }
+    return std::stod(m[group].str());
+  };
+  const std::string num = "([0-9]+(?:\\.[0-9]+)?(?:e[-+][0-9]+)?)";
+  const double decode_ms = number("decode " + num + " ms/token over 3 steps");
+  const double floor_ms = number("decode floor " + num + " ms/token");
+  const double mb = number("ms/token: " + num + " MB per token");
+  const double gbs = number("MB per token .* at " + num + " GB/s");
+  const double efficiency = number("decode efficiency " + num + "%");
+  EXPECT_NE(r.output.find("bandwidth: host memory read, measured now"), std::string::npos) << r.output;
+  ASSERT_GT(decode_ms, 0);
+  ASSERT_GT(gbs, 0);
+
+  const Checkpoint ck = Checkpoint::open(demo_model_path(tmp.path().string(), "tiny-glm4.5-air"));
+  RooflineOptions ro;
+  ro.bandwidth_bytes_per_s = 1e12;  // any: only the bytes are compared
+  double bytes = 0;
+  for (int64_t context : {9, 10, 11}) {
+    ro.context = context;
+    bytes += decode_roofline(ck.config(), ck.quant(), GpuSpec{}, ro).memory_bytes;
+  }
+  EXPECT_NEAR(mb, bytes / 3 / 1e6, 1e-3 * mb);
+  // Each figure is printed to 3-4 significant digits: agree within 1-2%.
+  EXPECT_NEAR(floor_ms, mb * 1e6 / (gbs * 1e9) * 1e3, 1e-2 * floor_ms);
+  EXPECT_NEAR(efficiency, 100 * floor_ms / decode_ms, 2e-2 * efficiency);
 }
 
 }  // namespace
