@@ -2,6 +2,7 @@
 // checkpoint's tokenizer.json) or as token ids (--prompt-ids). Streams what it generates as it
 // comes, as text or as ids (--output; by default the prompt's form), then a timing summary.
 // Greedy unless --temperature > 0.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -11,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/token_ids.h"
 #include "core/error.h"
+#include "format/generation_config.h"
 #include "runtime/engine.h"
 #include "tokenizer/stream_decoder.h"
 #include "tokenizer/tokenizer.h"
@@ -22,6 +24,7 @@ struct GenerateOptions {
   std::string model_dir, prompt_text, prompt_ids, stop_ids, backend = "auto", moe_backend = "auto";
   std::string output = "auto";  // auto (the prompt's form), text or ids
   bool has_prompt_text = false;  // --prompt "" counts as given
+  bool ignore_eos = false;       // do not stop at generation_config.json's eos_token_id
   int max_new_tokens = 16;
   int tp = 1, ep = 1;  // tensor / expert parallel GPUs
   ops::SamplingParams sampling;
@@ -76,7 +79,7 @@ void run_generate(const GenerateOptions& o) {
   const std::vector<int32_t> prompt =
       text_in ? tokenizer->encode(o.prompt_text) : parse_token_ids(o.prompt_ids, "--prompt-ids");
   if (prompt.empty()) TETRA_FAIL("--prompt encodes to no tokens; give some text");
-  const std::vector<int32_t> stop =
+  std::vector<int32_t> stop =
       o.stop_ids.empty() ? std::vector<int32_t>{} : parse_token_ids(o.stop_ids, "--stop-ids");
   if (o.max_new_tokens < 1) TETRA_FAIL("--max-new-tokens must be at least 1");
   runtime::EngineOptions eo;
@@ -91,6 +94,9 @@ void run_generate(const GenerateOptions& o) {
                ") is beyond any context");
   eo.max_context = int(context);
   auto engine = runtime::Engine::load(o.model_dir, eo);
+  if (!o.ignore_eos)  // as vLLM and `serve` do: the checkpoint's end-of-sequence ids stop it
+    for (int32_t id : generation_config_eos_ids(o.model_dir, engine->config().vocab_size))
+      if (std::find(stop.begin(), stop.end(), id) == stop.end()) stop.push_back(id);
   const int64_t id = engine->add_request(prompt, o.sampling, o.max_new_tokens, stop);
   TokenPrinter printer(text_out ? &*tokenizer : nullptr);
   while (engine->has_work())
@@ -128,6 +134,8 @@ static void add_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--stop-ids", o->stop_ids, "token ids that end generation, comma-separated");
+  cmd->add_flag("--ignore-eos", o->ignore_eos,
+                "keep generating past generation_config.json's eos_token_id (which stops it by default)");
   cmd->add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--top-k", o->sampling.top_k, "0 = off");
   cmd->add_option("--top-p", o->sampling.top_p, "1 = off");

@@ -1,30 +1,14 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "format/generation_config.h"
 
 namespace tetra::server {
-namespace {
-
-// Ids in generation_config.json's eos_token_id (a number or a list), if the file has one.
-std::vector<int32_t> generation_config_eos(const std::filesystem::path& dir) {
-  std::vector<int32_t> ids;
-  std::ifstream in(dir / "generation_config.json");
-  if (!in) return ids;
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-  if (!j.is_object() || !j.contains("eos_token_id")) return ids;
-  const nlohmann::json& e = j["eos_token_id"];
-  if (e.is_number_integer()) ids.push_back(e.get<int32_t>());
-  if (e.is_array())
-    for (const auto& v : e)
-      if (v.is_number_integer()) ids.push_back(v.get<int32_t>());
-  return ids;
-}
-
-}  // namespace
 
 Server::Server(const ServerOptions& opt) : opt_(opt) {
   model_name_ = opt.served_model_name.empty() ? std::filesystem::absolute(opt.model_dir).filename().string()
@@ -41,9 +25,8 @@ Server::Server(const ServerOptions& opt) : opt_(opt) {
     for (const std::string& t : chat_end_tokens(chat_format_))
       if (auto id = tokenizer_->token_to_id(t)) eos_ids_.push_back(*id);
   }
-  for (int32_t id : generation_config_eos(opt.model_dir))
-    if (id >= 0 && id < vocab && std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end())
-      eos_ids_.push_back(id);
+  for (int32_t id : generation_config_eos_ids(opt.model_dir, vocab))
+    if (std::find(eos_ids_.begin(), eos_ids_.end(), id) == eos_ids_.end()) eos_ids_.push_back(id);
   created_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   SchedulerOptions so;
   so.max_queued = opt.max_queued;

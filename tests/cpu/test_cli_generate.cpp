@@ -67,6 +67,31 @@ TEST(CliGenerate, StopIdsEndGeneration) {
   EXPECT_NE(r.output.find("finish: stop"), std::string::npos) << r.output;
 }
 
+// generation_config.json's eos_token_id ends generation as a stop id does (a list whose other
+// entries are out of the vocabulary or not ids), unless --ignore-eos.
+TEST(CliGenerate, EosOfGenerationConfigEndsGenerationUnlessIgnored) {
+  const auto shared = tiny_model("tiny-glm4.7", "bf16");
+  const test::TempDir tmp("generate-eos");
+  const std::filesystem::path dir = tmp.path() / "model";
+  std::filesystem::copy(shared, dir, std::filesystem::copy_options::recursive);
+  const std::vector<int32_t> free_run = engine_greedy(dir, {9, 10, 11}, 8);
+  const int32_t eos = free_run[2];
+  std::ofstream(dir / "generation_config.json")
+      << R"({"eos_token_id": [99999999, "x", )" << eos << "]}";
+  const std::string cmd = "generate --model " + dir.string() + " --prompt-ids 9,10,11 --max-new-tokens 8";
+  const auto stopped = run_tetra(cmd);
+  ASSERT_EQ(stopped.code, 0) << stopped.output;
+  const std::vector<int32_t> got = first_line_ids(stopped.output);
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.back(), eos);
+  EXPECT_LE(got.size(), 3u);
+  EXPECT_NE(stopped.output.find("finish: stop"), std::string::npos) << stopped.output;
+  const auto ignored = run_tetra(cmd + " --ignore-eos");
+  ASSERT_EQ(ignored.code, 0) << ignored.output;
+  EXPECT_EQ(first_line_ids(ignored.output), free_run);
+  EXPECT_NE(ignored.output.find("finish: length, 8 tokens"), std::string::npos) << ignored.output;
+}
+
 // --prompt TEXT: encoded with the checkpoint's tokenizer.json; the generated tokens stream as
 // text (special tokens left out, as serve and vLLM do), or as ids with --output ids.
 TEST(CliGenerate, TextPromptIsEncodedAndTheTokensStreamAsText) {
