@@ -470,7 +470,7 @@ TEST_P(SamplingVocab, SamplingPicksTheSameTokensAsTheCpu) {
   Dev<int32_t> dpt(pt), dpo(po), dot(ot), doo(oo), dtok(rows);
   const TokenHistory host_hist{pt.data(), po.data(), ot.data(), oo.data()};
   const TokenHistory dev_hist{dpt.ptr(), dpo.ptr(), dot.ptr(), doo.ptr()};
-  Dev<unsigned char> ws(cuda::sampling_workspace_bytes(rows, V));
+  Dev<unsigned char> ws(std::vector<unsigned char>(cuda::sampling_workspace_bytes(rows, V), 0));
   int mismatches = 0;
   for (int round = 0; round < 8; ++round) {  // new steps: new draws
     for (auto& p : params) ++p.step;
@@ -490,9 +490,9 @@ TEST_P(SamplingVocab, SamplingPicksTheSameTokensAsTheCpu) {
   EXPECT_EQ(mismatches, 0);
 }
 
-// Plain greedy rows only: the cluster argmax kernel alone, no scratch. Rows of 1..70 so the
-// splits per row go from 8 to 1 and the rows span two launches; ties at the row's maximum go to
-// the lowest index; -0 equals +0; a row of NaN and -inf has nothing to draw (-1).
+// Plain greedy rows only: the argmax kernel alone, with the workspace of no scratch rows. Rows of
+// 1..70, so the blocks per row go from 256 to 8 and 70 rows take two launches; ties at the row's
+// maximum go to the lowest index; -0 equals +0; a row of NaN and -inf has nothing to draw (-1).
 TEST_P(SamplingVocab, GreedyRowsTakeTheArgmaxKernel) {
   std::mt19937 rng(110);
   const int V = GetParam();
@@ -514,15 +514,22 @@ TEST_P(SamplingVocab, GreedyRowsTakeTheArgmaxKernel) {
     }
     std::vector<SamplingParams> params(rows);
     for (SamplingParams& p : params) p.temperature = 0.0f;
-    ASSERT_FALSE(cuda::sampling_needs_workspace(params.data(), rows));
+    Dev<unsigned char> ws(std::vector<unsigned char>(cuda::sampling_workspace_bytes(0, V), 0));
+    ASSERT_FALSE(cuda::sampling_needs_scratch(params.data(), rows));
     std::vector<int32_t> want(rows);
     sample_cpu(logits.data(), rows, V, params.data(), TokenHistory{}, want.data());
     Dev<float> dlogits(logits);
     Dev<int32_t> dtok(rows);
     dtok.poison();
-    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), TokenHistory{}, nullptr, 0,
-                         dtok.ptr(), nullptr));
+    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), TokenHistory{}, ws.ptr(),
+                         ws.size(), dtok.ptr(), nullptr));
     EXPECT_EQ(dtok.download(), want) << rows << " rows";
+    // The kernel left its keys and counters zero for the next call: the same tokens again.
+    dtok.poison();
+    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), TokenHistory{}, ws.ptr(),
+                         ws.size(), dtok.ptr(), nullptr));
+    EXPECT_EQ(dtok.download(), want) << rows << " rows, second call";
+    EXPECT_EQ(ws.download(), std::vector<unsigned char>(ws.size(), 0)) << "argmax state not reset";
     EXPECT_EQ(want[0], -1);
     if (rows > 1) EXPECT_EQ(want[1], 7);
     if (rows > 2) EXPECT_EQ(want[2], V - 2);

@@ -89,9 +89,11 @@ void DeviceSampler::sample(const float* logits, int rows, int vocab,
   const ops::TokenHistory dev = std::any_of(params, params + rows, has_penalties)
                                     ? upload_history(rows, history, stream)
                                     : ops::TokenHistory{};
-  if (ops::cuda::sampling_needs_workspace(params, rows)) {
-    const size_t ws = ops::cuda::sampling_workspace_bytes(rows, vocab);
-    if (workspace_.bytes() < ws) workspace_ = DeviceMem(ws);
+  const bool scratch = ops::cuda::sampling_needs_scratch(params, rows);
+  const size_t ws = ops::cuda::sampling_workspace_bytes(scratch ? rows : 0, vocab);
+  if (workspace_.bytes() < ws) {
+    workspace_ = DeviceMem(ws);
+    TETRA_CUDA_CHECK(cudaMemset(workspace_.as(), 0, ws));  // the argmax kernel's keys, once
   }
   tokens_.reserve(size_t(rows) * sizeof(int32_t));
   TETRA_CUDA_CHECK(ops::cuda::sample(logits, rows, vocab, params, dev, workspace_.as(),

@@ -43,7 +43,7 @@ class DeviceSampler {
   // The histories' device copy: offsets and tokens, laid out as staged.
   ops::TokenHistory upload_history(int rows, const ops::TokenHistory& h, cudaStream_t stream);
 
-  DeviceMem workspace_;             // ops::cuda::sampling_workspace_bytes, for non-greedy rows
+  DeviceMem workspace_;             // ops::cuda::sampling_workspace_bytes (zeroed when made)
   PinnedBuffer history_host_{false};  // the histories, staged for one copy
   DeviceMem history_dev_;           // and their device copy
   PinnedBuffer tokens_{true};       // [rows] int32, written by the kernels

@@ -5,7 +5,6 @@
 //   sampling_math::order_key maps to 0 ("not a candidate"). After the first pass (4 tokens per
 //   thread and load) every thread walks the same tokens (v = tid + i * 1024), with a block
 //   barrier between passes that rewrite x and the passes that read it.
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -210,38 +209,40 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) tokens[r] = pick;
 }
 
-// Greedy rows without penalties need only their argmax: a cluster of `splits` blocks per row
-// (grid [splits, rows]) so a small batch reads each row through several SMs. Each block reduces
-// its slice of the row; rank 0 takes the cluster's best over distributed shared memory.
-constexpr int kGreedyThreads = 512;
-constexpr int kMaxGreedySplits = 8;  // the portable cluster size
+// Greedy rows without penalties need only their argmax: `parts` blocks per row (grid
+// [parts, rows]), so a small batch reads each row through many SMs. Each block folds its slice
+// into the row's 64-bit key with atomicMax: the order key in the high word and the index's
+// complement in the low one, so the larger value wins and then the lower index (0: nothing
+// drawable). The row's last block to finish turns the key into the token and zeroes the key and
+// its counter for the next launch.
+constexpr int kGreedyThreads = 256;
+
+struct GreedyState {
+  unsigned long long key[kMaxRowsPerLaunch];
+  unsigned int done[kMaxRowsPerLaunch];
+};
 
 __global__ void __launch_bounds__(kGreedyThreads)
-    greedy_kernel(const float* __restrict__ logits, int V, uint64_t mask,
+    greedy_kernel(const float* __restrict__ logits, int V, uint64_t mask, GreedyState* state,
                   int32_t* __restrict__ tokens) {
-  namespace cg = cooperative_groups;
-  __shared__ float best_f[kGreedyThreads / 32];
-  __shared__ int best_i[kGreedyThreads / 32];
-  __shared__ float cluster_f[kMaxGreedySplits];
-  __shared__ int cluster_i[kMaxGreedySplits];
+  __shared__ unsigned long long warp_key[kGreedyThreads / 32];
+  __shared__ bool last;
   const int r = blockIdx.y;
-  if (!takes_row(mask, r)) return;  // (the whole cluster: its blocks share the row)
-  cg::cluster_group cluster = cg::this_cluster();
-  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  if (!takes_row(mask, r)) return;
   // Slices of whole float4 groups when rows are 16-byte aligned.
+  const int parts = int(gridDim.x), part = int(blockIdx.x);
   const int unit = V % 4 == 0 ? 4 : 1;
-  const int units = V / unit, per = (units + splits - 1) / splits;
-  const int begin = std::min(units, rank * per) * unit, end = std::min(units, (rank + 1) * per) * unit;
+  const int units = V / unit, per = (units + parts - 1) / parts;
+  const int begin = std::min(units, part * per) * unit, end = std::min(units, (part + 1) * per) * unit;
   const float* lg = logits + int64_t(r) * V;
-  float best = 0.0f;
-  int at = -1;
+  unsigned long long key = 0;
   auto visit = [&](int v, float x) {
-    x += 0.0f;  // -0 -> +0, as sampling_math::penalised returns it
-    if (sm::order_key(x) != 0 && better(x, v, best, at)) best = x, at = v;
+    // (+0.0f: -0 reads as +0, as sampling_math::penalised returns it)
+    const unsigned long long k = (uint64_t(sm::order_key(x + 0.0f)) << 32) | (0xffffffffu - uint32_t(v));
+    if (k >> 32 != 0 && k > key) key = k;
   };
   if (unit == 4) {
     const float4* lg4 = reinterpret_cast<const float4*>(lg);
-#pragma unroll 4
     for (int q = begin / 4 + int(threadIdx.x); q < end / 4; q += kGreedyThreads) {
       const float4 l = lg4[q];
       visit(4 * q, l.x), visit(4 * q + 1, l.y), visit(4 * q + 2, l.z), visit(4 * q + 3, l.w);
@@ -249,25 +250,19 @@ __global__ void __launch_bounds__(kGreedyThreads)
   } else {
     for (int v = begin + int(threadIdx.x); v < end; v += kGreedyThreads) visit(v, lg[v]);
   }
-  for (int off = 16; off >= 1; off /= 2) {
-    const float ov = __shfl_xor_sync(0xffffffffu, best, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, at, off);
-    if (better(ov, oi, best, at)) best = ov, at = oi;
-  }
-  if (threadIdx.x % 32 == 0) best_f[threadIdx.x / 32] = best, best_i[threadIdx.x / 32] = at;
+  for (int off = 16; off >= 1; off /= 2) key = max(key, __shfl_xor_sync(0xffffffffu, key, off));
+  if (threadIdx.x % 32 == 0) warp_key[threadIdx.x / 32] = key;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < kGreedyThreads / 32; ++w)
-      if (better(best_f[w], best_i[w], best, at)) best = best_f[w], at = best_i[w];
-    cluster.map_shared_rank(cluster_f, 0)[rank] = best;
-    cluster.map_shared_rank(cluster_i, 0)[rank] = at;
-  }
-  cluster.sync();
-  if (rank == 0 && threadIdx.x == 0) {
-    best = cluster_f[0], at = cluster_i[0];
-    for (int b = 1; b < splits; ++b)
-      if (better(cluster_f[b], cluster_i[b], best, at)) best = cluster_f[b], at = cluster_i[b];
-    tokens[r] = at;
+    for (int w = 1; w < kGreedyThreads / 32; ++w) key = max(key, warp_key[w]);
+    if (key != 0) atomicMax(&state->key[r], key);
+    __threadfence();  // the key lands before this block counts itself done
+    last = atomicAdd(&state->done[r], 1u) == unsigned(parts) - 1;
+    if (last) {
+      const unsigned long long row_key = atomicExch(&state->key[r], 0ull);
+      state->done[r] = 0;
+      tokens[r] = row_key == 0 ? -1 : int32_t(0xffffffffu - uint32_t(row_key));
+    }
   }
 }
 
@@ -276,32 +271,19 @@ bool plain_greedy(const SamplingParams& p) {
          p.presence_penalty == 0.0f;
 }
 
-// More blocks per row when the rows are few: about two blocks per SM in all.
-int greedy_splits(int rows) { return std::clamp(264 / std::max(rows, 1), 1, kMaxGreedySplits); }
-
-cudaError_t launch_greedy(const float* logits, int rows, int V, uint64_t mask, int32_t* tokens,
-                          cudaStream_t stream) {
-  const int splits = greedy_splits(rows);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(splits), unsigned(rows));
-  cfg.blockDim = dim3(kGreedyThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(splits);
-  attr[0].val.clusterDim.y = attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, greedy_kernel, logits, V, mask, tokens);
+// Blocks per row: about 512 blocks in all (4 per SM), at least ~2 KB of logits per block.
+int greedy_parts(int rows, int V) {
+  return std::clamp(std::min(512 / std::max(rows, 1), V / 512), 1, 256);
 }
 
 }  // namespace
 
 size_t sampling_workspace_bytes(int rows, int vocab) {
-  return size_t(std::min(rows, kMaxRowsPerLaunch)) * size_t(vocab) * (sizeof(float) + sizeof(int32_t));
+  return sizeof(GreedyState) +
+         size_t(std::min(rows, kMaxRowsPerLaunch)) * size_t(vocab) * (sizeof(float) + sizeof(int32_t));
 }
 
-bool sampling_needs_workspace(const SamplingParams* params, int rows) {
+bool sampling_needs_scratch(const SamplingParams* params, int rows) {
   return !std::all_of(params, params + rows, plain_greedy);
 }
 
@@ -309,6 +291,10 @@ cudaError_t sample(const float* logits, int rows, int vocab, const SamplingParam
                    const TokenHistory& history, void* workspace, size_t workspace_bytes,
                    int32_t* tokens, cudaStream_t stream) {
   TETRA_CHECK(rows >= 0 && vocab > 0, "sampling: rows=", rows, " vocab=", vocab);
+  const size_t least = sampling_workspace_bytes(sampling_needs_scratch(params, rows) ? rows : 0, vocab);
+  TETRA_CHECK(workspace != nullptr && workspace_bytes >= least, "sampling: workspace ",
+              workspace_bytes, " bytes, needs ", least);
+  auto* state = static_cast<GreedyState*>(workspace);
   for (int r0 = 0; r0 < rows; r0 += kMaxRowsPerLaunch) {
     const int n = std::min(kMaxRowsPerLaunch, rows - r0);
     ChunkParams chunk{};
@@ -320,17 +306,19 @@ cudaError_t sample(const float* logits, int rows, int vocab, const SamplingParam
     const uint64_t all = n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
     const float* lg = logits + size_t(r0) * vocab;
     if (greedy != 0) {
-      const cudaError_t e = launch_greedy(lg, n, vocab, greedy, tokens + r0, stream);
+      const dim3 grid(unsigned(greedy_parts(n, vocab)), unsigned(n));
+      greedy_kernel<<<grid, kGreedyThreads, 0, stream>>>(lg, vocab, greedy, state, tokens + r0);
+      const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return e;
     }
     if (greedy == all) continue;
     const size_t need = sampling_workspace_bytes(n, vocab);
-    TETRA_CHECK(workspace_bytes >= need && workspace != nullptr, "sampling: workspace ",
-                workspace_bytes, " bytes, needs ", need);
+    TETRA_CHECK(workspace_bytes >= need, "sampling: workspace ", workspace_bytes, " bytes, needs ",
+                need);
     TokenHistory part = history;  // offsets index the whole token arrays: shift only them
     if (part.prompt_offsets != nullptr) part.prompt_offsets += r0;
     if (part.output_offsets != nullptr) part.output_offsets += r0;
-    float* x = static_cast<float*>(workspace);
+    float* x = reinterpret_cast<float*>(static_cast<char*>(workspace) + sizeof(GreedyState));
     int32_t* counts = reinterpret_cast<int32_t*>(x + size_t(n) * vocab);
     sample_kernel<<<n, kThreads, 0, stream>>>(lg, vocab, chunk, all & ~greedy, part, x, counts,
                                               tokens + r0);

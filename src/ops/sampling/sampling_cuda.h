@@ -1,6 +1,6 @@
 // CUDA twin of ops/sampling/sampling.h: the same steps and the same per-element math
 // (sampling_math.h), so it returns the same token ids as sample_cpu for the same inputs, greedy
-// and seeded alike. Plain greedy rows: a cluster argmax; the others one block per row, with top-k
+// and seeded alike. Plain greedy rows: a many-block argmax; the others one block per row, with top-k
 // and top-p cuts by radix select on the order keys (four 8-bit passes, exact: counts and integer
 // top-p weights), no sort.
 #pragma once
@@ -17,17 +17,18 @@ namespace tetra::ops::cuda {
 // a launch is bounded whatever the batch.
 constexpr int kMaxRowsPerLaunch = 64;
 
-// Scratch of the rows that are not plain greedy: processed logits and history counts,
-// [min(rows, kMaxRowsPerLaunch), vocab] f32 + i32.
+// The workspace: the argmax kernel's per-row keys and counters (zero them once when allocating:
+// every launch leaves them zero), then, for `rows` that are not plain greedy, their processed
+// logits and history counts, [min(rows, kMaxRowsPerLaunch), vocab] f32 + i32.
 size_t sampling_workspace_bytes(int rows, int vocab);
-// False when every row is greedy without penalties (they take the argmax kernel and no scratch).
-bool sampling_needs_workspace(const SamplingParams* params, int rows);
+// False when every row is greedy without penalties: sampling_workspace_bytes(0, vocab) is enough.
+bool sampling_needs_scratch(const SamplingParams* params, int rows);
 
 // logits [rows, vocab] f32 on the device; params [rows] on the host (validate them with
 // check_sampling_params); history as in sample_cpu but device pointers, read only for rows with
 // penalties (tokens outside the vocab are ignored here, refused by the CPU twin) -> tokens [rows]
-// int32, device or mapped host memory. Greedy rows without penalties run a cluster argmax kernel
-// (several SMs per row when rows are few), the others one block per row.
+// int32, device or mapped host memory. Greedy rows without penalties run an argmax kernel (many
+// blocks per row when rows are few), the others one block per row.
 cudaError_t sample(const float* logits, int rows, int vocab, const SamplingParams* params,
                    const TokenHistory& history, void* workspace, size_t workspace_bytes,
                    int32_t* tokens, cudaStream_t stream);
