@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/kernel_launch.h"
 #include "ops/moe/layout_device.cuh"
+#include "ops/moe/moe_kernel_smem.h"
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/pdl_chain.cuh"
 
@@ -107,7 +108,7 @@ int64_t chunk_count(int T, int top_k) { return (int64_t(T) * top_k + kChunk - 1)
 cudaError_t run_layout(const int32_t* ids, int T, const LayoutOut& o, size_t fill,
                        void* workspace, size_t workspace_bytes, cudaStream_t stream, bool pdl) {
   const int64_t S = int64_t(T) * o.top_k;
-  const size_t smem = layout_smem_bytes(o.E);
+  const size_t smem = moe_smem::layout(o.E);
   if (S <= kFusedMaxPairs)
     return KernelLaunch(dim3(1), dim3(kChunk), stream, pdl, smem)(layout_fused_kernel, ids, S,
                                                                    int64_t(fill), o);
@@ -119,7 +120,7 @@ cudaError_t run_layout(const int32_t* ids, int T, const LayoutOut& o, size_t fil
     TETRA_FAIL("cuda layout: workspace of ", workspace_bytes, " bytes, ", need, " needed");
   const int chunks = int(chunk_count(T, o.top_k));
   int32_t* counts = static_cast<int32_t*>(workspace);  // [chunks, E]
-  layout_count_kernel<<<chunks, kChunk, size_t(o.E) * 4, stream>>>(ids, S, o, counts);
+  layout_count_kernel<<<chunks, kChunk, moe_smem::layout_count(o.E), stream>>>(ids, S, o, counts);
   layout_scan_kernel<<<1, kChunk, smem, stream>>>(counts, chunks, o);
   layout_place_kernel<<<chunks, kChunk, smem, stream>>>(ids, S, counts, o);
   return cudaGetLastError();

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "moe/token_layout.h"
+#include "ops/moe/moe_kernel_smem.h"
 
 namespace tetra::moe::cuda::detail {
 
@@ -40,7 +41,7 @@ inline __device__ Smem carve(char* raw, int E) {
   s.tally = reinterpret_cast<uint8_t*>(s.scan + kWarps);
   return s;
 }
-inline size_t layout_smem_bytes(int E) { return size_t(E) * 8 + kWarps * 4 + size_t(kWarps) * E; }
+static_assert(moe_smem::layout(1) == 8 + kWarps * 4 + kWarps, "carve's bytes for E experts");
 
 // Local expert of a global id, or -1 when another rank holds it (or the id is bad).
 __device__ __forceinline__ int local_expert(int32_t id, const LayoutOut& o) {
@@ -167,7 +168,7 @@ inline __device__ void zero_tally(const Smem& s, int E) {
 }
 
 // Counts, scans and places all S pairs in one block of kChunk threads (S small). s in dynamic
-// shared memory of layout_smem_bytes(E). row_token / dropped are pre-set by the caller.
+// shared memory of moe_smem::layout(E). row_token / dropped are pre-set by the caller.
 inline __device__ void layout_one_block(const int32_t* __restrict__ ids, int64_t S, const Smem& s,
                                         const LayoutOut& o) {
   for (int e = threadIdx.x; e < o.E; e += kChunk) s.count[e] = 0;

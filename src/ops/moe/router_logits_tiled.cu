@@ -15,6 +15,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/kernel_smem_attr.h"
+#include "ops/moe/moe_kernel_smem.h"
 #include "ops/moe/router_dot.cuh"
 #include "ops/moe/w4a16_fragment.cuh"
 
@@ -36,6 +37,8 @@ struct Tile {
   // One stage: x pieces [kBT][32][kXChunks * 16 B], then gate pieces [kBE][32][16 B].
   static constexpr int kStageChunks = 32 * (kBT * kXChunks + kBE);
   static constexpr int kSmemBytes = kStages * kStageChunks * 16;
+  static_assert(kSmemBytes == moe_smem::router_tiled(int(sizeof(X)), kTT, kTE, kStages),
+                "moe_kernel_smem.h quotes this layout");
 };
 
 // grid (ceil(E / kBE), ceil(T / kBT)). x [T, H], w [E, H] bf16, logits [T, E]; H % 8 == 0.

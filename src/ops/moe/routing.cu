@@ -2,6 +2,7 @@
 // (routing_device.cuh, shared with the small-T token paths).
 #include "core/error.h"
 #include "core/kernel_launch.h"
+#include "ops/moe/moe_kernel_smem.h"
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/pdl_chain.cuh"
 #include "ops/moe/routing_device.cuh"
@@ -11,6 +12,7 @@ namespace tetra::moe::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
+static_assert(moe_smem::route(1) == kWarpsPerBlock * sizeof(float), "one key row per warp");
 
 // kPerLane: experts per lane (E <= 32 * kPerLane).
 template <bool kSoftmax, int kPerLane>
@@ -38,7 +40,7 @@ cudaError_t route(const float* logits, const float* bias, int T, const RouterPar
   if (T < 0) TETRA_FAIL("cuda route: token count ", T);
   if (T == 0) return cudaSuccess;
   const int blocks = (T + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const size_t smem = size_t(kWarpsPerBlock) * p.num_experts * sizeof(float);
+  const size_t smem = moe_smem::route(p.num_experts);
   const bool softmax = p.scoring == Scoring::Softmax, narrow = p.num_experts <= 32 * 8;
   const KernelLaunch launch(dim3(blocks), dim3(kWarpsPerBlock * 32), stream, pdl, smem);
   const auto kernel = softmax && narrow ? route_kernel<true, 8>

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/kernel_launch.h"
 #include "ops/moe/layout_device.cuh"
+#include "ops/moe/moe_kernel_smem.h"
 #include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/pdl_chain.cuh"
 #include "ops/moe/router_dot.cuh"
@@ -23,7 +24,6 @@ namespace {
 constexpr int kThreads = 1024;  // = detail::kChunk (layout) = kMaxExperts (one thread per expert)
 static_assert(kThreads == detail::kChunk && kThreads == kMaxExperts);
 constexpr int kBlocksWanted = 264;  // two 1024-thread blocks per SM of an H200 for the logits
-constexpr size_t kRouteSmemBudget = 96 * 1024;  // routing warps' selection keys (E floats each)
 
 // One block of kThreads threads. Reads what the layout wrote (same block after a barrier, or an
 // earlier launch).
@@ -119,15 +119,6 @@ __global__ void __launch_bounds__(kThreads) small_token_path_kernel(const SmallA
   prepare_rows_block(a.rows, T);
 }
 
-int route_warps_for(int E_global) {
-  return int(std::clamp<size_t>(kRouteSmemBudget / (size_t(E_global) * sizeof(float)), 1, 32));
-}
-
-size_t smem_for(int E_global, int E_local) {
-  return std::max(size_t(route_warps_for(E_global)) * E_global * sizeof(float),
-                  detail::layout_smem_bytes(E_local));
-}
-
 template <bool kSoftmax, bool kVec>
 void set_smem(size_t bytes) {
   TETRA_CUDA_CHECK(cudaFuncSetAttribute(small_token_path_kernel<kSoftmax, kVec>,
@@ -166,9 +157,9 @@ bool small_token_path_fits(int T, int top_k) {
 void small_token_path_setup(int E_global, int E_local) {
   if (E_global < 1 || E_global > kMaxExperts || E_local < 1 || E_local > E_global)
     TETRA_FAIL("cuda small_token_path: bad expert counts ", E_local, " of ", E_global);
-  // One limit for every shape (the routing scratch is capped by kRouteSmemBudget), so that a
-  // layer built later cannot lower the limit an earlier, larger one needs.
-  const size_t bytes = std::max(kRouteSmemBudget, detail::layout_smem_bytes(kMaxExperts));
+  // One limit for every shape (the routing scratch is capped by moe_smem::kTokenPathRouteBudget),
+  // so that a layer built later cannot lower the limit an earlier, larger one needs.
+  const size_t bytes = std::max(moe_smem::kTokenPathRouteBudget, moe_smem::layout(kMaxExperts));
   set_smem<false, false>(bytes);
   set_smem<false, true>(bytes);
   set_smem<true, false>(bytes);
@@ -205,9 +196,9 @@ cudaError_t small_token_path(const SmallTokenPath& a, int T, cudaStream_t stream
   g.lo = detail::layout_out_of(a);
   const int dots = T * Eg;
   g.dot_warps = std::clamp((dots + kBlocksWanted - 1) / kBlocksWanted, 4, kThreads / 32);
-  g.route_warps = route_warps_for(Eg);
+  g.route_warps = moe_smem::token_path_route_warps(Eg);
   const int blocks = (dots + g.dot_warps - 1) / g.dot_warps;
-  const size_t smem = smem_for(Eg, a.rows.E);
+  const size_t smem = moe_smem::token_path(Eg, a.rows.E);
   const bool vec = a.H % 8 == 0 && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(a.gate) % 16 == 0;
   const bool softmax = a.router.scoring == Scoring::Softmax;

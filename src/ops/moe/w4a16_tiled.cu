@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include "core/kernel_smem_attr.h"
+#include "ops/moe/moe_kernel_smem.h"
 #include "ops/moe/w4a16_fragment.cuh"
 #include "ops/moe/w4a16_grid_rows.cuh"
 #include "ops/moe/w4a16_launch.h"
@@ -26,6 +27,7 @@ constexpr int kSBytes = kTilesM * kTileChunkScales;  // 512
 constexpr int kXBytes = kRowsN * kXStride;           // 18432
 constexpr int kStageBytes = kWBytes + kSBytes + kXBytes;
 constexpr int kSmemBytes = kStages * kStageBytes;
+static_assert(kSmemBytes == moe_smem::kTiled, "moe_kernel_smem.h quotes this layout");
 static_assert(kThreads == kTilesM * 32, "one weight cp.async per thread per stage");
 static_assert(kRowsN * 8 == 4 * kThreads, "four activation cp.async per thread per stage");
 

@@ -35,6 +35,7 @@
 #include "core/kernel_smem_attr.h"
 #include "moe/wgmma_order.h"
 #include "ops/moe/mbarrier.cuh"
+#include "ops/moe/moe_kernel_smem.h"
 #include "ops/moe/w4a16_fragment.cuh"
 #include "ops/moe/w4a16_grid_rows.cuh"
 #include "ops/moe/w4a16_launch.h"
@@ -73,6 +74,7 @@ struct TokenTile {
   static constexpr int kChunkBytes = kWBytes + kSBytes + kXBytes;
   static constexpr int kStageBytes = kStageChunks * kChunkBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
+  static_assert(kSmemBytes == moe_smem::wgmma(kRowsN), "moe_kernel_smem.h quotes this layout");
   static constexpr int kBlocksPerSm = kRowsN <= 32 ? 2 : 1;
   static constexpr int kAcc = kRowsN / 2;  // accumulator floats per thread at N = kRowsN
   static_assert((kWBytes + kSBytes) % 16 == 0 && kChunkBytes % 16 == 0, "16-byte aligned regions");
