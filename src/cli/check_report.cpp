@@ -80,6 +80,7 @@ std::string declaration_text(const BackendCaps& b) {
     const SmemNeed& s = b.smem[i];
     os << (i ? "; " : "") << format_count(s.bytes) << " B";
     if (s.from_moe_intermediate > 0) os << " from moe intermediate " << s.from_moe_intermediate;
+    if (s.from_experts > 0) os << " from " << s.from_experts << " experts";
   }
   os << "; layouts " << join_names(b.layouts, token_layout_name) << "; hidden % "
      << b.hidden_align << ", intermediate % " << b.inter_align << "; tokens per launch "
@@ -170,6 +171,7 @@ nlohmann::json backend_caps_to_json(const BackendCaps& b) {
   for (const SmemNeed& s : b.smem)
     j["shared_memory"].push_back({{"bytes_per_block", s.bytes},
                                   {"from_moe_intermediate", s.from_moe_intermediate},
+                                  {"from_experts", s.from_experts},
                                   {"source", s.source}});
   j["layouts"] = nlohmann::json::array();
   for (TokenLayout l : b.layouts) j["layouts"].push_back(token_layout_name(l));

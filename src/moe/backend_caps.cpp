@@ -9,10 +9,14 @@ namespace {
 // Tetra's CUDA kernels are compiled for sm_90a only (CMake TETRA_CUDA_ARCHS default), and
 // 'a' targets run on exactly that compute capability.
 constexpr const char* kSm90aOnly = "binary built for sm_90a only";
-// Tuned for Hopper: launch configurations may use up to SM90's opt-in limit (227 KB). The
-// kernel author lowers this entry to the real maximum of their configurations.
-SmemNeed hopper_smem() {
-  return {227 * 1024, 0, "Tetra's SM90 kernels may use up to the SM90 opt-in limit (227 KB)"};
+// Tetra's needs are the largest block (static + dynamic shared memory, sm_90a) among the kernels
+// the layer may launch, by the number of experts (1..1,024), the only shape they depend on:
+// tests/cpu/test_moe_kernel_smem recomputes them from ptxas and ops/moe/moe_kernel_smem.h and
+// fails when a kernel changes them.
+SmemNeed w4a16_gemm_smem() {
+  return {208640, 0,
+          "ops/moe/moe_kernel_smem.h: the wgmma GEMM's 128-token tile, 205,824 B dynamic + "
+          "2,816 B static; every other kernel of the layer needs less"};
 }
 
 std::vector<BackendCaps> declare() {
@@ -44,7 +48,7 @@ std::vector<BackendCaps> declare() {
     b.act_formats = {ActFormat::BF16};
     b.sms = {90};
     b.sm_note = kSm90aOnly;
-    b.smem = {hopper_smem()};
+    b.smem = {w4a16_gemm_smem()};
     b.layouts = {TokenLayout::Masked, TokenLayout::Contiguous};
     // The GEMMs read k in chunks of 64 (moe_shape_unsupported_reason): hidden is GEMM1's k,
     // the intermediate is GEMM2's k, so both must be multiples of 64.
@@ -71,7 +75,7 @@ std::vector<BackendCaps> declare() {
     b.needs_input_scale = true;
     b.sms = {90};
     b.sm_note = kSm90aOnly;
-    b.smem = {hopper_smem()};
+    b.smem = {w4a16_gemm_smem()};
     b.layouts = {TokenLayout::Masked, TokenLayout::Contiguous};
     // It runs the W4A16 kernels on NVFP4-quantized activations: their k chunk of 64 (and smem).
     b.hidden_align = 64;
@@ -94,7 +98,16 @@ std::vector<BackendCaps> declare() {
     b.act_formats = {ActFormat::BF16};
     b.sms = {90};
     b.sm_note = kSm90aOnly;
-    b.smem = {{82944, 0, "ops/moe/bf16_moe.h kMoeBf16SmemBytes: 3 stages x (128 + 64) rows x 144 B"}};
+    // An NVFP4 shared expert runs the tiled W4A16 GEMM, the largest block up to 696 experts. The
+    // general one-launch token path needs 128 B per expert + 4,272 B, more from 697 experts; it
+    // is declared at its largest (from 768 experts), which overstates 697..767 by up to 9 KB.
+    b.smem = {{93360, 0,
+               "ops/moe/moe_kernel_smem.h: the tiled W4A16 GEMM (an NVFP4 shared expert), 92,160 B "
+               "dynamic + 1,200 B static; the BF16 GEMMs take 82,944 B"},
+              {102576, 0,
+               "ops/moe/moe_kernel_smem.h: the general one-launch token path from 768 experts, "
+               "98,304 B dynamic + 4,272 B static",
+               697}};
     b.layouts = {TokenLayout::Masked, TokenLayout::Contiguous};
     b.hidden_align = 8;  // 16-byte rows of bf16 (cp.async chunks; partial tiles are predicated)
     b.inter_align = 8;

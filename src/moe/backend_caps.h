@@ -14,11 +14,13 @@
 namespace tetra {
 
 // Shared memory one block of the backend's kernels launches with. `from_moe_intermediate` > 0
-// makes the need apply only from that intermediate size per GPU up (kernels that stage more).
+// makes the need apply only from that intermediate size per GPU up (kernels that stage more),
+// `from_experts` > 0 only from that many routed experts up.
 struct SmemNeed {
   int64_t bytes = 0;
   int64_t from_moe_intermediate = 0;
   std::string source;
+  int64_t from_experts = 0;
 };
 
 struct BackendCaps {

@@ -123,7 +123,8 @@ std::string format_count(int64_t n) {
 int64_t smem_needed(const BackendCaps& caps, const MoeWorkload& w) {
   int64_t need = 0;
   for (const SmemNeed& s : caps.smem)
-    if (w.moe_intermediate_per_gpu >= s.from_moe_intermediate) need = std::max(need, s.bytes);
+    if (w.moe_intermediate_per_gpu >= s.from_moe_intermediate && w.experts >= s.from_experts)
+      need = std::max(need, s.bytes);
   return need;
 }
 

@@ -139,6 +139,32 @@ TEST(BackendCaps, SharedMemoryBound) {
   EXPECT_TRUE(evaluate(fake, small, on("h100")).ok);
 }
 
+TEST(BackendCaps, TetraBackendsFitHopperNotSm12x) {
+  // Their largest blocks (test_moe_kernel_smem): 208,640 B for the W4A16 GEMMs; 93,360 B in the
+  // BF16 layer, 102,576 B from 697 experts (its token path). SM90 and SM100 allow 232,448 B, SM12x
+  // 101,376 B.
+  const MoeWorkload fp4 = workload("glm4.5-air", QuantAlgo::NVFP4);
+  const MoeWorkload bf16 = workload("glm4.5-air", QuantAlgo::None);
+  MoeWorkload bf16_wide = bf16;
+  bf16_wide.experts = 1024;
+  EXPECT_EQ(smem_needed(*find_backend("cuda-bf16"), bf16), 93360);
+  EXPECT_EQ(smem_needed(*find_backend("cuda-bf16"), bf16_wide), 102576);
+  for (const char* gpu : {"h100", "h200", "b200"}) {
+    EXPECT_FALSE(has_reason_starting(verdict("cuda-w4a16", fp4, on(gpu)), "needs 208,640 B")) << gpu;
+    EXPECT_FALSE(has_reason_starting(verdict("cuda-bf16", bf16_wide, on(gpu)), "needs 102,576 B")) << gpu;
+  }
+  for (const char* gpu : {"rtx-pro-6000", "rtx-5090", "dgx-spark"}) {
+    const std::string sm = sm_label(gpu_spec(gpu).sm());
+    EXPECT_TRUE(has_reason(verdict("cuda-w4a4", fp4, on(gpu)),
+                           "needs 208,640 B of shared memory per block; " + sm + " allows 101,376 B"))
+        << gpu;
+    EXPECT_FALSE(has_reason_starting(verdict("cuda-bf16", bf16, on(gpu)), "needs ")) << gpu;
+    EXPECT_TRUE(has_reason(verdict("cuda-bf16", bf16_wide, on(gpu)),
+                           "needs 102,576 B of shared memory per block; " + sm + " allows 101,376 B"))
+        << gpu;
+  }
+}
+
 TEST(BackendCaps, ExpertParallelUnsupported) {
   const MoeWorkload fp4 = workload("qwen3-30b-a3b", QuantAlgo::NVFP4, 1, 8);
   // b12x declares no EP (not verified there); Tetra's cuda backends run expert blocks.
@@ -213,7 +239,7 @@ TEST(BackendCaps, EveryReasonNotOnlyTheFirst) {
   const MoeWorkload w = workload("qwen3-30b-a3b", QuantAlgo::W4A16_NVFP4, 1, 3);
   const Verdict v = verdict("cuda-w4a4", w, on("rtx-pro-6000"));
   EXPECT_TRUE(has_reason(v, "binary built for sm_90a only; this GPU is SM120")) << dump(v);
-  EXPECT_TRUE(has_reason(v, "needs 232,448 B of shared memory per block; SM120 allows 101,376 B"));
+  EXPECT_TRUE(has_reason(v, "needs 208,640 B of shared memory per block; SM120 allows 101,376 B"));
   EXPECT_TRUE(has_reason(v, "checkpoint is W4A16_NVFP4: no input_scale for W4A4"));
   EXPECT_TRUE(has_reason(v, "ep=3 does not divide 128 routed experts"));
   EXPECT_GE(v.reasons.size(), 4u);

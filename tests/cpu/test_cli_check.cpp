@@ -236,6 +236,8 @@ TEST(CliCheck, AllPrintsEveryDeclarationWithSources) {
   EXPECT_TRUE(contains(r.out, "source: FlashInfer issue #3807")) << r.out;
   EXPECT_TRUE(contains(r.out, "needs 118,784 B of shared memory per block; SM120 allows 101,376 B"))
       << r.out;
+  EXPECT_TRUE(contains(r.out, "needs 208,640 B of shared memory per block; SM120 allows 101,376 B"))
+      << r.out;
 }
 
 TEST(CliCheck, AutoGpuOnThisMachine) {
