@@ -75,7 +75,7 @@ std::string declaration_text(const BackendCaps& b) {
     os << join_names(b.sms, sm_label, "/") << (b.sm_note.empty() ? "" : " (" + b.sm_note + ")")
        << (b.requires_tcgen05 ? ", tcgen05" : "");
   os << "\n    shared memory per block: ";
-  if (b.smem.empty()) os << "not declared";
+  if (b.smem.empty()) os << (b.runs_on_cpu ? "none (CPU)" : "not declared (" + b.smem_unknown + ")");
   for (size_t i = 0; i < b.smem.size(); ++i) {
     const SmemNeed& s = b.smem[i];
     os << (i ? "; " : "") << format_count(s.bytes) << " B";
@@ -136,7 +136,8 @@ std::string check_report_text(const CheckResult& r) {
                            " | " + std::string(verdict_w, ' ') + " | ";
   for (const Verdict& v : r.verdicts) {
     const BackendCaps* caps = find_backend(v.backend);
-    const std::vector<std::string> reasons = row_reasons(v, r.shared);
+    std::vector<std::string> reasons = row_reasons(v, r.shared);
+    reasons.insert(reasons.end(), v.unchecked.begin(), v.unchecked.end());
     os << pad(v.backend, name_w) << " | " << pad(caps && caps->built ? "yes" : "no", built_h.size())
        << " | " << pad(v.ok ? "ok" : "refused", verdict_w) << " | "
        << (reasons.empty() ? "" : reasons[0]) << "\n";
@@ -173,6 +174,7 @@ nlohmann::json backend_caps_to_json(const BackendCaps& b) {
                                   {"from_moe_intermediate", s.from_moe_intermediate},
                                   {"from_experts", s.from_experts},
                                   {"source", s.source}});
+  j["shared_memory_unknown"] = b.smem_unknown;
   j["layouts"] = nlohmann::json::array();
   for (TokenLayout l : b.layouts) j["layouts"].push_back(token_layout_name(l));
   j["hidden_align"] = b.hidden_align;
@@ -225,7 +227,8 @@ nlohmann::json check_report_json(const CheckResult& r, int exit_code) {
   j["backends"] = nlohmann::json::array();
   for (const Verdict& v : r.verdicts) {
     const BackendCaps* caps = find_backend(v.backend);
-    nlohmann::json b = {{"name", v.backend}, {"ok", v.ok}, {"reasons", v.reasons}};
+    nlohmann::json b = {{"name", v.backend}, {"ok", v.ok}, {"reasons", v.reasons},
+                        {"unchecked", v.unchecked}};
     if (caps) b["declaration"] = backend_caps_to_json(*caps);
     j["backends"].push_back(b);
   }

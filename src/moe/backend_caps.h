@@ -36,6 +36,7 @@ struct BackendCaps {
   std::string sm_note;             // why, when it is a build fact: "binary built for sm_90a only"
   bool requires_tcgen05 = false;
   std::vector<SmemNeed> smem;      // largest applicable entry is the need
+  std::string smem_unknown;        // GPU backends that declare no need: why there is none
   std::vector<TokenLayout> layouts;
   int64_t hidden_align = 1;        // hidden % hidden_align == 0
   int64_t inter_align = 1;         // moe intermediate per GPU % inter_align == 0
@@ -64,6 +65,7 @@ struct Verdict {
   std::string backend;
   bool ok = false;
   std::vector<std::string> reasons;  // every reason it cannot run, empty when ok
+  std::vector<std::string> unchecked;  // what could not be judged (an undeclared need), even when ok
 };
 
 // Shared memory the backend needs for this workload (0 = nothing declared).

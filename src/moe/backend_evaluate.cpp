@@ -30,7 +30,7 @@ std::string names(const std::vector<T>& v, Name name) {
 }
 
 void check_device(const BackendCaps& b, const MoeWorkload& w, const Target& t,
-                  std::vector<std::string>& r) {
+                  std::vector<std::string>& r, std::vector<std::string>& unchecked) {
   if (b.runs_on_cpu) return;
   if (!t.gpu) {
     r.push_back("no CUDA GPU on this machine (pass --gpu NAME to check a GPU from the table)");
@@ -48,6 +48,8 @@ void check_device(const BackendCaps& b, const MoeWorkload& w, const Target& t,
     r.push_back(str("needs tcgen05; this GPU (", this_gpu, ") has none"));
   }
   const int64_t smem = smem_needed(b, w);
+  if (b.smem.empty())
+    unchecked.push_back(str("shared memory per block not checked: ", b.smem_unknown));
   if (smem > g.smem_per_block)
     r.push_back(str("needs ", format_count(smem), " B of shared memory per block; ", this_gpu,
                     " allows ", format_count(g.smem_per_block), " B"));
@@ -140,7 +142,7 @@ Verdict evaluate(const BackendCaps& caps, const MoeWorkload& w, const Target& t)
   Verdict v;
   v.backend = caps.name;
   if (!caps.built) v.reasons.push_back(str("not built in this version (kernels live in ", caps.origin, ")"));
-  check_device(caps, w, t, v.reasons);
+  check_device(caps, w, t, v.reasons, v.unchecked);
   check_formats(caps, w, v.reasons);
   check_shape(caps, w, v.reasons);
   check_parallel(caps, w, v.reasons);

@@ -67,6 +67,8 @@ TEST(BackendCaps, DeclarationsAreComplete) {
     EXPECT_FALSE(b.layouts.empty());
     EXPECT_FALSE(b.activations.empty());
     EXPECT_TRUE(b.runs_on_cpu || !b.sms.empty());
+    // A GPU backend states its shared-memory need, or why it has none (check then says so).
+    if (!b.runs_on_cpu) EXPECT_NE(b.smem.empty(), b.smem_unknown.empty());
     // W4A4-only backends quantize activations with the checkpoint's input_scale.
     const bool w4a4_only = b.act_formats == std::vector<ActFormat>{ActFormat::NVFP4};
     EXPECT_EQ(w4a4_only, b.needs_input_scale);
@@ -163,6 +165,15 @@ TEST(BackendCaps, TetraBackendsFitHopperNotSm12x) {
                            "needs 102,576 B of shared memory per block; " + sm + " allows 101,376 B"))
         << gpu;
   }
+}
+
+TEST(BackendCaps, AnUndeclaredNeedIsSaidNotChecked) {
+  const MoeWorkload w = workload("qwen3-30b-a3b", QuantAlgo::NVFP4);
+  const Verdict v = verdict("cutlass-fp4-sm100", w, on("b200"));
+  EXPECT_EQ(v.unchecked, std::vector<std::string>{"shared memory per block not checked: no "
+                                                  "published per-block figure for these kernels"});
+  EXPECT_TRUE(verdict("cuda-w4a16", w, on("h200")).unchecked.empty());
+  EXPECT_TRUE(verdict("cpu", w, on("h200")).unchecked.empty());
 }
 
 TEST(BackendCaps, ExpertParallelUnsupported) {

@@ -240,6 +240,25 @@ TEST(CliCheck, AllPrintsEveryDeclarationWithSources) {
       << r.out;
 }
 
+// The SM100 kernels of other engines declare no shared-memory figure: each row says it was not
+// checked, and the declaration why.
+TEST(CliCheck, AnUndeclaredSharedMemoryNeedIsNamed) {
+  const RunResult r = run_tetra("check --preset qwen3-30b-a3b --gpu b200 --backend all");
+  const std::string note = "shared memory per block not checked: no published per-block figure";
+  size_t rows = 0;
+  for (size_t at = r.out.find(note); at != std::string::npos; at = r.out.find(note, at + 1)) ++rows;
+  EXPECT_EQ(rows, 3u) << r.out;  // trtllm-gen, CuTe DSL and CUTLASS on SM100
+  EXPECT_TRUE(contains(r.out, "shared memory per block: not declared (no published per-block "
+                              "figure for these kernels)"))
+      << r.out;
+  const nlohmann::json j = nlohmann::json::parse(
+      run_tetra("check --preset qwen3-30b-a3b --gpu b200 --backend all --json").out);
+  for (const auto& b : j["backends"])
+    EXPECT_EQ(b["unchecked"].empty(), !b["declaration"]["shared_memory"].empty() ||
+                                          b["declaration"]["runs_on_cpu"].get<bool>())
+        << b.dump();
+}
+
 TEST(CliCheck, AutoGpuOnThisMachine) {
   const RunResult r = run_tetra("check --preset tiny-glm5");
   if (cuda_available()) {
