@@ -54,6 +54,13 @@ struct PackedNvfp4Matrix {
 // Byte sizes of one packed matrix, for allocators and for the bandwidth floor.
 inline size_t packed_weight_bytes(int n, int k) { return size_t(n) * size_t(k) / 2; }
 inline size_t packed_scale_bytes(int n, int k) { return size_t(n) * size_t(k) / 16; }
+// One SwiGLU MLP's gate, up [inter, hidden] and down [hidden, inter] as a GPU layer holds them:
+// packed NVFP4 weights + scales, or bf16.
+inline size_t expert_mlp_bytes(bool bf16, int hidden, int inter) {
+  if (bf16) return size_t(3) * inter * hidden * 2;
+  return packed_weight_bytes(2 * inter, hidden) + packed_scale_bytes(2 * inter, hidden) +
+         packed_weight_bytes(hidden, inter) + packed_scale_bytes(hidden, inter);
+}
 
 // Scale code conversions (exposed for tests). e4m3_to_ue5m3 refuses NaN (0x7f/0xff) and
 // negative scales; returns 0 for a zero scale.

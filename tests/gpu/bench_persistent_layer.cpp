@@ -63,7 +63,7 @@ TEST(BenchPersistentLayer, PhaseStamps) {
   const char* names[] = {"start",  "logits", "routed", "g1 first", "g1 last start", "g1 done",
                          "g2 first", "g2 last start", "g2 done", "combined", "exit"};
   for (const Shape& sh : shapes) {
-    RandomW4a16Layer spec;
+    RandomMoeLayer spec;
     spec.experts = sh.E;
     spec.hidden = sh.H;
     spec.inter = sh.I;

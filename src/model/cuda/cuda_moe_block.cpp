@@ -13,7 +13,7 @@ CudaMoeBlock make_cuda_moe_block(const MoeWeights& mw, const CudaMoeBlockSpec& s
   CudaMoeBlock block;
   if (spec.random) {
     TETRA_CHECK(spec.seed != nullptr, "random MoE block without a seed");
-    moe::RandomW4a16Layer r;
+    moe::RandomMoeLayer r;
     r.experts = E;
     r.hidden = spec.hidden;
     r.inter = int(mw.experts.front().inter());

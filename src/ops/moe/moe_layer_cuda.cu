@@ -302,7 +302,7 @@ CudaMoeLayer::CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout
   }
 }
 
-CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayout layout,
+CudaMoeLayer::CudaMoeLayer(const RandomMoeLayer& s, int max_tokens, TokenLayout layout,
                            const CudaTokenPath& path)
     : name_("random layer"), max_tokens_(max_tokens), layout_(layout), path_(path),
       router_(s.router) {
@@ -314,8 +314,10 @@ CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayou
                " outside the ", E_global_, " of the layer");
   if (s.router.num_experts != E_global_) TETRA_FAIL("random layer: router has ", s.router.num_experts, " experts, layer ", E_global_);
   if (!s.bias.empty() && int(s.bias.size()) != E_global_) TETRA_FAIL("random layer: bias has ", s.bias.size(), " entries for ", E_global_, " experts");
+  if (s.w4a4 && s.bf16) TETRA_FAIL("random layer: W4A4 activations need NVFP4 experts, not BF16");
   routed_w4a4_ = s.w4a4;
   shared_w4a4_ = s.w4a4 && s.shared_inter > 0;
+  routed_bf16_ = shared_bf16_ = s.bf16;
   allocate(s.experts, s.hidden, s.inter, s.shared_inter, !s.bias.empty());
   // W4A4 input scales as calibration would set them for unit-variance x (amax ~ 4.5) and an
   // intermediate of amax ~ 3: amax / (6 * 448); the alphas below carry them too.
@@ -334,8 +336,21 @@ CudaMoeLayer::CudaMoeLayer(const RandomW4a16Layer& s, int max_tokens, TokenLayou
     fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_up), E, in13 * packed_alpha(0.5f / std::sqrt(float(H_))));
     fill_f32<<<8, 256>>>(const_cast<float*>(d.alpha_down), E, in2 * packed_alpha(0.5f / std::sqrt(float(inter))));
   };
-  fill(w_, E_, I_, s.seed * 16);
-  if (Is_ > 0) fill(ws_, 1, Is_, s.seed * 16 + 8);  // in the slot: ws_ views routed expert E
+  // BF16 weights ~ U(-a, a), a = sqrt(3 / k): unit-variance rows give unit-variance sums.
+  auto fill_bf16 = [&](const MoeBf16WeightsDevice& d, int E, int inter, uint32_t seed) {
+    fill_random_bf16<<<1024, 256>>>(const_cast<uint16_t*>(d.w13), size_t(E) * 2 * inter * H_, seed,
+                                    std::sqrt(3.0f / float(H_)));
+    fill_random_bf16<<<1024, 256>>>(const_cast<uint16_t*>(d.w2), size_t(E) * H_ * inter, seed + 1,
+                                    std::sqrt(3.0f / float(inter)));
+  };
+  // In the slot, ws_ / wsb_ view routed expert E.
+  if (s.bf16) {
+    fill_bf16(wb_, E_, I_, s.seed * 16);
+    if (Is_ > 0) fill_bf16(wsb_, 1, Is_, s.seed * 16 + 8);
+  } else {
+    fill(w_, E_, I_, s.seed * 16);
+    if (Is_ > 0) fill(ws_, 1, Is_, s.seed * 16 + 8);
+  }
   if (s.w4a4) {
     const int Ew = E_ + (shared_in_slot_ ? 1 : 0);
     fill_f32<<<8, 256>>>(in13_, size_t(Ew), in13);
@@ -377,17 +392,10 @@ void CudaMoeLayer::upload_bf16(const ExpertMlpView& v, int e, int inter,
   TETRA_CUDA_CHECK(cudaMemcpy(w2, v.down_bf16.weight, mat * 2, cudaMemcpyHostToDevice));
 }
 
-size_t CudaMoeLayer::expert_bytes() const {
-  if (routed_bf16_) return size_t(3) * I_ * H_ * 2;
-  return packed_weight_bytes(2 * I_, H_) + packed_scale_bytes(2 * I_, H_) +
-         packed_weight_bytes(H_, I_) + packed_scale_bytes(H_, I_);
-}
+size_t CudaMoeLayer::expert_bytes() const { return expert_mlp_bytes(routed_bf16_, H_, I_); }
 
 size_t CudaMoeLayer::shared_bytes() const {
-  if (Is_ == 0) return 0;
-  if (shared_bf16_) return size_t(3) * Is_ * H_ * 2;
-  return packed_weight_bytes(2 * Is_, H_) + packed_scale_bytes(2 * Is_, H_) +
-         packed_weight_bytes(H_, Is_) + packed_scale_bytes(H_, Is_);
+  return Is_ == 0 ? 0 : expert_mlp_bytes(shared_bf16_, H_, Is_);
 }
 
 int CudaMoeLayer::shared_weight_ranges(const void* ptrs[4], size_t bytes[4]) const {

@@ -107,9 +107,10 @@ CudaTokenPath cuda_token_path_from_env();
 // reports).
 std::string cuda_token_path_label(const CudaTokenPath& p);
 
-// For the benchmark: a layer of the given shape with random NVFP4 weights generated on the GPU
-// (no host copy), a random bf16 router weight and an e_score_correction_bias.
-struct RandomW4a16Layer {
+// For the benchmark: a layer of the given shape with random weights generated on the GPU (no host
+// copy): NVFP4 experts (cuda-w4a16, or cuda-w4a4) or BF16 experts (cuda-bf16), a random bf16
+// router weight and an e_score_correction_bias.
+struct RandomMoeLayer {
   int experts = 0, hidden = 0, inter = 0;  // experts: E_local, the ones this layer holds
   int shared_inter = 0;  // 0 = no shared expert
   // Expert parallelism (see MoeLayerWeights): experts [expert_begin, expert_begin + experts) of
@@ -119,6 +120,8 @@ struct RandomW4a16Layer {
   RouterParams router;   // num_experts == global_experts (or experts)
   // cuda-w4a4: NVFP4 activations with fixed random-layer input scales (the shared expert too).
   bool w4a4 = false;
+  // cuda-bf16: BF16 routed and shared experts (not with w4a4).
+  bool bf16 = false;
   // [E_global] correction bias (host values, uploaded); empty = none. Skews the choice of experts.
   std::vector<float> bias;
   uint32_t seed = 1;
@@ -130,7 +133,7 @@ class CudaMoeLayer final : public MoeLayerRunner {
   // experts run cuda-w4a4 (every routed expert needs its input scales, else Error).
   CudaMoeLayer(const MoeLayerWeights& w, int max_tokens, TokenLayout layout,
                const CudaTokenPath& path = {}, bool w4a4 = false);
-  CudaMoeLayer(const RandomW4a16Layer& spec, int max_tokens, TokenLayout layout,
+  CudaMoeLayer(const RandomMoeLayer& spec, int max_tokens, TokenLayout layout,
                const CudaTokenPath& path = {});
   ~CudaMoeLayer() override;
   CudaMoeLayer(const CudaMoeLayer&) = delete;
