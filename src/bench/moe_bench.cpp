@@ -20,9 +20,11 @@
 #include "core/version.h"
 #include "format/model_config.h"
 #include "moe/backend_caps.h"
+#include "moe/expert_weights.h"
 #include "moe/moe_layer.h"
 #include "ops/moe/moe_layer_cuda.h"
 #include "perf/gpu_spec.h"
+#include "perf/memory_fit.h"
 
 namespace tetra::bench {
 namespace {
@@ -60,6 +62,63 @@ void fill_x(std::vector<uint16_t>& v, uint32_t seed) {
     h ^= h << 13, h ^= h >> 17, h ^= h << 5;
     x = uint16_t((h & 0x8000u) | ((126u + ((h >> 8) & 1u)) << 7) | (h & 0x7fu));
   }
+}
+
+// Input buffers of a T-token row: enough that the experts they route to, and the inputs themselves,
+// cannot stay in the L2 between visits; 4 to 16.
+int input_buffers(int T, int H) {
+  const double bytes = 2.0 * T * H;  // one [T, H] bf16 buffer
+  return int(std::clamp(std::ceil(2.5 * kL2Bytes / bytes), 4.0, 16.0));
+}
+
+// `experts` routed experts, the shared expert and the bf16 router weight in `backend`'s format.
+double weight_bytes(const Shape& s, const std::string& backend, double experts) {
+  const bool bf16 = backend == "cuda-bf16";
+  return experts * double(expert_mlp_bytes(bf16, s.H, s.I)) +
+         (s.Is > 0 ? double(expert_mlp_bytes(bf16, s.H, s.Is)) : 0.0) + 2.0 * s.E * s.H;
+}
+
+// See moe_bench_bytes: the weights read, x [T, H] read and out [T, H] written (bf16).
+double layer_bytes(const Shape& s, const std::string& backend, double unique, int T) {
+  return weight_bytes(s, backend, unique) + 2.0 * 2.0 * T * s.H;
+}
+
+// The workload `backend` is judged on: this preset's layer in that backend's format (NVFP4 with
+// input scales for cuda-w4a4, a W4A4 checkpoint; BF16 for cuda-bf16; else W4A16 NVFP4).
+MoeWorkload bench_workload(const Shape& s, const MoeBenchOptions& o, const std::string& backend) {
+  moe::MoeLayerWeights probe;  // formats only; no data read
+  probe.name = o.preset;
+  probe.hidden = s.H;
+  probe.inter = s.I;
+  probe.router = s.router;
+  probe.experts.resize(size_t(s.E));
+  for (moe::ExpertMlpView& e : probe.experts) {
+    if (backend == "cuda-bf16") e.format = moe::ExpertFormat::BF16;
+    if (backend == "cuda-w4a4") e.gate.input_scale = e.up.input_scale = e.down.input_scale = 1.0f;
+  }
+  moe::MoeLayerOptions lo;
+  lo.max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
+  return moe::layer_workload(probe, lo);
+}
+
+// GPU memory the benchmark holds for `backend` at its largest row: the layer's weights (routed
+// experts, the shared expert, the router), its scratch for max_tokens (as CudaMoeLayer sizes it,
+// bounded above: rows of pairs and shared slot, each with bf16 activations, f32 outputs and bf16
+// reordered or quantized x; logits; the shared expert's own rows) and the row's input and output
+// buffers.
+struct BenchMemory {
+  double weights = 0, scratch = 0;
+};
+BenchMemory bench_memory(const Shape& s, const std::string& backend, const std::vector<int>& tokens) {
+  BenchMemory m;
+  m.weights = weight_bytes(s, backend, s.E);
+  const double T = *std::max_element(tokens.begin(), tokens.end());
+  const double rows = T * (s.K + 1);
+  m.scratch = rows * (2.0 * s.I + 4.0 * s.H + 2.0 * s.H) + T * (4.0 * s.E + 2.0 * s.Is + 2.0 * s.H);
+  double inputs = 0;
+  for (int t : tokens) inputs = std::max(inputs, input_buffers(t, s.H) * 2 * 2.0 * t * s.H);
+  m.scratch += inputs;
+  return m;
 }
 
 double percentile(std::vector<double> v, double q) {
@@ -110,13 +169,15 @@ struct Graph {
   }
 };
 
-// cuda-w4a16, or cuda-w4a4 (the same random layer with NVFP4 activations) when w4a4.
-void bench_backend_w4a16(const Shape& s, const MoeBenchOptions& o, const GpuSpec& gpu,
-                         MoeBenchReport& r, bool w4a4 = false) {
+// One backend's rows on a random layer in its format: cuda-w4a16 (NVFP4 experts), cuda-w4a4 (the
+// same with NVFP4 activations) or cuda-bf16 (BF16 experts).
+void bench_random_layer(const Shape& s, const MoeBenchOptions& o, const GpuSpec& gpu,
+                        const std::string& backend, MoeBenchReport& r) {
   int max_t = 0;
   for (int t : o.tokens) max_t = std::max(max_t, t);
-  moe::RandomW4a16Layer spec;
-  spec.w4a4 = w4a4;
+  moe::RandomMoeLayer spec;
+  spec.w4a4 = backend == "cuda-w4a4";
+  spec.bf16 = backend == "cuda-bf16";
   spec.experts = s.E, spec.hidden = s.H, spec.inter = s.I, spec.shared_inter = s.Is;
   spec.router = s.router;
   if (s.has_bias || o.routing == "skewed") {
@@ -134,7 +195,7 @@ void bench_backend_w4a16(const Shape& s, const MoeBenchOptions& o, const GpuSpec
 
   for (int T : o.tokens) {
     const size_t n = size_t(T) * s.H;
-    const int nbuf = int(std::clamp(std::ceil(2.5 * kL2Bytes / double(n * 2)), 4.0, 16.0));
+    const int nbuf = input_buffers(T, s.H);
     DeviceBuffers buf;
     std::vector<uint16_t> host(n);
     for (int b = 0; b < nbuf; ++b) {
@@ -188,13 +249,12 @@ void bench_backend_w4a16(const Shape& s, const MoeBenchOptions& o, const GpuSpec
     for (int i = 0; i < iters; ++i) us.push_back(1e3 * ev.ms(size_t(2 * i), size_t(2 * i + 1)));
 
     MoeBenchRow row;
-    row.backend = w4a4 ? "cuda-w4a4" : "cuda-w4a16";
+    row.backend = backend;
     row.tokens = T;
     row.unique_experts = unique;
     row.median_us = percentile(us, 0.5);
     row.p90_us = percentile(us, 0.9);
-    row.bytes = unique * double(layer.expert_bytes()) + double(layer.shared_bytes()) +
-                double(s.E) * s.H * 2 + 2.0 * double(n) * 2;
+    row.bytes = layer_bytes(s, backend, unique, T);
     row.flops = 2.0 * (double(T) * s.K * 3.0 * s.H * s.I + double(T) * 3.0 * s.H * s.Is +
                        double(T) * s.E * s.H);
     row.gbs = row.bytes / (row.median_us * 1e-6) / 1e9;
@@ -255,6 +315,22 @@ void validate_moe_bench_options(const MoeBenchOptions& o) {
   if (o.iters < 0) TETRA_FAIL("--iters must be >= 0 (0 = automatic), got ", o.iters);
 }
 
+double moe_bench_bytes(const std::string& preset, const std::string& backend, double unique,
+                       int tokens) {
+  return layer_bytes(preset_shape(preset), backend, unique, tokens);
+}
+
+std::string moe_bench_memory_reason(const MoeBenchOptions& o, const std::string& backend,
+                                    int64_t memory_bytes) {
+  const BenchMemory m = bench_memory(preset_shape(o.preset), backend, o.tokens);
+  const double usable = double(memory_bytes) * kUsableMemoryFraction;
+  if (m.weights + m.scratch <= usable) return "";
+  return str("one ", backend, " layer of ", o.preset, " needs ", format_gb(m.weights + m.scratch),
+             " of GPU memory (weights ", format_gb(m.weights), ", scratch and inputs up to ",
+             format_gb(m.scratch), "); ", int(kUsableMemoryFraction * 100), "% of ",
+             format_gb(double(memory_bytes)), " is ", format_gb(usable));
+}
+
 MoeBenchReport run_moe_bench(const MoeBenchOptions& o) {
   validate_moe_bench_options(o);
   const std::optional<GpuSpec> gpu = detect_local_gpu();
@@ -271,21 +347,6 @@ MoeBenchReport run_moe_bench(const MoeBenchOptions& o) {
   r.bandwidth_bytes_per_s = gpu->bandwidth_bytes_per_s > 0 ? gpu->bandwidth_bytes_per_s : kFallbackBandwidth;
   r.bf16_tflops = gpu->bf16_dense_tflops > 0 ? gpu->bf16_dense_tflops : kFallbackTflops;
 
-  // The workload each backend is judged on: this preset as a W4A16 NVFP4 layer on this GPU.
-  moe::MoeLayerWeights probe;
-  probe.name = o.preset;
-  probe.hidden = s.H;
-  probe.inter = s.I;
-  probe.router = s.router;
-  probe.experts.resize(size_t(s.E));  // NVFP4 views (formats only; no data read)
-  moe::MoeLayerOptions lo;
-  lo.max_tokens = *std::max_element(o.tokens.begin(), o.tokens.end());
-  const MoeWorkload w = moe::layer_workload(probe, lo);
-  // cuda-w4a4 is judged on the same layer with input scales (a W4A4 checkpoint).
-  moe::MoeLayerWeights probe_w4a4 = probe;
-  for (moe::ExpertMlpView& e : probe_w4a4.experts)
-    e.gate.input_scale = e.up.input_scale = e.down.input_scale = 1.0f;
-  const MoeWorkload w_w4a4 = moe::layer_workload(probe_w4a4, lo);
   Target t;
   t.gpu = gpu;
   t.host_memory_bytes = host_memory_bytes();
@@ -296,18 +357,23 @@ MoeBenchReport run_moe_bench(const MoeBenchOptions& o) {
       r.skipped.push_back({b.name, "the CPU reference is not a GPU benchmark"});
       continue;
     }
-    const Verdict v = evaluate(b, b.name == "cuda-w4a4" ? w_w4a4 : w, t);
+    const Verdict v = evaluate(b, bench_workload(s, o, b.name), t);
     if (!v.ok) {
       std::string why;
       for (const std::string& x : v.reasons) why += (why.empty() ? "" : "; ") + x;
       r.skipped.push_back({b.name, why});
       continue;
     }
-    if (b.name == "cuda-w4a16" || b.name == "cuda-w4a4") {
-      bench_backend_w4a16(s, o, *gpu, r, b.name == "cuda-w4a4");
-    } else {
+    if (b.name != "cuda-w4a16" && b.name != "cuda-w4a4" && b.name != "cuda-bf16") {
       r.skipped.push_back({b.name, "no benchmark driver for this backend yet"});
+      continue;
     }
+    const std::string no_room = moe_bench_memory_reason(o, b.name, gpu->memory_bytes);
+    if (!no_room.empty()) {
+      r.skipped.push_back({b.name, no_room});
+      continue;
+    }
+    bench_random_layer(s, o, *gpu, b.name, r);
   }
   return r;
 }
@@ -323,7 +389,8 @@ std::string moe_bench_markdown(const MoeBenchReport& r) {
     os << "- Token path (moe::CudaTokenPath, TETRA_MOE_TOKEN_PATH): " << r.token_path << ".\n";
   os << "- Floors at " << fixed(r.bandwidth_bytes_per_s / 1e12, 2) << " TB/s and "
      << fixed(r.bf16_tflops, 0) << " TFLOP/s (bf16 peak). Bytes: unique routed experts' "
-        "weights+scales, shared expert, router weight, x in, out. Times: CUDA graph of one "
+        "weights in the backend's format (NVFP4 + scales, or bf16 for cuda-bf16), shared expert, "
+        "router weight, x in, out. Times: CUDA graph of one "
         "forward, median (p90) of the launches, inputs rotated over the buffers.\n\n";
   os << "| backend | tokens | unique experts | median us | p90 us | GB/s | TFLOP/s | floor us | "
         "efficiency | bound |\n|---|---|---|---|---|---|---|---|---|---|\n";

@@ -1,12 +1,13 @@
 // `tetra bench moe`: one full MoE layer of a preset's real shapes resident on the GPU (random
-// NVFP4 weights generated there), real routing of random activations, timed per token count.
+// weights generated there in each backend's format: NVFP4 for cuda-w4a16 and cuda-w4a4, BF16 for
+// cuda-bf16), real routing of random activations, timed per token count.
 //
 // Method: per row, nbuf input buffers (enough that the experts they route to, and the inputs
 // themselves, cannot stay in the 60 MB L2 between visits; at least 4), each forward captured in a
 // CUDA graph (as a decode engine runs it); warm-up, then CUDA events around each graph launch;
-// median and p90 of the launches. Bytes that must move = unique routed experts' packed weights +
-// scales (mean over the buffers' routings) + the shared expert's + the router weight + x read
-// and out written. FLOPs = 2 * (T*top_k*3*H*I + T*3*H*Is + T*E*H). Floors: bytes / bandwidth and
+// median and p90 of the launches. Bytes that must move = unique routed experts' weights in the
+// backend's format (mean over the buffers' routings) + the shared expert's + the router weight +
+// x read and out written (moe_bench_bytes). FLOPs = 2 * (T*top_k*3*H*I + T*3*H*Is + T*E*H). Floors: bytes / bandwidth and
 // FLOPs / bf16 peak of the GPU (perf/gpu_spec: measured 4.46 TB/s and 785 TFLOP/s on the H200);
 // the larger one binds; efficiency = floor / median.
 //
@@ -16,6 +17,7 @@
 // token path; "old" = all off, the launches before the small-T path). The
 // report names the setting.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -69,6 +71,18 @@ struct MoeBenchReport {
 // Checks the options (preset is a MoE model, tokens > 0, routing and backend known); throws
 // tetra::Error with the reason. Needs no GPU.
 void validate_moe_bench_options(const MoeBenchOptions& o);
+
+// Bytes one forward of `tokens` tokens must move on `backend` when it routes to `unique` experts:
+// those experts' weights in the backend's format (cuda-bf16: bf16; cuda-w4a16, cuda-w4a4: packed
+// NVFP4 + scales), the shared expert's, the bf16 router weight, x read and out written (bf16).
+double moe_bench_bytes(const std::string& preset, const std::string& backend, double unique,
+                       int tokens);
+
+// Why the benchmark cannot hold `backend`'s layer of o.preset (weights, scratch for the largest
+// of o.tokens, its input buffers) in a GPU of `memory_bytes` ("" when it fits), against the share
+// check leaves usable (perf/memory_fit.h). GLM-5 at BF16 is ~20 GB per layer.
+std::string moe_bench_memory_reason(const MoeBenchOptions& o, const std::string& backend,
+                                    int64_t memory_bytes);
 
 // Runs the benchmark on GPU 0. Throws tetra::Error when there is no CUDA GPU.
 MoeBenchReport run_moe_bench(const MoeBenchOptions& o);
