@@ -1,6 +1,5 @@
 #include "cli/cli_util.h"
 
-#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
@@ -27,13 +26,6 @@ std::vector<int> parse_int_list(const std::string& text, const std::string& opti
   }
   if (out.empty()) TETRA_FAIL(option, ": give at least one value");
   return out;
-}
-
-void write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  if (!f) TETRA_FAIL("cannot write ", path);
-  f << text;
-  if (!f) TETRA_FAIL("error writing ", path);
 }
 
 }  // namespace tetra::cli

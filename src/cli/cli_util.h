@@ -1,4 +1,4 @@
-// Small pieces several subcommands share: comma-separated number lists and result files.
+// Small pieces several subcommands share: comma-separated number lists.
 #pragma once
 #include <string>
 #include <vector>
@@ -9,8 +9,5 @@ namespace tetra::cli {
 // below `min_value`, naming `option` and the bad piece (tetra::Error).
 std::vector<int> parse_int_list(const std::string& text, const std::string& option,
                                 int min_value = 1);
-
-// Writes `text` to `path` (replacing it); tetra::Error when the file cannot be written.
-void write_text_file(const std::string& path, const std::string& text);
 
 }  // namespace tetra::cli

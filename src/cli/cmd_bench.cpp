@@ -21,7 +21,7 @@ namespace {
 struct BenchMoeArgs {
   bench::MoeBenchOptions opts;
   std::string tokens = "1,4,16,64,256,1024,4096";
-  std::string json_path, markdown_path;
+  bench::ReportOutput output;
 };
 
 void run_bench_moe(BenchMoeArgs& a) {
@@ -38,10 +38,7 @@ void run_bench_moe(BenchMoeArgs& a) {
     throw CLI::RuntimeError(kExitNoGpu);
   }
   const bench::MoeBenchReport r = bench::run_moe_bench(a.opts);
-  const std::string md = bench::moe_bench_markdown(r);
-  std::cout << md;
-  if (!a.markdown_path.empty()) write_text_file(a.markdown_path, md);
-  if (!a.json_path.empty()) write_text_file(a.json_path, bench::moe_bench_json(r).dump(2) + "\n");
+  bench::emit_report(a.output, bench::moe_bench_markdown(r), bench::moe_bench_json(r), std::cout);
 }
 
 }  // namespace
@@ -56,8 +53,7 @@ void add_bench_moe(CLI::App& bench) {
   cmd->add_option("--routing", a->opts.routing,
                   "uniform (default) or skewed (correction bias +0.2 on every 8th expert)");
   cmd->add_option("--iters", a->opts.iters, "timed runs per row (default: about 0.3 s worth)");
-  cmd->add_option("--json", a->json_path, "also write the results as JSON to this file");
-  cmd->add_option("--markdown", a->markdown_path, "also write the markdown table to this file");
+  add_report_options(*cmd, a->output);
   cmd->callback([a] { run_bench_moe(*a); });
 }
 

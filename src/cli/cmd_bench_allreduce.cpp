@@ -8,8 +8,8 @@
 #include <iostream>
 #include <memory>
 
+#include "bench/report_output.h"
 #include "cli/bench_commands.h"
-#include "cli/cli_util.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "dist/allreduce_bench.h"
@@ -38,8 +38,8 @@ void run_bench_allreduce(BenchAllReduceArgs& a) {
   const dist::AllReduceBenchReport r = dist::run_allreduce_bench(a.opts);
   const std::string md = dist::allreduce_bench_markdown(r);
   std::cout << md;
-  if (!a.markdown_path.empty()) write_text_file(a.markdown_path, md);
-  if (!a.json_path.empty()) write_text_file(a.json_path, dist::allreduce_bench_json(r).dump(2) + "\n");
+  if (!a.markdown_path.empty()) bench::write_text_file(a.markdown_path, md);
+  if (!a.json_path.empty()) bench::write_text_file(a.json_path, dist::allreduce_bench_json(r).dump(2) + "\n");
 }
 
 CLI::App* find_or_add_bench(CLI::App& app) {

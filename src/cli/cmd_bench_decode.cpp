@@ -21,7 +21,7 @@ struct BenchDecodeArgs {
   bench::DecodeBenchOptions opts;
   std::string batches = "1", contexts = "1024", dtype = "nvfp4";
   bool random_weights = false, no_graphs = false, no_per_op = false, rope_kernel = false;
-  std::string json_path, markdown_path;
+  bench::ReportOutput output;
 };
 
 void run_bench_decode(BenchDecodeArgs& a) {
@@ -68,10 +68,8 @@ void run_bench_decode(BenchDecodeArgs& a) {
     throw CLI::RuntimeError(kExitNoGpu);
   }
   const bench::DecodeBenchReport r = bench::run_decode_bench(a.opts);
-  const std::string md = bench::decode_bench_markdown(r);
-  std::cout << md;
-  if (!a.markdown_path.empty()) write_text_file(a.markdown_path, md);
-  if (!a.json_path.empty()) write_text_file(a.json_path, bench::decode_bench_json(r).dump(2) + "\n");
+  bench::emit_report(a.output, bench::decode_bench_markdown(r), bench::decode_bench_json(r),
+                     std::cout);
 }
 
 CLI::App* find_or_add_bench(CLI::App& app) {
@@ -114,8 +112,7 @@ static void add_bench_decode(CLI::App& app) {
                   "write per-block time stamps of the attention and MoE chains' kernels, one "
                   "step per row, to PATH.b<batch>.c<context>.bin (builds with "
                   "-DTETRA_BLOCK_STAMPS=ON; read with scripts/gpu/block_stamps.py)");
-  cmd->add_option("--json", a->json_path, "also write the results as JSON to this file");
-  cmd->add_option("--markdown", a->markdown_path, "also write the markdown table to this file");
+  add_report_options(*cmd, a->output);
   cmd->callback([a] { run_bench_decode(*a); });
 }
 

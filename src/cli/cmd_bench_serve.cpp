@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 
+#include "bench/report_output.h"
 #include "bench/serve_bench.h"
 #include "cli/cli_util.h"
 #include "cli/commands.h"
@@ -24,9 +25,9 @@ void run_bench_serve(BenchServeArgs& a) {
   const auto points = bench::run_serve_bench(a.opts);
   const std::string md = bench::serve_bench_markdown(a.opts, points);
   std::cout << md;
-  if (!a.markdown_path.empty()) write_text_file(a.markdown_path, md);
+  if (!a.markdown_path.empty()) bench::write_text_file(a.markdown_path, md);
   if (!a.json_path.empty())
-    write_text_file(a.json_path, bench::serve_bench_json(a.opts, points).dump(2) + "\n");
+    bench::write_text_file(a.json_path, bench::serve_bench_json(a.opts, points).dump(2) + "\n");
   for (const auto& p : points)
     if (p.completed == 0) TETRA_FAIL("every request failed at concurrency ", p.concurrency, ": ", p.first_error);
 }
