@@ -143,7 +143,11 @@ std::string check_report_text(const CheckResult& r) {
        << (reasons.empty() ? "" : reasons[0]) << "\n";
     for (size_t i = 1; i < reasons.size(); ++i) os << cont << reasons[i] << "\n";
   }
-  os << "\nauto: " << (r.auto_pick ? *r.auto_pick : "none (no backend can run this)") << "\n";
+  os << "\nauto: " << (r.auto_pick ? *r.auto_pick : "none (no backend can run this)");
+  if (const BackendCaps* pick = r.auto_pick ? find_backend(*r.auto_pick) : nullptr;
+      pick != nullptr && pick->runs_on_cpu)
+    os << " (no GPU backend can run this model on this GPU: the CPU reference, at CPU speed)";
+  os << "\n";
   if (r.requested != "auto" && r.requested != "all")
     os << r.requested << ": " << (r.can_run ? "can run" : "cannot run") << "\n";
   if (r.show_declarations) {

@@ -192,8 +192,10 @@ TEST(CliCheck, ModelDirectoryReadsTheQuantConfig) {
   // Off Hopper the tiny model still runs on the cpu backend.
   const RunResult a100 = run_tetra("check --model " + nvfp4.string() + " --gpu a100");
   EXPECT_EQ(a100.code, 0) << a100.out;
-  EXPECT_TRUE(contains(a100.out, "auto: cpu")) << a100.out;
+  EXPECT_TRUE(contains(a100.out, "auto: cpu (no GPU backend can run this model on this GPU"))
+      << a100.out;
   EXPECT_TRUE(contains(a100.out, "binary built for sm_90a only; this GPU is SM80")) << a100.out;
+  EXPECT_FALSE(contains(plain.out, "no GPU backend can run")) << plain.out;
   for (const fs::path& d : {w4a16, nvfp4, bf16}) fs::remove_all(d);
 }
 
