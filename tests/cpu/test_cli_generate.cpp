@@ -53,18 +53,23 @@ TEST(CliGenerate, StreamsTheEnginesGreedyTokensAndTiming) {
   EXPECT_NE(r.output.find("tokens/s"), std::string::npos) << r.output;
 }
 
+// A run that ended on `token`, the last of at most `most` ids it printed.
+void expect_stopped_at(const test::RunResult& r, int32_t token, size_t most) {
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<int32_t> got = first_line_ids(r.output);
+  ASSERT_FALSE(got.empty()) << r.output;
+  EXPECT_EQ(got.back(), token);
+  EXPECT_LE(got.size(), most);
+  EXPECT_NE(r.output.find("finish: stop"), std::string::npos) << r.output;
+}
+
 TEST(CliGenerate, StopIdsEndGeneration) {
   const auto dir = tiny_model("tiny-glm4.7", "bf16");
   const std::vector<int32_t> free_run = engine_greedy(dir, {9, 10, 11}, 8);
   const int32_t stop = free_run[2];
   const auto r = run_tetra("generate --model " + dir.string() +
                            " --prompt-ids 9,10,11 --max-new-tokens 8 --stop-ids " + std::to_string(stop));
-  ASSERT_EQ(r.code, 0) << r.output;
-  const std::vector<int32_t> got = first_line_ids(r.output);
-  ASSERT_FALSE(got.empty());
-  EXPECT_EQ(got.back(), stop);
-  EXPECT_LE(got.size(), 3u);
-  EXPECT_NE(r.output.find("finish: stop"), std::string::npos) << r.output;
+  expect_stopped_at(r, stop, 3);
 }
 
 // generation_config.json's eos_token_id ends generation as a stop id does (a list whose other
@@ -79,13 +84,7 @@ TEST(CliGenerate, EosOfGenerationConfigEndsGenerationUnlessIgnored) {
   std::ofstream(dir / "generation_config.json")
       << R"({"eos_token_id": [99999999, "x", )" << eos << "]}";
   const std::string cmd = "generate --model " + dir.string() + " --prompt-ids 9,10,11 --max-new-tokens 8";
-  const auto stopped = run_tetra(cmd);
-  ASSERT_EQ(stopped.code, 0) << stopped.output;
-  const std::vector<int32_t> got = first_line_ids(stopped.output);
-  ASSERT_FALSE(got.empty());
-  EXPECT_EQ(got.back(), eos);
-  EXPECT_LE(got.size(), 3u);
-  EXPECT_NE(stopped.output.find("finish: stop"), std::string::npos) << stopped.output;
+  expect_stopped_at(run_tetra(cmd), eos, 3);
   const auto ignored = run_tetra(cmd + " --ignore-eos");
   ASSERT_EQ(ignored.code, 0) << ignored.output;
   EXPECT_EQ(first_line_ids(ignored.output), free_run);
