@@ -18,19 +18,6 @@ bool present(const int32_t* tokens, const int32_t* offsets) {
   return tokens != nullptr && offsets != nullptr;
 }
 
-bool has_penalties(const ops::SamplingParams& p) {
-  return p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
-}
-
-// The CPU twin refuses history ids outside the vocabulary; the kernel would skip them.
-void check_history(const int32_t* tokens, const int32_t* offsets, int rows, int vocab) {
-  if (!present(tokens, offsets)) return;
-  for (int r = 0; r < rows; ++r)
-    for (int32_t i = offsets[r]; i < offsets[r + 1]; ++i)
-      if (tokens[i] < 0 || tokens[i] >= vocab)
-        TETRA_FAIL("sampling row ", r, ": history token ", tokens[i], " outside vocab ", vocab);
-}
-
 }  // namespace
 
 void PinnedBuffer::reserve(size_t bytes) {
@@ -82,11 +69,9 @@ void DeviceSampler::sample(const float* logits, int rows, int vocab,
                            int32_t* tokens, cudaStream_t stream) {
   TETRA_CHECK(rows >= 0 && vocab > 0, "sampling: rows=", rows, " vocab=", vocab);
   if (rows == 0) return;
-  for (int r = 0; r < rows; ++r) ops::check_sampling_params(params[r], r);
-  check_history(history.prompt_tokens, history.prompt_offsets, rows, vocab);
-  check_history(history.output_tokens, history.output_offsets, rows, vocab);
+  ops::check_sampling_inputs(params, rows, vocab, history);  // as sample_cpu checks them
 
-  const ops::TokenHistory dev = std::any_of(params, params + rows, has_penalties)
+  const ops::TokenHistory dev = std::any_of(params, params + rows, ops::has_penalties)
                                     ? upload_history(rows, history, stream)
                                     : ops::TokenHistory{};
   const bool scratch = ops::cuda::sampling_needs_scratch(params, rows);

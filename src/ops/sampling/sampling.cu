@@ -102,6 +102,23 @@ __device__ void drop_below(float* x, int V, uint32_t cut) {
     if (sm::order_key(x[v]) < cut) x[v] = NAN;
 }
 
+// visit(v, logit) for the logits [begin, end) of one row, the block's threads kStride apart. Rows
+// are 16-byte aligned when V % 4 == 0 (then begin and end are multiples of 4): 4 logits per load.
+template <int kStride, typename Visit>
+__device__ __forceinline__ void walk_logits(const float* lg, int V, int begin, int end,
+                                            Visit&& visit) {
+  if (V % 4 == 0) {
+    const float4* lg4 = reinterpret_cast<const float4*>(lg);
+#pragma unroll 4
+    for (int q = begin / 4 + int(threadIdx.x); q < end / 4; q += kStride) {
+      const float4 l = lg4[q];
+      visit(4 * q, l.x), visit(4 * q + 1, l.y), visit(4 * q + 2, l.z), visit(4 * q + 3, l.w);
+    }
+  } else {
+    for (int v = begin + int(threadIdx.x); v < end; v += kStride) visit(v, lg[v]);
+  }
+}
+
 // A launch's rows, passed by value (kernel parameter space): no copy to the device per step.
 struct ChunkParams {
   SamplingParams row[kMaxRowsPerLaunch];
@@ -123,8 +140,7 @@ __global__ void __launch_bounds__(kThreads)
   float* x = x_ws + int64_t(r) * V;
   int32_t* cnt = count_ws + int64_t(r) * V;
 
-  const bool penalties = p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f ||
-                         p.presence_penalty != 0.0f;
+  const bool penalties = has_penalties(p);
   if (penalties) {
     for (int v = threadIdx.x; v < V; v += kThreads) cnt[v] = 0;
     __syncthreads();
@@ -153,18 +169,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     if (sm::order_key(xv) != 0 && better(xv, v, best, best_i)) best = xv, best_i = v;
   };
-  // The one pass every row makes (a greedy row's only one) reads 4 logits per load where rows
-  // are 16-byte aligned: one block per row, so at batch 1 its load chain is the kernel's time.
-  if (V % 4 == 0) {
-    const float4* lg4 = reinterpret_cast<const float4*>(lg);
-#pragma unroll 4
-    for (int q = threadIdx.x; q < V / 4; q += kThreads) {
-      const float4 l = lg4[q];
-      visit(4 * q, l.x), visit(4 * q + 1, l.y), visit(4 * q + 2, l.z), visit(4 * q + 3, l.w);
-    }
-  } else {
-    for (int v = threadIdx.x; v < V; v += kThreads) visit(v, lg[v]);
-  }
+  walk_logits<kThreads>(lg, V, 0, V, visit);
   block_best(best, best_i, sh.best_f, sh.best_i);  // (its barrier also publishes x block-wide)
   if (greedy || best_i < 0) {
     if (threadIdx.x == 0) tokens[r] = best_i;
@@ -241,15 +246,7 @@ __global__ void __launch_bounds__(kGreedyThreads)
     const unsigned long long k = (uint64_t(sm::order_key(x + 0.0f)) << 32) | (0xffffffffu - uint32_t(v));
     if (k >> 32 != 0 && k > key) key = k;
   };
-  if (unit == 4) {
-    const float4* lg4 = reinterpret_cast<const float4*>(lg);
-    for (int q = begin / 4 + int(threadIdx.x); q < end / 4; q += kGreedyThreads) {
-      const float4 l = lg4[q];
-      visit(4 * q, l.x), visit(4 * q + 1, l.y), visit(4 * q + 2, l.z), visit(4 * q + 3, l.w);
-    }
-  } else {
-    for (int v = begin + int(threadIdx.x); v < end; v += kGreedyThreads) visit(v, lg[v]);
-  }
+  walk_logits<kGreedyThreads>(lg, V, begin, end, visit);
   for (int off = 16; off >= 1; off /= 2) key = max(key, __shfl_xor_sync(0xffffffffu, key, off));
   if (threadIdx.x % 32 == 0) warp_key[threadIdx.x / 32] = key;
   __syncthreads();
@@ -266,10 +263,7 @@ __global__ void __launch_bounds__(kGreedyThreads)
   }
 }
 
-bool plain_greedy(const SamplingParams& p) {
-  return p.temperature <= 0.0f && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
-         p.presence_penalty == 0.0f;
-}
+bool plain_greedy(const SamplingParams& p) { return p.temperature <= 0.0f && !has_penalties(p); }
 
 // Blocks per row: about 512 blocks in all (4 per SM), at least ~2 KB of logits per block.
 int greedy_parts(int rows, int V) {
@@ -311,10 +305,7 @@ cudaError_t sample(const float* logits, int rows, int vocab, const SamplingParam
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return e;
     }
-    if (greedy == all) continue;
-    const size_t need = sampling_workspace_bytes(n, vocab);
-    TETRA_CHECK(workspace_bytes >= need, "sampling: workspace ", workspace_bytes, " bytes, needs ",
-                need);
+    if (greedy == all) continue;  // (else `least` above covered this chunk's scratch)
     TokenHistory part = history;  // offsets index the whole token arrays: shift only them
     if (part.prompt_offsets != nullptr) part.prompt_offsets += r0;
     if (part.output_offsets != nullptr) part.output_offsets += r0;

@@ -17,6 +17,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/host_device.h"
+
 namespace tetra::ops {
 
 struct SamplingParams {
@@ -41,8 +43,17 @@ struct TokenHistory {
   const int32_t* output_offsets = nullptr;  // [rows + 1]
 };
 
+// Whether a row's logits are penalised by its history (then the history is read).
+TETRA_HD bool has_penalties(const SamplingParams& p) {
+  return p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
+}
+
 // Refuses out-of-range params with a tetra::Error naming the row and field.
 void check_sampling_params(const SamplingParams& p, int row);
+// Every row's params, then its history ids (prompt, then output) within [0, vocab): a
+// tetra::Error naming the first bad row. Both samplers check their inputs with it.
+void check_sampling_inputs(const SamplingParams* params, int rows, int vocab,
+                           const TokenHistory& history);
 
 // logits [rows, vocab] f32, params [rows] -> tokens [rows] int32.
 void sample_cpu(const float* logits, int rows, int vocab, const SamplingParams* params,

@@ -24,9 +24,24 @@ void check_sampling_params(const SamplingParams& p, int row) {
     TETRA_FAIL("sampling row ", row, ": frequency/presence penalties must be finite");
 }
 
+void check_sampling_inputs(const SamplingParams* params, int rows, int vocab,
+                           const TokenHistory& h) {
+  for (int r = 0; r < rows; ++r) check_sampling_params(params[r], r);
+  auto check = [&](const int32_t* tokens, const int32_t* offsets, int row) {
+    if (tokens == nullptr || offsets == nullptr) return;
+    for (int32_t i = offsets[row]; i < offsets[row + 1]; ++i)
+      if (tokens[i] < 0 || tokens[i] >= vocab)
+        TETRA_FAIL("sampling row ", row, ": history token ", tokens[i], " outside vocab ", vocab);
+  };
+  for (int r = 0; r < rows; ++r) {
+    check(h.prompt_tokens, h.prompt_offsets, r);
+    check(h.output_tokens, h.output_offsets, r);
+  }
+}
+
 namespace {
 
-// Penalised logits of one row: x [V].
+// Penalised logits of one row: x [V] (history ids checked by check_sampling_inputs).
 std::vector<float> penalised_row(const float* logits, int V, const SamplingParams& p,
                                  const TokenHistory& h, int row) {
   std::vector<int> count(V, 0);   // [V] occurrences in the output
@@ -35,8 +50,6 @@ std::vector<float> penalised_row(const float* logits, int V, const SamplingParam
     if (tokens == nullptr || offsets == nullptr) return;
     for (int32_t i = offsets[row]; i < offsets[row + 1]; ++i) {
       const int32_t t = tokens[i];
-      if (t < 0 || t >= V)
-        TETRA_FAIL("sampling row ", row, ": history token ", t, " outside vocab ", V);
       seen[t] = 1;
       if (is_output) ++count[t];
     }
@@ -116,7 +129,7 @@ int32_t sample_row(const float* logits, int V, const SamplingParams& p, const To
 void sample_cpu(const float* logits, int rows, int vocab, const SamplingParams* params,
                 const TokenHistory& history, int32_t* tokens) {
   TETRA_CHECK(rows >= 0 && vocab > 0, "sampling: rows=", rows, " vocab=", vocab);
-  for (int r = 0; r < rows; ++r) check_sampling_params(params[r], r);
+  check_sampling_inputs(params, rows, vocab, history);
   for (int r = 0; r < rows; ++r)
     tokens[r] = sample_row(logits + size_t(r) * vocab, vocab, params[r], history, r);
 }
