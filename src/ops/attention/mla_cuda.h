@@ -1,0 +1,34 @@
+// CUDA twins of the MLA ops (semantics, shapes and the CPU reference: ops/attention/mla.h).
+// Same arguments as the CPU functions with device pointers (T, S and the shape on the host).
+// Shapes are checked on the host; slots, block ids and positions are trusted (the engine's
+// tables are valid). No allocation and no synchronisation: every op can be captured in a CUDA
+// graph.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/attention/mla.h"
+
+namespace tetra::ops::cuda {
+
+cudaError_t mla_cache_write(const uint16_t* kv_a, const uint16_t* norm_w, float eps,
+                            const int32_t* positions, const int64_t* slots, int T,
+                            const float* inv_freq, const MlaShape& s, int64_t num_slots,
+                            uint16_t* cache, cudaStream_t stream);
+
+cudaError_t mla_absorb_q(const uint16_t* q, const uint16_t* kv_b, const int32_t* positions, int T,
+                         const float* inv_freq, const MlaShape& s, uint16_t* q_abs,
+                         cudaStream_t stream);
+
+// The grid depends on T and the shape only (key counts are read on the device), so a captured
+// decode step stays valid as its sequences grow.
+cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t num_slots,
+                          const int32_t* cu_seqlens, int S, int T, const int32_t* positions,
+                          const MlaKeys& keys, const MlaShape& s, uint16_t* out_lat,
+                          cudaStream_t stream);
+
+cudaError_t mla_up_v(const uint16_t* out_lat, const uint16_t* kv_b, int T, const MlaShape& s,
+                     uint16_t* out, cudaStream_t stream);
+
+}  // namespace tetra::ops::cuda
