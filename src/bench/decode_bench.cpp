@@ -234,10 +234,28 @@ model::ModelWeights shape_only_weights(const ModelConfig& c, bool nvfp4) {
     lw.input_norm = shape_view(p + ".input_layernorm.weight", DType::BF16, {H});
     lw.post_attention_norm = shape_view(p + ".post_attention_layernorm.weight", DType::BF16, {H});
     const std::string a = p + ".self_attn";
-    lw.attn.q = shape_linear(q, a + ".q_proj", c.num_attention_heads * hd, H, c.attention_bias);
-    lw.attn.k = shape_linear(q, a + ".k_proj", c.num_key_value_heads * hd, H, c.attention_bias);
-    lw.attn.v = shape_linear(q, a + ".v_proj", c.num_key_value_heads * hd, H, c.attention_bias);
-    lw.attn.o = shape_linear(q, a + ".o_proj", H, c.num_attention_heads * hd, false);
+    if (c.attention == AttentionKind::MLA) {
+      const int64_t heads = c.num_attention_heads, b = c.attention_bias;
+      model::MlaWeights m;
+      if (c.q_lora_rank > 0) {
+        m.q_a = shape_linear(q, a + ".q_a_proj", c.q_lora_rank, H, b);
+        m.q_a_norm = shape_view(a + ".q_a_layernorm.weight", DType::BF16, {c.q_lora_rank});
+        lw.attn.q = shape_linear(q, a + ".q_b_proj", heads * hd, c.q_lora_rank, false);
+      } else {
+        lw.attn.q = shape_linear(q, a + ".q_proj", heads * hd, H, false);
+      }
+      m.kv_a = shape_linear(q, a + ".kv_a_proj_with_mqa", c.kv_lora_rank + c.qk_rope_head_dim, H, b);
+      m.kv_a_norm = shape_view(a + ".kv_a_layernorm.weight", DType::BF16, {c.kv_lora_rank});
+      m.kv_b = shape_linear(q, a + ".kv_b_proj", heads * (c.qk_nope_head_dim + c.v_head_dim),
+                            c.kv_lora_rank, false);
+      lw.attn.o = shape_linear(q, a + ".o_proj", H, heads * c.v_head_dim, b);
+      lw.attn.mla = std::move(m);
+    } else {
+      lw.attn.q = shape_linear(q, a + ".q_proj", c.num_attention_heads * hd, H, c.attention_bias);
+      lw.attn.k = shape_linear(q, a + ".k_proj", c.num_key_value_heads * hd, H, c.attention_bias);
+      lw.attn.v = shape_linear(q, a + ".v_proj", c.num_key_value_heads * hd, H, c.attention_bias);
+      lw.attn.o = shape_linear(q, a + ".o_proj", H, c.num_attention_heads * hd, false);
+    }
     if (c.use_qk_norm) {
       lw.attn.q_norm = shape_view(a + ".q_norm.weight", DType::BF16, {hd});
       lw.attn.k_norm = shape_view(a + ".k_norm.weight", DType::BF16, {hd});
@@ -313,8 +331,12 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
   }
   // One GPU's KV heads (replicated when tp exceeds the KV heads).
   const int64_t kv_heads = std::max<int64_t>(1, c.num_key_value_heads / o.tp);
-  const double kv_bytes = double(lim.kv_num_blocks) * lim.kv_block_size * kv_heads *
-                          c.head_dim * 2 * 2 * double(c.num_layers);
+  // Elements per token and layer: k and v per KV head, or MLA's one latent row.
+  const double kv_row = c.attention == AttentionKind::MLA
+                            ? double(c.kv_lora_rank + c.qk_rope_head_dim)
+                            : double(kv_heads * c.head_dim * 2);
+  const double kv_bytes = double(lim.kv_num_blocks) * lim.kv_block_size * kv_row * 2 *
+                          double(c.num_layers);
   size_t free_b = 0, total_b = 0;
   TETRA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (kv_bytes > 0.5 * double(free_b))

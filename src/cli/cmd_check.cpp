@@ -17,6 +17,7 @@
 #include "format/model_config.h"
 #include "format/quant_config.h"
 #include "model/cuda/cuda_model_ops.h"
+#include "model/parallel/shard_weights.h"
 #include "model/model_weights.h"
 #include "moe/backend_select.h"
 
@@ -70,6 +71,9 @@ int run_check(const CheckOptions& o) {
     if (auto p = dist::gpu_count_problem(plan, dist::visible_gpu_count())) problems.push_back(*p);
   r.split_detail = dist::split_summary(cfg, plan);
   r.runtime_reasons = model::runtime_unsupported_reasons(cfg);
+  if (plan.tp * plan.ep > 1)
+    if (std::string why = model::parallel::parallel_unsupported_reason(cfg); !why.empty())
+      r.runtime_reasons.push_back(std::move(why));
   if (target.gpu && r.runtime_reasons.empty())  // the CUDA limits assume a runnable architecture
     for (const std::string& why : model::cuda::cuda_model_unsupported_reasons(cfg))
       r.runtime_reasons.push_back("cuda backend: " + why);

@@ -13,6 +13,7 @@
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/mla.h"
 #include "ops/attention/paged_extend_attention_cpu.h"
 #include "ops/norm/rms_norm.h"
 #include "ops/rope/rope.h"
@@ -40,9 +41,16 @@ struct CpuLayer {
   std::vector<uint16_t> input_norm, post_norm;  // [H] bf16
   std::vector<uint16_t> q_norm, k_norm;         // [head_dim] bf16 or empty
   CpuLinear q, k, v, o;
+  // MLA: q_a (q compression, else empty), kv_a, their norms, and kv_b as bf16, the precision the
+  // CUDA backend keeps it in (ops/attention/mla.h takes bf16 weights).
+  CpuLinear q_a, kv_a;
+  std::vector<uint16_t> q_a_norm, kv_a_norm;  // [q_lora], [kv_lora] bf16
+  std::vector<uint16_t> kv_b;                 // [n_heads * (nope + v), kv_lora] bf16
   CpuLinear gate, up, down;  // dense layers only
   std::unique_ptr<moe::MoeLayerRunner> moe;  // the MoE layer runner's cpu backend
-  std::vector<uint16_t> k_cache, v_cache;  // [num_blocks, block_size, n_kv, head_dim] bf16
+  // GQA: k/v [num_blocks, block_size, n_kv, head_dim]; MLA: k [num_blocks, block_size,
+  // kv_lora + rope] (the latent rows), v empty. bf16.
+  std::vector<uint16_t> k_cache, v_cache;
 };
 
 class CpuModelOps final : public ModelOps {
@@ -69,7 +77,8 @@ class CpuModelOps final : public ModelOps {
     embedding_ = tensor_to_bf16(w.embedding);
     final_norm_ = tensor_to_bf16(w.final_norm);
     lm_head_ = prepare_linear(w.lm_head);
-    const int64_t cache_elems = int64_t(lim.kv_num_blocks) * lim.kv_block_size * nkv_ * hd_;
+    mla_ = c_.attention == AttentionKind::MLA;
+    const int64_t cache_elems = int64_t(lim.kv_num_blocks) * lim.kv_block_size * kv_row_elems();
     layers_.clear();
     layers_.resize(w.layers.size());
     for (size_t L = 0; L < w.layers.size(); ++L) {
@@ -80,9 +89,20 @@ class CpuModelOps final : public ModelOps {
       if (lw.attn.q_norm) cl.q_norm = tensor_to_bf16(*lw.attn.q_norm);
       if (lw.attn.k_norm) cl.k_norm = tensor_to_bf16(*lw.attn.k_norm);
       cl.q = prepare_linear(lw.attn.q);
-      cl.k = prepare_linear(lw.attn.k);
-      cl.v = prepare_linear(lw.attn.v);
       cl.o = prepare_linear(lw.attn.o);
+      if (lw.attn.mla) {
+        const MlaWeights& m = *lw.attn.mla;
+        if (m.q_a) {
+          cl.q_a = prepare_linear(*m.q_a);
+          cl.q_a_norm = tensor_to_bf16(*m.q_a_norm);
+        }
+        cl.kv_a = prepare_linear(m.kv_a);
+        cl.kv_a_norm = tensor_to_bf16(m.kv_a_norm);
+        for (float x : linear_to_float(m.kv_b)) cl.kv_b.push_back(float_to_bf16(x));
+      } else {
+        cl.k = prepare_linear(lw.attn.k);
+        cl.v = prepare_linear(lw.attn.v);
+      }
       if (lw.dense) {
         cl.gate = prepare_linear(lw.dense->gate);
         cl.up = prepare_linear(lw.dense->up);
@@ -97,11 +117,15 @@ class CpuModelOps final : public ModelOps {
         cl.moe = moe::make_moe_layer(views->weights, mo);
       }
       cl.k_cache.assign(size_t(cache_elems), 0);
-      cl.v_cache.assign(size_t(cache_elems), 0);
+      if (!mla_) cl.v_cache.assign(size_t(cache_elems), 0);
     }
     inv_freq_ = rope_inv_freq_of(c_);
-    rope_ = rope_shape_of(c_);
-    attn_ = attention_shape_of(c_);
+    if (mla_) {
+      mla_shape_ = mla_shape_of(c_);
+    } else {
+      rope_ = rope_shape_of(c_);
+      attn_ = attention_shape_of(c_);
+    }
     for (int b = 0; b < int(Buf::Count); ++b)
       bufs_[size_t(b)].assign(size_t(lim.max_tokens) * size_t(buf_width(Buf(b), c_)), 0);
     logits_.assign(size_t(lim.max_tokens) * size_t(c_.vocab_size), 0.0f);
@@ -120,7 +144,10 @@ class CpuModelOps final : public ModelOps {
   }
 
   void rms_norm(NormId which, int layer, Buf in, Buf out) override {
-    ops::rms_norm_cpu(buf(in), norm_weight(which, layer), T_, H_, eps(), buf(out));
+    const bool latent = which == NormId::QLatent;
+    const int width = latent ? int(c_.q_lora_rank) : H_;
+    ops::rms_norm_cpu(buf(in), norm_weight(which, layer), T_, width,
+                      latent ? kMlaLatentNormEps : eps(), buf(out));
   }
 
   void add_rms_norm(NormId which, int layer, Buf x, Buf residual, Buf out) override {
@@ -164,6 +191,22 @@ class CpuModelOps final : public ModelOps {
   void extend_attention(int layer, Buf q, Buf out) override {
     ops::paged_extend_attention_cpu(buf(q), step_->cu_seqlens.data(), step_->num_seqs(),
                                     paged_kv(layer), attn_, buf(out));
+  }
+
+  void mla_attention(int layer, Buf q, Buf kv_a, Buf out) override {
+    TETRA_CHECK(mla_, "mla_attention on a GQA model");
+    CpuLayer& l = layers_[size_t(layer)];
+    const int32_t* pos = step_->positions.data();
+    const int64_t num_slots = int64_t(lim_.kv_num_blocks) * lim_.kv_block_size;
+    ops::mla_cache_write_cpu(buf(kv_a), l.kv_a_norm.data(), kMlaLatentNormEps, pos,
+                             step_->slots.data(), T_, inv_freq_.data(), mla_shape_, num_slots,
+                             l.k_cache.data());
+    ops::mla_absorb_q_cpu(buf(q), l.kv_b.data(), pos, T_, inv_freq_.data(), mla_shape_,
+                          buf(Buf::QAbsorbed));
+    ops::mla_attention_cpu(buf(Buf::QAbsorbed), l.k_cache.data(), num_slots,
+                           step_->cu_seqlens.data(), step_->num_seqs(), pos, mla_keys(),
+                           mla_shape_, buf(Buf::AttnLatent));
+    ops::mla_up_v_cpu(buf(Buf::AttnLatent), l.kv_b.data(), T_, mla_shape_, buf(out));
   }
 
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
@@ -215,10 +258,10 @@ class CpuModelOps final : public ModelOps {
       pairs.push_back(c.src);
       pairs.push_back(c.dst);
     }
-    const int64_t block_elems = int64_t(lim_.kv_block_size) * nkv_ * hd_;
+    const int64_t block_elems = int64_t(lim_.kv_block_size) * kv_row_elems();
     for (CpuLayer& l : layers_)
-      ops::copy_kv_blocks_cpu(l.k_cache.data(), l.v_cache.data(), pairs.data(), int(copies.size()),
-                              lim_.kv_num_blocks, block_elems);
+      ops::copy_kv_blocks_cpu(l.k_cache.data(), mla_ ? nullptr : l.v_cache.data(), pairs.data(),
+                              int(copies.size()), lim_.kv_num_blocks, block_elems);
   }
 
  private:
@@ -232,6 +275,8 @@ class CpuModelOps final : public ModelOps {
       case LinearId::DenseGate: return l.gate;
       case LinearId::DenseUp: return l.up;
       case LinearId::DenseDown: return l.down;
+      case LinearId::QA: return l.q_a;
+      case LinearId::KvA: return l.kv_a;
     }
     TETRA_FAIL("unknown linear");
   }
@@ -241,7 +286,12 @@ class CpuModelOps final : public ModelOps {
       case NormId::Input: return layers_.at(size_t(layer)).input_norm.data();
       case NormId::PostAttention: return layers_.at(size_t(layer)).post_norm.data();
       case NormId::Final: return final_norm_.data();
-      default: TETRA_FAIL("rms_norm takes Input, PostAttention or Final (head norms: head_norm)");
+      case NormId::QLatent: {
+        const std::vector<uint16_t>& w = layers_.at(size_t(layer)).q_a_norm;
+        TETRA_CHECK(!w.empty(), "layer ", layer, " has no q_a_layernorm");
+        return w.data();
+      }
+      default: TETRA_FAIL("rms_norm takes Input, PostAttention, QLatent or Final (head norms: head_norm)");
     }
   }
 
@@ -272,6 +322,23 @@ class CpuModelOps final : public ModelOps {
     });
   }
 
+  // Elements per token of one layer's cache (of each of k and v for GQA).
+  int64_t kv_row_elems() const { return mla_ ? mla_shape_of(c_).row() : int64_t(nkv_) * hd_; }
+
+  // Where the MLA attention's keys live: the step's own slots for a prefill without a cached
+  // prefix, else the block tables.
+  ops::MlaKeys mla_keys() const {
+    ops::MlaKeys k;
+    if (step_->kind == StepKind::Prefill && !step_->has_cached_prefix()) {
+      k.step_slots = step_->slots.data();
+      return k;
+    }
+    k.block_tables = step_->block_tables.data();
+    k.max_blocks_per_seq = step_->max_blocks_per_seq;
+    k.block_size = lim_.kv_block_size;
+    return k;
+  }
+
   // Layer's cache with the step's block tables (decode, prefix prefill).
   ops::PagedKv paged_kv(int layer) const {
     const CpuLayer& l = layers_[size_t(layer)];
@@ -297,8 +364,10 @@ class CpuModelOps final : public ModelOps {
   CpuLinear lm_head_;                 // [vocab, H]
   std::vector<CpuLayer> layers_;
   std::vector<float> inv_freq_;       // [rotary_dim / 2]
-  ops::RopeShape rope_;
-  ops::AttentionShape attn_;
+  ops::RopeShape rope_;        // GQA
+  ops::AttentionShape attn_;   // GQA
+  bool mla_ = false;
+  ops::MlaShape mla_shape_;    // MLA
   std::array<std::vector<uint16_t>, size_t(Buf::Count)> bufs_;  // each [max_tokens, width] bf16
   std::vector<float> logits_;         // [max_tokens, vocab] f32, first R rows valid
   const StepBatch* step_ = nullptr;

@@ -14,9 +14,25 @@
 namespace tetra::model {
 namespace {
 
+// MLA (DeepSeek-V3, GLM-5): the latent projections, then the backend's absorbed attention
+// (ops/attention/mla.h), up to Buf::Attn [T, n_heads * v].
+void mla_attention(ModelOps& ops, const LayerWeights& lw) {
+  const int L = lw.index;
+  if (lw.attn.mla->q_a) {  // q = q_b(rmsnorm(q_a(x)))
+    ops.linear(LinearId::QA, L, Buf::Normed, Buf::QLatent);
+    ops.rms_norm(NormId::QLatent, L, Buf::QLatent, Buf::QLatent);
+    ops.linear(LinearId::Q, L, Buf::QLatent, Buf::Q);
+  } else {
+    ops.linear(LinearId::Q, L, Buf::Normed, Buf::Q);
+  }
+  ops.linear(LinearId::KvA, L, Buf::Normed, Buf::KvA);
+  ops.mla_attention(L, Buf::Q, Buf::KvA, Buf::Attn);
+}
+
 // Up to the attention output (Buf::Attn); o_proj follows in run_forward.
 void attention(ModelOps& ops, const LayerWeights& lw, const StepBatch& step) {
   const int L = lw.index;
+  if (lw.attn.mla) return mla_attention(ops, lw);
   ops.qkv(L, Buf::Normed, Buf::Q, Buf::K, Buf::V);
   // GLM-4.x use_qk_norm and Qwen3: per-head RMSNorm before RoPE.
   if (lw.attn.q_norm && lw.attn.k_norm) {

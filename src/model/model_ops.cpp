@@ -21,22 +21,32 @@ const char* buf_name(Buf b) {
     case Buf::Gate: return "gate";
     case Buf::Up: return "up";
     case Buf::Out: return "out";
+    case Buf::QLatent: return "q_latent";
+    case Buf::KvA: return "kv_a";
+    case Buf::QAbsorbed: return "q_absorbed";
+    case Buf::AttnLatent: return "attn_latent";
     case Buf::Count: break;
   }
   return "?";
 }
 
 int64_t buf_width(Buf b, const ModelConfig& c) {
+  const bool mla = c.attention == AttentionKind::MLA;
+  const int64_t heads = c.num_attention_heads;
   switch (b) {
     case Buf::Residual:
     case Buf::Normed:
     case Buf::Out: return c.hidden_size;
-    case Buf::Q:
-    case Buf::Attn: return c.num_attention_heads * c.head_dim;
+    case Buf::Q: return heads * c.head_dim;
+    case Buf::Attn: return heads * (mla ? c.v_head_dim : c.head_dim);
     case Buf::K:
-    case Buf::V: return c.num_key_value_heads * c.head_dim;
+    case Buf::V: return mla ? 0 : c.num_key_value_heads * c.head_dim;
     case Buf::Gate:
     case Buf::Up: return c.intermediate_size;
+    case Buf::QLatent: return mla ? c.q_lora_rank : 0;
+    case Buf::KvA: return mla ? c.kv_lora_rank + c.qk_rope_head_dim : 0;
+    case Buf::QAbsorbed: return mla ? heads * (c.kv_lora_rank + c.qk_rope_head_dim) : 0;
+    case Buf::AttnLatent: return mla ? heads * c.kv_lora_rank : 0;
     case Buf::Count: break;
   }
   TETRA_FAIL("buf_width: not a buffer");
@@ -51,6 +61,8 @@ const char* linear_id_name(LinearId id) {
     case LinearId::DenseGate: return "mlp.gate_proj";
     case LinearId::DenseUp: return "mlp.up_proj";
     case LinearId::DenseDown: return "mlp.down_proj";
+    case LinearId::QA: return "q_a_proj";
+    case LinearId::KvA: return "kv_a_proj_with_mqa";
   }
   return "?";
 }

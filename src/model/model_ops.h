@@ -4,7 +4,8 @@
 //   - its prepared weights (prepare(): the CPU dequantizes to float32, CUDA packs/uploads),
 //   - its activation buffers, one per Buf, each [limits.max_tokens, buf_width(buf)] bf16,
 //   - its paged KV cache storage: per layer k/v [kv_num_blocks, kv_block_size, n_kv, head_dim]
-//     bf16 (runtime/kv_cache.h does the block bookkeeping on the host),
+//     bf16, or for MLA one latent cache [kv_num_blocks, kv_block_size, kv_lora + rope] bf16
+//     (runtime/kv_cache.h does the block bookkeeping on the host),
 //   - the logits of the current step, f32 [R, vocab] for the step's logit_rows.
 // Every op works on the first T = step.num_tokens() rows of its buffers (decode: T = S).
 // Ops may run asynchronously (one stream); read_logits and sample return host data and so
@@ -28,13 +29,18 @@ namespace tetra::model {
 enum class Buf : int {
   Residual,  // [T, H] residual stream
   Normed,    // [T, H] RMSNorm output: attention / MLP input, final hidden state
-  Q,         // [T, n_heads * head_dim]
-  K,         // [T, n_kv_heads * head_dim]
-  V,         // [T, n_kv_heads * head_dim]
-  Attn,      // [T, n_heads * head_dim] attention output (o_proj input)
+  Q,         // [T, n_heads * head_dim] (MLA: head_dim = nope + rope)
+  K,         // [T, n_kv_heads * head_dim] (GQA only)
+  V,         // [T, n_kv_heads * head_dim] (GQA only)
+  Attn,      // [T, n_heads * head_dim] attention output, o_proj input (MLA: n_heads * v_head_dim)
   Gate,      // [T, intermediate_size] dense MLP gate, then silu(gate) * up
   Up,        // [T, intermediate_size] dense MLP up
   Out,       // [T, H] block output (o_proj, MLP, MoE) before it joins the residual
+  // MLA only (width 0 for GQA models), ops/attention/mla.h:
+  QLatent,     // [T, q_lora_rank] q_a_proj output, normed in place
+  KvA,         // [T, kv_lora + rope] kv_a_proj_with_mqa output
+  QAbsorbed,   // [T, n_heads * (kv_lora + rope)] queries in the latent space
+  AttnLatent,  // [T, n_heads * kv_lora] attention output before W_uv
   Count
 };
 const char* buf_name(Buf b);
@@ -42,10 +48,15 @@ const char* buf_name(Buf b);
 int64_t buf_width(Buf b, const ModelConfig& c);
 
 // Which of a layer's linears (lm_head has its own op, logits()).
-enum class LinearId { Q, K, V, O, DenseGate, DenseUp, DenseDown };
+// MLA: Q is q_b_proj (or q_proj without q compression), QA q_a_proj, KvA kv_a_proj_with_mqa.
+enum class LinearId { Q, K, V, O, DenseGate, DenseUp, DenseDown, QA, KvA };
 const char* linear_id_name(LinearId id);
-// Which RMSNorm weight: per layer Input / PostAttention / QHead / KHead, or the model's Final.
-enum class NormId { Input, PostAttention, QHead, KHead, Final };
+// Which RMSNorm weight: per layer Input / PostAttention / QHead / KHead / QLatent (MLA's
+// q_a_layernorm, over q_lora_rank, eps kMlaLatentNormEps), or the model's Final.
+enum class NormId { Input, PostAttention, QHead, KHead, Final, QLatent };
+// MLA's latent norms (q_a_layernorm, kv_a_layernorm) use the reference's RMSNorm default eps,
+// whatever the config's rms_norm_eps.
+inline constexpr float kMlaLatentNormEps = 1e-6f;
 
 class ModelOps {
  public:
@@ -64,7 +75,8 @@ class ModelOps {
 
   // out [T, H] = embedding[tokens[t]].
   virtual void embed(Buf out) = 0;
-  // out [T, H] = rms_norm(in) * w, w = norm `which` of `layer` (layer ignored for Final).
+  // out [T, width] = rms_norm(in) * w, w = norm `which` of `layer` (layer ignored for Final);
+  // width H, or q_lora_rank for QLatent. out may be in.
   virtual void rms_norm(NormId which, int layer, Buf in, Buf out) = 0;
   // residual [T, H] <- bf16(x + residual); out [T, H] = rms_norm(residual) * w (out may be x).
   virtual void add_rms_norm(NormId which, int layer, Buf x, Buf residual, Buf out) = 0;
@@ -117,6 +129,15 @@ class ModelOps {
     (void)layer, (void)q, (void)out;
     TETRA_FAIL("backend ", name(), " cannot prefill with a cached prefix (chunked prefill or "
                "recompute after preemption); it has no extend_attention");
+  }
+  // MLA attention of `layer` from its projections on (ops/attention/mla.h): q [T, n_heads,
+  // nope + rope] (q_b_proj / q_proj output), kv_a [T, kv_lora + rope] (kv_a_proj_with_mqa
+  // output) -> out [T, n_heads, v] (o_proj's input). Stores the step's latent rows in layer's
+  // cache at the step's slots, then attends causally: a prefill over its own tokens, a prefix
+  // prefill and a decode over the sequence's cached rows. Uses QAbsorbed and AttnLatent.
+  virtual void mla_attention(int layer, Buf q, Buf kv_a, Buf out) {
+    (void)layer, (void)q, (void)kv_a, (void)out;
+    TETRA_FAIL("backend ", name(), " has no MLA attention");
   }
   // out [T, width] = silu(gate) * up (out may be gate).
   virtual void silu_mul(Buf gate, Buf up, int64_t width, Buf out) = 0;

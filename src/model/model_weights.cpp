@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "model/attention_shapes.h"
 #include "moe/moe_layer.h"
 
 namespace tetra::model {
@@ -121,17 +122,21 @@ class Loader {
 
 std::vector<std::string> runtime_unsupported_reasons(const ModelConfig& c) {
   std::vector<std::string> why;
-  if (c.attention == AttentionKind::MLA)
-    why.push_back(str(arch_hf_name(c.arch),
-                      " uses MLA attention, which the Tetra model runtime does not run yet; runnable "
-                      "architectures: Glm4MoeForCausalLM, Qwen3MoeForCausalLM"));
-  if (c.rope.type != "default")
-    why.push_back(str("RoPE type '", c.rope.type,
-                      "' is not implemented in the model runtime (only 'default')"));
-  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
+  const double attention_factor = rope_attention_factor(c);
+  if (std::abs(attention_factor - 1.0) > 1e-9)
+    why.push_back(str("YaRN RoPE here scales cos/sin by ", attention_factor,
+                      " (mscale / mscale_all_dim); the model runtime implements that factor only "
+                      "when it is 1 (as in DeepSeek-V3's config)"));
+  if (c.attention == AttentionKind::GQA &&
+      (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0))
     why.push_back(str("num_attention_heads (", c.num_attention_heads,
                       ") must be a multiple of num_key_value_heads (", c.num_key_value_heads, ")"));
   return why;
+}
+
+int64_t runtime_context_limit(const ModelConfig& c) {
+  const int64_t limit = c.context_limit();
+  return c.index_n_heads > 0 && c.index_topk > 0 ? std::min(limit, c.index_topk) : limit;
 }
 
 void check_runtime_supports(const ModelConfig& c, const std::string& source_label) {
@@ -163,9 +168,24 @@ ModelWeights ModelWeights::load(const Checkpoint& ck) {
     lw.input_norm = ld.tensor(p + "input_layernorm.weight");
     lw.post_attention_norm = ld.tensor(p + "post_attention_layernorm.weight");
     const std::string a = p + "self_attn.";
-    lw.attn.q = ld.linear(a + "q_proj");
-    lw.attn.k = ld.linear(a + "k_proj");
-    lw.attn.v = ld.linear(a + "v_proj");
+    if (c.attention == AttentionKind::MLA) {
+      MlaWeights m;
+      if (c.q_lora_rank > 0) {
+        m.q_a = ld.linear(a + "q_a_proj");
+        m.q_a_norm = ld.tensor(a + "q_a_layernorm.weight");
+        lw.attn.q = ld.linear(a + "q_b_proj");
+      } else {
+        lw.attn.q = ld.linear(a + "q_proj");
+      }
+      m.kv_a = ld.linear(a + "kv_a_proj_with_mqa");
+      m.kv_a_norm = ld.tensor(a + "kv_a_layernorm.weight");
+      m.kv_b = ld.linear(a + "kv_b_proj");
+      lw.attn.mla = std::move(m);
+    } else {
+      lw.attn.q = ld.linear(a + "q_proj");
+      lw.attn.k = ld.linear(a + "k_proj");
+      lw.attn.v = ld.linear(a + "v_proj");
+    }
     lw.attn.o = ld.linear(a + "o_proj");
     if (c.use_qk_norm) {
       lw.attn.q_norm = ld.tensor(a + "q_norm.weight");

@@ -2,8 +2,9 @@
 // views into the memory-mapped Checkpoint (zero copy). Loading checks every tensor the GQA
 // architectures (Glm4Moe, Qwen3Moe) need, names the missing or malformed one, and refuses NaN
 // block scales, non-finite global scales and Inf/NaN in any high-precision tensor (one read of
-// each; NVFP4 codes cannot be non-finite). MLA models (GLM-5, DeepSeek-V3) are refused: their
-// attention is not built.
+// each; NVFP4 codes cannot be non-finite). MLA models (GLM-5, DeepSeek-V3) load their latent
+// attention projections; GLM-5's sparse-attention indexer weights are not read (the runtime
+// caps such models' context at index_topk, where the indexer keeps every key).
 //
 // Lifetime: every view points into the Checkpoint passed to load(); keep it alive (Model does).
 #pragma once
@@ -38,13 +39,24 @@ struct MlpWeights {
   int64_t inter() const { return gate.out_features; }  // I
 };
 
+// MLA's latent projections (ops/attention/mla.h): q = q_b(rmsnorm(q_a(x))) (or q_proj(x)),
+// [latent | k_pe] = kv_a(x), per head [k_nope | v] = kv_b(rmsnorm(latent)).
+struct MlaWeights {
+  std::optional<LinearWeight> q_a;    // [q_lora, H] q_a_proj; none when q_lora_rank is 0
+  std::optional<TensorView> q_a_norm; // [q_lora] q_a_layernorm.weight
+  LinearWeight kv_a;                  // [kv_lora + rope, H] kv_a_proj_with_mqa
+  TensorView kv_a_norm;               // [kv_lora] kv_a_layernorm.weight
+  LinearWeight kv_b;                  // [n_heads * (nope + v), kv_lora] kv_b_proj
+};
+
 struct AttentionWeights {
-  LinearWeight q;  // [n_heads * head_dim, H]
-  LinearWeight k;  // [n_kv_heads * head_dim, H]
-  LinearWeight v;  // [n_kv_heads * head_dim, H]
-  LinearWeight o;  // [H, n_heads * head_dim]
+  LinearWeight q;  // GQA [n_heads * head_dim, H]; MLA q_b_proj [n_heads * (nope + rope), q_lora] or q_proj
+  LinearWeight k;  // [n_kv_heads * head_dim, H] (GQA only)
+  LinearWeight v;  // [n_kv_heads * head_dim, H] (GQA only)
+  LinearWeight o;  // [H, n_heads * head_dim] (MLA: [H, n_heads * v_head_dim])
   std::optional<TensorView> q_norm;  // [head_dim] per-head RMSNorm weight (use_qk_norm / Qwen3)
   std::optional<TensorView> k_norm;  // [head_dim]
+  std::optional<MlaWeights> mla;     // MLA models
 };
 
 struct MoeWeights {
@@ -78,7 +90,7 @@ struct ModelWeights {
   LinearWeight lm_head;
 
   // Builds the views from a Checkpoint (which must outlive the result). Throws tetra::Error
-  // naming the checkpoint directory and tensor for: an MLA architecture, a missing tensor, a
+  // naming the checkpoint directory and tensor for: an unsupported configuration, a missing tensor, a
   // wrong dtype or shape, a NaN block scale, a non-finite or non-positive global scale, an
   // Inf/NaN element in a high-precision tensor.
   // Runs Checkpoint::validate() first, so shape/dtype errors come as one list.
@@ -86,10 +98,15 @@ struct ModelWeights {
 };
 
 // Why the model runtime (generate, serve, bench decode) cannot run this configuration on any
-// backend (MLA attention, RoPE scaling, head counts); empty when it can.
+// backend (RoPE scaling, head counts); empty when it can.
 std::vector<std::string> runtime_unsupported_reasons(const ModelConfig& config);
 // Refuses architectures the model runtime cannot run with the first of those reasons, prefixed by
 // source_label.
 void check_runtime_supports(const ModelConfig& config, const std::string& source_label);
+
+// The longest context (prompt + generated tokens) the runtime serves for this model: the
+// config's context_limit(), and for a model with the DSA indexer (GLM-5) at most index_topk:
+// the indexer is not built, and up to index_topk keys it keeps every key, so attention is dense.
+int64_t runtime_context_limit(const ModelConfig& config);
 
 }  // namespace tetra::model

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "format/model_config.h"
+#include "model/model_weights.h"
 
 namespace tetra::runtime {
 namespace {
@@ -43,10 +44,15 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   if (opt.kv_block_size < 1) TETRA_FAIL("kv_block_size must be at least 1");
   // Before any weight or KV cache is allocated for it: a context past the model's positions
   // would size the cache for tokens the model was never configured for.
-  const int64_t limit = load_model_config(dir).context_limit();
-  if (opt.max_context > limit)
+  const ModelConfig cfg = load_model_config(dir);
+  if (opt.max_context > cfg.context_limit())
     TETRA_FAIL("a context of ", opt.max_context, " tokens (prompt + generated) is over the model's ",
-               limit, " positions (config.json max_position_embeddings and rope scaling)");
+               cfg.context_limit(), " positions (config.json max_position_embeddings and rope scaling)");
+  if (opt.max_context > model::runtime_context_limit(cfg))
+    TETRA_FAIL("a context of ", opt.max_context, " tokens (prompt + generated) is over the ",
+               model::runtime_context_limit(cfg), " that Tetra runs this model with: its sparse-"
+               "attention indexer is not built, so contexts stop at index_topk, where the "
+               "indexer keeps every key and attention is dense");
   std::unique_ptr<Engine> e(new Engine());
   e->opt_ = opt;
   if (e->opt_.max_prefill_tokens <= 0) e->opt_.max_prefill_tokens = std::max(opt.max_context, 256);

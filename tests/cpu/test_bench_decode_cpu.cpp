@@ -55,8 +55,23 @@ TEST(DecodeBenchShapes, Qwen3Bf16) {
   EXPECT_EQ(L.attn.q.weight.shape, (std::vector<int64_t>{32 * 128, 2048}));
 }
 
-TEST(DecodeBenchShapes, MlaRefused) {
-  EXPECT_THROW(shape_only_weights(preset_config("glm5"), true), Error);
+TEST(DecodeBenchShapes, Glm5MlaNvfp4) {
+  const model::ModelWeights w = shape_only_weights(preset_config("glm5"), true);
+  ASSERT_EQ(w.layers.size(), 78u);
+  const model::LayerWeights& L = w.layers[10];
+  ASSERT_TRUE(L.attn.mla.has_value());
+  const model::MlaWeights& m = *L.attn.mla;
+  ASSERT_TRUE(m.q_a.has_value());
+  EXPECT_EQ(m.q_a->out_features, 2048);
+  EXPECT_EQ(L.attn.q.out_features, 64 * 256);  // q_b_proj: 64 heads x (192 nope + 64 rope)
+  EXPECT_EQ(L.attn.q.in_features, 2048);
+  EXPECT_EQ(m.kv_a.out_features, 512 + 64);
+  EXPECT_EQ(m.kv_b.out_features, 64 * (192 + 256));
+  EXPECT_EQ(m.kv_b.in_features, 512);
+  EXPECT_EQ(L.attn.o.in_features, 64 * 256);
+  EXPECT_EQ(L.attn.k.out_features, 0);  // no GQA projections
+  ASSERT_TRUE(L.moe.has_value());
+  EXPECT_EQ(L.moe->experts.size(), 256u);
 }
 
 // What the CUDA model backend says it cannot run (prepare() refuses with the first reason, before

@@ -1,7 +1,7 @@
-// The model forward pass on the CPU backend, for every tiny GQA preset in bf16 and NVFP4.
-// Checks that can fail: KV-cache correctness (prefill then decode == prefill of the longer
-// prompt), batching (a varlen batch == each sequence alone, bit for bit), determinism, and
-// the refusal of MLA models. Agreement with Hugging Face transformers is checked by
+// The model forward pass on the CPU backend, for every tiny preset (GQA and MLA) in bf16 and
+// NVFP4. Checks that can fail: KV-cache correctness (prefill then decode == prefill of the
+// longer prompt), batching (a varlen batch == each sequence alone, bit for bit), determinism.
+// Agreement with Hugging Face transformers is checked by
 // tests/reference/compare_hf.py on the GPU machine.
 #include <gtest/gtest.h>
 
@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "model_fixture.h"
+#include "runtime/engine.h"
 
 namespace tetra {
 namespace {
@@ -113,7 +114,9 @@ INSTANTIATE_TEST_SUITE_P(
     TinyPresets, ModelForward,
     ::testing::Values(Case{"tiny-glm4.5-air", "bf16"}, Case{"tiny-glm4.5-air", "nvfp4"},
                       Case{"tiny-glm4.7", "bf16"}, Case{"tiny-glm4.7", "nvfp4"},
-                      Case{"tiny-qwen3-30b-a3b", "bf16"}, Case{"tiny-qwen3-30b-a3b", "nvfp4"}),
+                      Case{"tiny-qwen3-30b-a3b", "bf16"}, Case{"tiny-qwen3-30b-a3b", "nvfp4"},
+                      Case{"tiny-deepseek-v3", "bf16"}, Case{"tiny-deepseek-v3", "nvfp4"},
+                      Case{"tiny-glm5", "bf16"}, Case{"tiny-glm5", "nvfp4"}),
     [](const ::testing::TestParamInfo<Case>& i) {
       std::string n = std::string(i.param.preset) + "_" + i.param.dtype;
       for (char& c : n)
@@ -121,15 +124,33 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
-TEST(ModelLoad, MlaModelIsRefusedWithTheReason) {
-  for (const char* preset : {"tiny-glm5", "tiny-deepseek-v3"}) {
-    try {
-      ModelUnderTest m(tiny_model(preset, "bf16"));
-      FAIL() << preset << " loaded";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("MLA"), std::string::npos) << e.what();
-    }
+// GLM-5's sparse-attention indexer is not built: an engine for it stops at index_topk tokens
+// (16 in tiny-glm5), where the indexer would keep every key, and says why past that.
+TEST(ModelLoad, DsaModelContextStopsAtIndexTopk) {
+  runtime::EngineOptions o;
+  o.backend = "cpu";
+  o.max_batch = 1;
+  o.max_context = 16;
+  EXPECT_NO_THROW(runtime::Engine::load(tiny_model("tiny-glm5", "bf16"), o));
+  o.max_context = 17;
+  try {
+    runtime::Engine::load(tiny_model("tiny-glm5", "bf16"), o);
+    FAIL() << "a 17-token context loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("indexer"), std::string::npos) << e.what();
   }
+}
+
+// Every preset runs in the model runtime now; YaRN whose cos/sin factor is not 1 (mscale given
+// without mscale_all_dim) is refused with the reason.
+TEST(ModelLoad, RuntimeRunsEveryPresetButRefusesAYarnAttentionFactor) {
+  for (const std::string& name : preset_names())
+    EXPECT_TRUE(model::runtime_unsupported_reasons(preset_config(name)).empty()) << name;
+  ModelConfig c = preset_config("deepseek-v3");
+  c.rope.mscale_all_dim = 0;  // cos/sin scaled by 0.1 ln(40) + 1
+  const std::vector<std::string> why = model::runtime_unsupported_reasons(c);
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_NE(why[0].find("YaRN"), std::string::npos) << why[0];
 }
 
 // Copies a tiny checkpoint and overwrites `bytes` at byte `offset` of tensor `victim` on disk.

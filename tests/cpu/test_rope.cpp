@@ -139,5 +139,32 @@ TEST(Rope, RefusesBadShapesAndPositions) {
   EXPECT_THROW(check_rope_shape(RopeShape{64, 64, 2, 0, 100, 0, RopeStyle::NeoX}), Error);
 }
 
+// YaRN at DeepSeek-V3's rotary shape (64 dims, theta 1e4, 4096 original positions, factor
+// 40, beta 32 / 1): the ramp's ends are dim indices floor(64 ln(4096 / (32 * 2 pi)) / (2 ln 1e4))
+// = 10 and ceil(64 ln(4096 / (2 pi)) / (2 ln 1e4)) = 23, worked out by hand. Below 10 the
+// frequencies stay, from 23 on they are divided by the factor, in between they fall
+// monotonically from one to the other.
+TEST(Rope, YarnKeepsHighAndInterpolatesLowFrequencies) {
+  ops::YarnParams y;
+  y.factor = 40;
+  y.original_max_position = 4096;
+  const std::vector<float> plain = ops::rope_inv_freq(10000.0, 64);
+  const std::vector<float> yarn = ops::rope_yarn_inv_freq(10000.0, 64, y);
+  ASSERT_EQ(yarn.size(), 32u);
+  for (int i = 0; i <= 10; ++i) EXPECT_EQ(yarn[size_t(i)], plain[size_t(i)]) << i;
+  for (int i = 23; i < 32; ++i) EXPECT_FLOAT_EQ(yarn[size_t(i)], plain[size_t(i)] / 40.0f) << i;
+  for (int i = 11; i < 23; ++i) {
+    // ratio yarn / plain goes from 1 towards 1/40 along the ramp
+    const double r = double(yarn[size_t(i)]) / plain[size_t(i)];
+    const double prev = double(yarn[size_t(i - 1)]) / plain[size_t(i - 1)];
+    EXPECT_LT(r, prev) << i;
+    EXPECT_NEAR(r, 1.0 - (i - 10) / 13.0 * (1.0 - 1.0 / 40.0), 1e-6) << i;
+  }
+  EXPECT_DOUBLE_EQ(ops::yarn_mscale(40, 1.0), 0.1 * std::log(40.0) + 1.0);
+  EXPECT_DOUBLE_EQ(ops::yarn_mscale(0.5, 1.0), 1.0);
+  y.factor = 0;
+  EXPECT_THROW(ops::rope_yarn_inv_freq(10000.0, 64, y), Error);
+}
+
 }  // namespace
 }  // namespace tetra::ops

@@ -14,6 +14,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "model/cuda/cuda_moe_block.h"
 #include "model/cuda/device_mem.h"
 #include "model/cuda/device_sampler.h"
@@ -24,6 +25,7 @@
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention_cuda.h"
+#include "ops/attention/mla_cuda.h"
 #include "ops/attention/paged_extend_attention.h"
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/linear/linear_cuda.h"
@@ -65,6 +67,16 @@ struct DevLinear {
 
 DeviceMem upload_bf16(const TensorView& t) {
   const std::vector<uint16_t> h = tensor_to_bf16(t);
+  DeviceMem d(h.size() * 2);
+  d.upload(h.data(), h.size() * 2);
+  return d;
+}
+
+// A linear's weight [n, k] as bf16, NVFP4 dequantized on the host (MLA's kv_b: the absorbed
+// attention reads it per head as bf16, ops/attention/mla.h).
+DeviceMem upload_as_bf16(const LinearWeight& lw) {
+  std::vector<uint16_t> h;
+  for (float x : linear_to_float(lw)) h.push_back(float_to_bf16(x));
   DeviceMem d(h.size() * 2);
   d.upload(h.data(), h.size() * 2);
   return d;
@@ -125,10 +137,16 @@ struct DevLayer {
   DeviceMem input_norm, post_norm;  // [H] bf16
   DeviceMem q_norm, k_norm;         // [head_dim] bf16 or empty
   std::unique_ptr<DevLinear> q, k, v, o;
+  // MLA: q_a (q compression, else null), kv_a, their norms, kv_b as bf16 (ops/attention/mla.h).
+  std::unique_ptr<DevLinear> q_a, kv_a;
+  DeviceMem q_a_norm, kv_a_norm;  // [q_lora], [kv_lora] bf16
+  DeviceMem kv_b;                 // [n_heads * (nope + v), kv_lora] bf16
   std::unique_ptr<DevLinear> gate_up;          // fused NVFP4 gate/up (dense), or null
   std::unique_ptr<DevLinear> gate, up, down;   // dense (gate/up null when fused)
   std::unique_ptr<moe::MoeLayerRunner> moe;
-  DeviceMem k_cache, v_cache;  // [num_blocks, block_size, n_kv, head_dim] bf16
+  // GQA: k/v [num_blocks, block_size, n_kv, head_dim]; MLA: k [num_blocks, block_size,
+  // kv_lora + rope] (the latent rows), v empty. bf16.
+  DeviceMem k_cache, v_cache;
 };
 
 // Step arrays: one pinned host block and one device block with the same offsets, one copy.
@@ -228,7 +246,10 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void rms_norm(NormId which, int layer, Buf in, Buf out) override {
     if (skip()) return;
-    ck(ops::cuda::rms_norm(buf(in), norm_weight(which, layer), T_, H_, eps(), buf(out), stream_));
+    const bool latent = which == NormId::QLatent;
+    ck(ops::cuda::rms_norm(buf(in), norm_weight(which, layer), T_,
+                           latent ? int(c_.q_lora_rank) : H_, latent ? kMlaLatentNormEps : eps(),
+                           buf(out), stream_));
   }
   void add_rms_norm(NormId which, int layer, Buf x, Buf residual, Buf out) override {
     if (skip()) return;
@@ -352,6 +373,31 @@ class CudaModelOps final : public CudaModelOpsApi {
     ck(split_decode_attention(buf(q), paged_kv(layer), S_run_, attn_, buf(out), stream_,
                               attn_splits_, PredecessorWrites::QAndNewKvRow, &r, d_plan()));
   }
+  void mla_attention(int layer, Buf q, Buf kv_a, Buf out) override {
+    if (skip()) return;
+    TETRA_CHECK(mla_, "mla_attention on a GQA model");
+    DevLayer& L = layers_.at(size_t(layer));
+    const int64_t num_slots = int64_t(lim_.kv_num_blocks) * lim_.kv_block_size;
+    const float* inv = inv_freq_.as<float>();
+    uint16_t* cache = L.k_cache.as<uint16_t>();
+    const uint16_t* kv_b = L.kv_b.as<uint16_t>();
+    ck(ops::cuda::mla_cache_write(buf(kv_a), L.kv_a_norm.as<uint16_t>(), kMlaLatentNormEps,
+                                  d_positions(), d_slots(), T_, inv, mla_shape_, num_slots, cache,
+                                  stream_));
+    ck(ops::cuda::mla_absorb_q(buf(q), kv_b, d_positions(), T_, inv, mla_shape_,
+                               buf(Buf::QAbsorbed), stream_));
+    ops::MlaKeys keys;
+    if (step_->kind == StepKind::Prefill && !step_->has_cached_prefix()) {
+      keys.step_slots = d_slots();
+    } else {
+      keys.block_tables = d_tables();
+      keys.max_blocks_per_seq = lim_.max_blocks_per_seq;  // stage() writes tables this wide
+      keys.block_size = lim_.kv_block_size;
+    }
+    ck(ops::cuda::mla_attention(buf(Buf::QAbsorbed), cache, num_slots, d_cu(), S_run_, T_,
+                                d_positions(), keys, mla_shape_, buf(Buf::AttnLatent), stream_));
+    ck(ops::cuda::mla_up_v(buf(Buf::AttnLatent), kv_b, T_, mla_shape_, buf(out), stream_));
+  }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
     if (skip()) return;
     // Gate, Up and out rows are [T, width] with no padding, so the op runs over T * width.
@@ -463,9 +509,10 @@ class CudaModelOps final : public CudaModelOpsApi {
       pairs.push_back(c.dst);
     }
     TETRA_CUDA_CHECK(cudaMemcpy(pairs_.as(), pairs.data(), pairs.size() * 4, cudaMemcpyHostToDevice));
-    const int64_t block_elems = int64_t(lim_.kv_block_size) * nkv_ * hd_;
+    const int64_t block_elems = int64_t(lim_.kv_block_size) * kv_row_elems();
     for (DevLayer& l : layers_)
-      ck(ops::cuda::copy_kv_blocks(l.k_cache.as<uint16_t>(), l.v_cache.as<uint16_t>(),
+      ck(ops::cuda::copy_kv_blocks(l.k_cache.as<uint16_t>(),
+                                   mla_ ? nullptr : l.v_cache.as<uint16_t>(),
                                    pairs_.as<int32_t>(), int(copies.size()), lim_.kv_num_blocks,
                                    block_elems, stream_));
     synchronize();
@@ -488,6 +535,8 @@ class CudaModelOps final : public CudaModelOpsApi {
     hd_ = int(c_.head_dim);
     nh_ = int(c_.num_attention_heads);
     nkv_ = int(c_.num_key_value_heads);
+    mla_ = c_.attention == AttentionKind::MLA;
+    if (mla_) mla_shape_ = mla_shape_of(c_);
     seed = seed * 0x9E3779B97F4A7C15ull + 1;
 
     embedding_ = random ? random_bf16(c_.vocab_size * H_, 1.0f, seed, stream_)
@@ -496,7 +545,7 @@ class CudaModelOps final : public CudaModelOpsApi {
     lm_head_ = make_linear(w.lm_head, random, seed, stream_);
     TETRA_CHECK(lm_head_->n == c_.vocab_size && lm_head_->k == H_, "lm_head shape");
 
-    const int64_t cache_elems = int64_t(lim.kv_num_blocks) * lim.kv_block_size * nkv_ * hd_;
+    const int64_t cache_elems = int64_t(lim.kv_num_blocks) * lim.kv_block_size * kv_row_elems();
     layers_.clear();
     layers_.resize(w.layers.size());
     host_moe_ = false;
@@ -510,9 +559,22 @@ class CudaModelOps final : public CudaModelOpsApi {
       if (lw.attn.q_norm) L.q_norm = random ? const_bf16(hd_, 1.0f, stream_) : upload_bf16(*lw.attn.q_norm);
       if (lw.attn.k_norm) L.k_norm = random ? const_bf16(hd_, 1.0f, stream_) : upload_bf16(*lw.attn.k_norm);
       L.q = make_linear(lw.attn.q, random, seed, stream_);
-      L.k = make_linear(lw.attn.k, random, seed, stream_);
-      L.v = make_linear(lw.attn.v, random, seed, stream_);
       L.o = make_linear(lw.attn.o, random, seed, stream_);
+      if (lw.attn.mla) {
+        const MlaWeights& m = *lw.attn.mla;
+        if (m.q_a) {
+          L.q_a = make_linear(*m.q_a, random, seed, stream_);
+          L.q_a_norm = random ? const_bf16(int(c_.q_lora_rank), 1.0f, stream_) : upload_bf16(*m.q_a_norm);
+        }
+        L.kv_a = make_linear(m.kv_a, random, seed, stream_);
+        L.kv_a_norm = random ? const_bf16(int(c_.kv_lora_rank), 1.0f, stream_) : upload_bf16(m.kv_a_norm);
+        L.kv_b = random ? random_bf16(m.kv_b.out_features * m.kv_b.in_features,
+                                      float(1.0 / std::sqrt(double(m.kv_b.in_features))), seed, stream_)
+                        : upload_as_bf16(m.kv_b);
+      } else {
+        L.k = make_linear(lw.attn.k, random, seed, stream_);
+        L.v = make_linear(lw.attn.v, random, seed, stream_);
+      }
       if (lw.dense) {
         L.gate_up = make_gate_up(*lw.dense, random, seed, stream_);
         if (!L.gate_up) {
@@ -535,16 +597,20 @@ class CudaModelOps final : public CudaModelOpsApi {
         L.moe = std::move(block.runner);
       }
       L.k_cache = DeviceMem(size_t(cache_elems) * 2);
-      L.v_cache = DeviceMem(size_t(cache_elems) * 2);
       TETRA_CUDA_CHECK(cudaMemsetAsync(L.k_cache.as(), 0, L.k_cache.bytes(), stream_));
-      TETRA_CUDA_CHECK(cudaMemsetAsync(L.v_cache.as(), 0, L.v_cache.bytes(), stream_));
+      if (!mla_) {
+        L.v_cache = DeviceMem(size_t(cache_elems) * 2);
+        TETRA_CUDA_CHECK(cudaMemsetAsync(L.v_cache.as(), 0, L.v_cache.bytes(), stream_));
+      }
     }
 
     const std::vector<float> inv = rope_inv_freq_of(c_);
     inv_freq_ = DeviceMem(inv.size() * 4);
     inv_freq_.upload(inv.data(), inv.size() * 4);
-    rope_ = rope_shape_of(c_);
-    attn_ = attention_shape_of(c_);
+    if (!mla_) {
+      rope_ = rope_shape_of(c_);
+      attn_ = attention_shape_of(c_);
+    }
 
     for (int b = 0; b < int(Buf::Count); ++b)
       bufs_[size_t(b)] = DeviceMem(size_t(lim.max_tokens) * size_t(buf_width(Buf(b), c_)) * 2);
@@ -555,7 +621,7 @@ class CudaModelOps final : public CudaModelOpsApi {
     kv.num_blocks = lim.kv_num_blocks;
     kv.block_size = lim.kv_block_size;
     kv.max_blocks_per_seq = lim.max_blocks_per_seq;
-    split_decode_ = opt_.split_decode && split_decode_unsupported_reason(attn_).empty();
+    split_decode_ = !mla_ && opt_.split_decode && split_decode_unsupported_reason(attn_).empty();
     rope_in_attention_ =
         split_decode_ && opt_.rope_in_attention &&
         split_decode_rope_unsupported_reason(attn_, rope_.rotary_dim,
@@ -563,7 +629,8 @@ class CudaModelOps final : public CudaModelOpsApi {
             .empty();
     // The split kernel needs no scratch; the fallback kernel's partials live here.
     attn_ws_ = DeviceMem(std::max<size_t>(
-        256, split_decode_ ? 0 : ops::cuda::paged_decode_workspace_bytes(lim.max_seqs, attn_, kv)));
+        256, split_decode_ || mla_ ? 0
+                                   : ops::cuda::paged_decode_workspace_bytes(lim.max_seqs, attn_, kv)));
     pairs_ = DeviceMem(size_t(lim.kv_num_blocks) * 8);
     arrays_ = {};
     arrays_.layout(lim.max_tokens, lim.max_seqs, lim.max_blocks_per_seq);
@@ -577,8 +644,9 @@ class CudaModelOps final : public CudaModelOpsApi {
     weight_bytes_ = lm_head_->bytes() + embedding_.bytes();
     int max_nvfp4_k = 0;  // widest NVFP4 linear input: the wgmma kernel's reordered-x scratch
     for (const DevLayer& L : layers_) {
-      for (const auto* l : {L.q.get(), L.k.get(), L.v.get(), L.o.get(), L.gate_up.get(),
-                            L.gate.get(), L.up.get(), L.down.get()})
+      weight_bytes_ += L.kv_b.bytes();
+      for (const auto* l : {L.q.get(), L.k.get(), L.v.get(), L.o.get(), L.q_a.get(),
+                            L.kv_a.get(), L.gate_up.get(), L.gate.get(), L.up.get(), L.down.get()})
         if (l) {
           weight_bytes_ += l->bytes();
           if (l->nvfp4) max_nvfp4_k = std::max(max_nvfp4_k, l->k);
@@ -659,6 +727,8 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
 
   bool skip() const { return mode_ == Mode::Replay; }
+  // Elements per token of one layer's cache (of each of k and v for GQA).
+  int64_t kv_row_elems() const { return mla_ ? mla_shape_.row() : int64_t(nkv_) * hd_; }
   // o_proj_folded_norm_moe's condition: a function of the layer and T_ only, so a captured step
   // and its replays decide alike.
   bool folds_post_norm(int layer) const {
@@ -706,6 +776,8 @@ class CudaModelOps final : public CudaModelOpsApi {
       case LinearId::DenseGate: return L.gate.get();
       case LinearId::DenseUp: return L.up.get();
       case LinearId::DenseDown: return L.down.get();
+      case LinearId::QA: return L.q_a.get();
+      case LinearId::KvA: return L.kv_a.get();
     }
     return nullptr;
   }
@@ -714,7 +786,12 @@ class CudaModelOps final : public CudaModelOpsApi {
       case NormId::Input: return layers_.at(size_t(layer)).input_norm.as<uint16_t>();
       case NormId::PostAttention: return layers_.at(size_t(layer)).post_norm.as<uint16_t>();
       case NormId::Final: return final_norm_.as<uint16_t>();
-      default: TETRA_FAIL("rms_norm takes Input, PostAttention or Final (head norms: head_norm)");
+      case NormId::QLatent: {
+        const DeviceMem& w = layers_.at(size_t(layer)).q_a_norm;
+        TETRA_CHECK(!w.empty(), "layer ", layer, " has no q_a_layernorm");
+        return w.as<uint16_t>();
+      }
+      default: TETRA_FAIL("rms_norm takes Input, PostAttention, QLatent or Final (head norms: head_norm)");
     }
   }
 
@@ -745,8 +822,10 @@ class CudaModelOps final : public CudaModelOpsApi {
   std::unique_ptr<DevLinear> lm_head_;  // [vocab, H]
   std::vector<DevLayer> layers_;
   DeviceMem inv_freq_;    // [rotary_dim / 2] f32
-  ops::RopeShape rope_;
-  ops::AttentionShape attn_;
+  ops::RopeShape rope_;        // GQA
+  ops::AttentionShape attn_;   // GQA
+  bool mla_ = false;
+  ops::MlaShape mla_shape_;    // MLA
   std::array<DeviceMem, size_t(Buf::Count)> bufs_;  // each [max_tokens, width] bf16
   DeviceMem logits_;      // [max_tokens, vocab] f32, first R rows valid
   DeviceMem logit_in_;    // [max_tokens, H] bf16: the logit rows gathered for lm_head
@@ -784,6 +863,11 @@ const ModelOpsRegistration kRegistration{"cuda", &make_cuda_ops};
 std::vector<std::string> cuda_model_unsupported_reasons(const ModelConfig& c) {
   std::vector<std::string> why;
   namespace att = ::tetra::ops::cuda;  // the attention kernels' own statement of their limits
+  if (c.attention == AttentionKind::MLA) {
+    const std::string r = att::mla_unsupported_reason(mla_shape_of(c));
+    if (!r.empty()) why.push_back(r);
+    return why;
+  }
   if (!att::attention_head_dim_supported(int(c.head_dim)))
     why.push_back(str("head_dim ", c.head_dim,
                       ": the CUDA prefill and decode attention kernels take 64 or 128"));

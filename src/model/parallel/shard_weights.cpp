@@ -143,10 +143,16 @@ ModelConfig rank_config(const ModelConfig& c, const dist::ShardingPlan& plan, in
   return r;
 }
 
+std::string parallel_unsupported_reason(const ModelConfig& c) {
+  if (c.attention == AttentionKind::GQA) return "";
+  return "tensor/expert parallel runs GQA models only: MLA attention (GLM-5, DeepSeek-V3) is not "
+         "split across GPUs yet";
+}
+
 std::unique_ptr<RankWeights> shard_weights(const ModelWeights& w, const dist::ShardingPlan& plan,
                                            int rank) {
-  TETRA_CHECK(w.config.attention == AttentionKind::GQA,
-              "tensor/expert parallel runs GQA models only (the runtime has no MLA attention)");
+  const std::string why = parallel_unsupported_reason(w.config);
+  TETRA_CHECK(why.empty(), why);
   auto out = std::make_unique<RankWeights>();
   Sharder s(plan, rank, *out);
   const dist::RankCoords& rc = s.shards().coords;

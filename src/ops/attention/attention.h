@@ -58,7 +58,8 @@ void write_kv_cache_cpu(const uint16_t* k, const uint16_t* v, const int64_t* slo
 
 // Copy-on-write after a fork (runtime/kv_cache.h BlockCopy): for i < n, block pairs[2i+1] of
 // each cache becomes a copy of block pairs[2i]. pairs [n, 2] int32 (src, dst); block_elems =
-// block_size * n_kv_heads * head_dim. Ids outside [0, num_blocks) throw.
+// block_size * n_kv_heads * head_dim. Ids outside [0, num_blocks) throw. v_cache may be null
+// (MLA keeps one latent cache: block_elems = block_size * (kv_lora + rope)).
 void copy_kv_blocks_cpu(uint16_t* k_cache, uint16_t* v_cache, const int32_t* pairs, int n,
                         int num_blocks, int64_t block_elems);
 

@@ -135,7 +135,8 @@ void copy_kv_blocks_cpu(uint16_t* k_cache, uint16_t* v_cache, const int32_t* pai
     TETRA_CHECK(src >= 0 && src < num_blocks && dst >= 0 && dst < num_blocks,
                 "kv block copy: pair ", i, " (", src, " -> ", dst, ") outside ", num_blocks, " blocks");
     std::memcpy(k_cache + dst * block_elems, k_cache + src * block_elems, block_elems * 2);
-    std::memcpy(v_cache + dst * block_elems, v_cache + src * block_elems, block_elems * 2);
+    if (v_cache != nullptr)
+      std::memcpy(v_cache + dst * block_elems, v_cache + src * block_elems, block_elems * 2);
   }
 }
 

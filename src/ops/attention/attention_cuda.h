@@ -54,7 +54,7 @@ cudaError_t write_kv_cache(const uint16_t* k, const uint16_t* v, const int64_t* 
                            uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
 
 // Copy-on-write block copies as copy_kv_blocks_cpu; pairs [n, 2] int32 on the device. Pairs
-// with an id outside [0, num_blocks) are skipped.
+// with an id outside [0, num_blocks) are skipped. v_cache may be null (MLA's one cache).
 cudaError_t copy_kv_blocks(uint16_t* k_cache, uint16_t* v_cache, const int32_t* pairs, int n,
                            int num_blocks, int64_t block_elems, cudaStream_t stream);
 

@@ -62,12 +62,13 @@ cudaError_t copy_kv_blocks(uint16_t* k_cache, uint16_t* v_cache, const int32_t* 
   TETRA_CHECK(n >= 0 && block_elems > 0 && num_blocks > 0, "kv block copy: n=", n,
               " block_elems=", block_elems);
   if (n == 0) return cudaSuccess;
+  const unsigned caches = v_cache != nullptr ? 2 : 1;  // MLA: one latent cache, no v
   if (block_elems % 8 == 0 && aligned16(k_cache) && aligned16(v_cache)) {
-    copy_blocks_kernel<uint4><<<dim3(n, 2), 256, 0, stream>>>(reinterpret_cast<uint4*>(k_cache),
+    copy_blocks_kernel<uint4><<<dim3(n, caches), 256, 0, stream>>>(reinterpret_cast<uint4*>(k_cache),
                                                               reinterpret_cast<uint4*>(v_cache),
                                                               pairs, num_blocks, block_elems / 8);
   } else {
-    copy_blocks_kernel<uint16_t><<<dim3(n, 2), 256, 0, stream>>>(k_cache, v_cache, pairs,
+    copy_blocks_kernel<uint16_t><<<dim3(n, caches), 256, 0, stream>>>(k_cache, v_cache, pairs,
                                                                  num_blocks, block_elems);
   }
   return cudaGetLastError();

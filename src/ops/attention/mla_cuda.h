@@ -7,10 +7,15 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "ops/attention/mla.h"
 
 namespace tetra::ops::cuda {
+
+// Why the CUDA MLA kernels cannot run this shape; empty when they can (the ops refuse such a
+// shape with this reason; `tetra check` and the model backend list it before loading).
+std::string mla_unsupported_reason(const MlaShape& s);
 
 cudaError_t mla_cache_write(const uint16_t* kv_a, const uint16_t* norm_w, float eps,
                             const int32_t* positions, const int64_t* slots, int T,

@@ -27,8 +27,20 @@ struct RopeShape {
 };
 
 // inv_freq [rotary_dim/2] = theta^(-2i/rotary_dim), computed in double, rounded to float once.
-// (YaRN / other scalings are not implemented yet.)
 std::vector<float> rope_inv_freq(double theta, int rotary_dim);
+
+// YaRN (arXiv 2309.00071, as the DeepSeek-V3 reference computes it): frequencies whose
+// wavelength fits in original_max_position many times (beta_fast rotations) stay as they are,
+// those rotating fewer than beta_slow times are divided by factor, a linear ramp between (the
+// ramp's ends floor/ceil-ed, clamped to [0, rotary_dim/2 - 1]).
+struct YarnParams {
+  double factor = 1.0;
+  double original_max_position = 0;
+  double beta_fast = 32.0, beta_slow = 1.0;
+};
+std::vector<float> rope_yarn_inv_freq(double theta, int rotary_dim, const YarnParams& y);
+// YaRN's magnitude correction 0.1 * m * ln(factor) + 1 (1 for factor <= 1).
+double yarn_mscale(double factor, double m);
 
 // Refuses inconsistent shapes with a tetra::Error naming the field.
 void check_rope_shape(const RopeShape& s);

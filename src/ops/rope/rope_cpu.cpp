@@ -1,4 +1,5 @@
 // CPU RoPE: angles in float (as the reference models build them), cos/sin in double.
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -14,6 +15,36 @@ std::vector<float> rope_inv_freq(double theta, int rotary_dim) {
   for (int i = 0; i < rotary_dim / 2; ++i)
     f[i] = float(std::pow(theta, -2.0 * i / rotary_dim));
   return f;
+}
+
+std::vector<float> rope_yarn_inv_freq(double theta, int rotary_dim, const YarnParams& y) {
+  TETRA_CHECK(theta > 1.0, "rope theta ", theta);
+  TETRA_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0, "rotary_dim ", rotary_dim, " must be even");
+  TETRA_CHECK(y.factor > 0 && y.original_max_position > 0 && y.beta_fast > 0 && y.beta_slow > 0,
+              "yarn: factor ", y.factor, ", original_max_position ", y.original_max_position,
+              ", beta_fast ", y.beta_fast, ", beta_slow ", y.beta_slow, " must be > 0");
+  const int half = rotary_dim / 2;
+  // The dim index whose frequency turns `rotations` times over the original context.
+  auto correction_dim = [&](double rotations) {
+    return rotary_dim * std::log(y.original_max_position / (rotations * 2.0 * M_PI)) /
+           (2.0 * std::log(theta));
+  };
+  const double low = std::max(0.0, std::floor(correction_dim(y.beta_fast)));
+  double high = std::min(double(rotary_dim - 1), std::ceil(correction_dim(y.beta_slow)));
+  if (high == low) high += 0.001;  // a ramp of zero width would divide by zero
+  std::vector<float> f(static_cast<size_t>(half));  // [rotary_dim/2]
+  for (int i = 0; i < half; ++i) {
+    const double extrapolated = std::pow(theta, -2.0 * i / rotary_dim);
+    const double interpolated = extrapolated / y.factor;
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    // ramp 0 (high frequency): keep; ramp 1 (low frequency): interpolate.
+    f[size_t(i)] = float(interpolated * ramp + extrapolated * (1.0 - ramp));
+  }
+  return f;
+}
+
+double yarn_mscale(double factor, double m) {
+  return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
 }
 
 void check_rope_shape(const RopeShape& s) {
