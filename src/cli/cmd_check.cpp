@@ -71,6 +71,10 @@ int run_check(const CheckOptions& o) {
     if (auto p = dist::gpu_count_problem(plan, dist::visible_gpu_count())) problems.push_back(*p);
   r.split_detail = dist::split_summary(cfg, plan);
   r.runtime_reasons = model::runtime_unsupported_reasons(cfg);
+  if (const int64_t cap = model::runtime_context_limit(cfg); cap < cfg.context_limit())
+    r.runtime_context_note = str("contexts up to ", cap, " tokens (of the config's ",
+                                 cfg.context_limit(), "): the DSA indexer is not built, and up "
+                                 "to index_topk it keeps every key, so attention is dense");
   if (plan.tp * plan.ep > 1)
     if (std::string why = model::parallel::parallel_unsupported_reason(cfg); !why.empty())
       r.runtime_reasons.push_back(std::move(why));

@@ -95,6 +95,8 @@ TEST(CliCheck, SaysWhetherTheModelRuntimeRunsTheModel) {
   const RunResult one = run_tetra("check --preset glm5 --gpu h200 --json");
   const nlohmann::json j1 = nlohmann::json::parse(one.out);
   EXPECT_EQ(j1["runtime"]["runs_model"], true) << one.out;
+  EXPECT_TRUE(contains(j1["runtime"]["context_note"].get<std::string>(), "contexts up to 2048"))
+      << one.out;
   const RunResult mla = run_tetra("check --preset glm5 --gpu h200 --tp 8 --ep 8");
   EXPECT_EQ(mla.code, 0) << mla.out;  // its MoE layers run
   EXPECT_TRUE(contains(mla.out, "runtime: generate, serve and bench decode cannot run this model"))

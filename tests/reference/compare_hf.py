@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from st_io import load_file, save_file
 
-from local_forward import layer_is_moe
+from local_forward import is_glm, layer_is_moe
 
 REL_TOL = 2e-2
 TOP1_MIN = 0.99
@@ -83,6 +83,40 @@ def qwen3_moe(name):
     return name, c
 
 
+# MLA (DeepSeek-V3, GLM-5): the latent widths of tiny-deepseek-v3, 4 heads, grouped sigmoid
+# routing. DeepSeek-V3 with YaRN (factor 4 over 1024 original positions, mscale = mscale_all_dim
+# = 1 as its real config) and interleaved RoPE pairs; GLM-5 with index_topk above every context
+# here, where the DSA indexer keeps every key (Tetra does not build the indexer and caps GLM-5's
+# context at index_topk), its indexer weights random (transformers computes and then keeps all).
+MLA = dict(q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
+           v_head_dim=32, n_routed_experts=16, n_shared_experts=1, first_k_dense_replace=1,
+           n_group=4, topk_group=2, routed_scaling_factor=2.5, topk_method="noaux_tc",
+           scoring_func="sigmoid", num_nextn_predict_layers=0, rope_interleave=True,
+           attention_bias=False)
+
+
+def deepseek_v3(name):
+    c = dict(COMMON, **MLA)
+    c.update(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+             num_key_value_heads=4, rms_norm_eps=1e-6, rope_theta=10000.0)
+    del c["head_dim"]
+    c["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                            "original_max_position_embeddings": 1024, "beta_fast": 32.0,
+                            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    c["rope_scaling"] = dict(c["rope_parameters"], type="yarn")
+    return name, c
+
+
+def glm_moe_dsa(name):
+    c = dict(COMMON, **MLA)
+    c.update(architectures=["GlmMoeDsaForCausalLM"], model_type="glm_moe_dsa",
+             num_key_value_heads=4, n_group=1, topk_group=1, index_n_heads=4, index_head_dim=32,
+             index_topk=2048, indexer_rope_interleave=True)
+    del c["head_dim"]
+    c["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0}
+    return name, c
+
+
 # Variants whose router weights are random: top-k margins are spread down to zero, so a
 # near-tied expert flips under any bf16 rounding (tests/reference/results/2026-11-30-*.md has the
 # evidence). Reported, not required: transformers' own bf16 run misses 2e-2 on them too.
@@ -99,6 +133,8 @@ VARIANTS = [
     # selection rule (bias left out of the choice, no group limit) picks other experts here.
     glm4_moe("glm4moe-bias-noqknorm-decisive", True, False, 1, 1, 2.5) + ({"routing": "decisive"},),
     glm4_moe("glm4moe-qknorm-grouped-decisive", False, True, 4, 2, 1.0) + ({"routing": "decisive"},),
+    deepseek_v3("deepseekv3-mla-yarn-confident") + ({"routing": "confident"},),
+    glm_moe_dsa("glm5-mla-confident") + ({"routing": "confident"},),
 ]
 
 
@@ -110,9 +146,10 @@ def make_weights(c, seed, routing="random"):
     """HF-named tensors (bf16, the router correction bias f32) for config c; routing "confident"
     then conditions the routers (condition_routing)."""
     g = torch.Generator().manual_seed(seed)
-    H, V, hd = c["hidden_size"], c["vocab_size"], c["head_dim"]
+    H, V, hd = c["hidden_size"], c["vocab_size"], c.get("head_dim", 0)
     nh, nkv = c["num_attention_heads"], c["num_key_value_heads"]
-    glm = c["model_type"] == "glm4_moe"
+    glm = is_glm(c)
+    mla = "kv_lora_rank" in c
     E = c["n_routed_experts"] if glm else c["num_experts"]
     I, Im = c["intermediate_size"], c["moe_intermediate_size"]
     t = {}
@@ -133,6 +170,24 @@ def make_weights(c, seed, routing="random"):
         linear(p + "up_proj", width, H)
         linear(p + "down_proj", H, width)
 
+    def mla_attention(a, L):
+        qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
+        b = c["attention_bias"]
+        linear(a + "q_a_proj", c["q_lora_rank"], H, b)
+        norm(a + "q_a_layernorm.weight", c["q_lora_rank"])
+        linear(a + "q_b_proj", nh * qk, c["q_lora_rank"])
+        linear(a + "kv_a_proj_with_mqa", c["kv_lora_rank"] + c["qk_rope_head_dim"], H, b)
+        norm(a + "kv_a_layernorm.weight", c["kv_lora_rank"])
+        linear(a + "kv_b_proj", nh * (c["qk_nope_head_dim"] + c["v_head_dim"]), c["kv_lora_rank"])
+        linear(a + "o_proj", H, nh * c["v_head_dim"], b)
+        if c["model_type"] == "glm_moe_dsa":  # the DSA indexer (keeps every key here)
+            i, ih, ihd = a + "indexer.", c["index_n_heads"], c["index_head_dim"]
+            linear(i + "wq_b", ih * ihd, c["q_lora_rank"])
+            linear(i + "wk", ihd, H)
+            norm(i + "k_norm.weight", ihd)
+            t[i + "k_norm.bias"] = randn(ihd, std=0.1)
+            linear(i + "weights_proj", ih, H)
+
     t["model.embed_tokens.weight"] = randn(V, H)
     perm = torch.randperm(V, generator=g)
     t["lm_head.weight"] = t["model.embed_tokens.weight"][perm].clone()
@@ -141,11 +196,14 @@ def make_weights(c, seed, routing="random"):
         norm(p + "input_layernorm.weight", H)
         norm(p + "post_attention_layernorm.weight", H)
         a = p + "self_attn."
-        linear(a + "q_proj", nh * hd, H, c["attention_bias"])
-        linear(a + "k_proj", nkv * hd, H, c["attention_bias"])
-        linear(a + "v_proj", nkv * hd, H, c["attention_bias"])
-        linear(a + "o_proj", H, nh * hd, c["attention_bias"] and not glm)
-        if c.get("use_qk_norm", not glm):
+        if mla:
+            mla_attention(a, L)
+        else:
+            linear(a + "q_proj", nh * hd, H, c["attention_bias"])
+            linear(a + "k_proj", nkv * hd, H, c["attention_bias"])
+            linear(a + "v_proj", nkv * hd, H, c["attention_bias"])
+            linear(a + "o_proj", H, nh * hd, c["attention_bias"] and not glm)
+        if not mla and c.get("use_qk_norm", not glm):
             norm(a + "q_norm.weight", hd)
             norm(a + "k_norm.weight", hd)
         if not layer_is_moe(c, L):
@@ -193,7 +251,7 @@ def condition_routing(t, c, seed, decisive=False):
     routing adds a decoy: one expert of a third group scores highest of all, but its group's top-2
     sum is far below the kept groups': only the group limit keeps it out."""
     g = torch.Generator().manual_seed(seed + 7919)
-    glm = c["model_type"] == "glm4_moe"
+    glm = is_glm(c)
     E = c["n_routed_experts"] if glm else c["num_experts"]
     k, V, H = c["num_experts_per_tok"], c["vocab_size"], c["hidden_size"]
     ng = c.get("n_group", 1) if glm else 1

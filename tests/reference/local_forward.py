@@ -36,8 +36,13 @@ def apply_rope(x, cos, sin, rotary_dim):
     return torch.cat([r * cos[:, None, :] + rot * sin[:, None, :], p], dim=-1)
 
 
+# The architectures routed by sigmoid + correction bias with shared experts and dense-first
+# layers (MODELS.md): GLM-4.x, DeepSeek-V3, GLM-5. Qwen3-MoE is the softmax one.
+SIGMOID_ROUTED = ("glm4_moe", "deepseek_v3", "glm_moe_dsa")
+
+
 def is_glm(c):
-    return c["model_type"] == "glm4_moe"
+    return c["model_type"] in SIGMOID_ROUTED
 
 
 def layer_is_moe(c, L):

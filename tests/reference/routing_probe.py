@@ -2,7 +2,7 @@
 
 A hook on every `mlp.gate` module keeps the router's input (the post-attention-normed hidden
 state). The scores are then recomputed the way that transformers' router computes them:
-Glm4Moe casts input and weight to float32; Qwen3Moe multiplies in the model's dtype (bf16 router
+Glm4Moe (and DeepseekV3, GlmMoeDsa) cast input and weight to float32; Qwen3Moe multiplies in the model's dtype (bf16 router
 logits in a bf16 model) and takes the softmax in float32. Selection follows MODELS.md
 (local_forward.route): sigmoid + correction bias, group-limited top-k, or softmax top-k.
 
@@ -13,13 +13,13 @@ rounding noise means the expert set can change under any rounding difference.
 import torch
 import torch.nn.functional as F
 
-from local_forward import route, top_k_margin
+from local_forward import is_glm, route, top_k_margin
 
 
 class RouterProbe:
     def __init__(self, model, config):
         self.c = config
-        self.glm = config["model_type"] == "glm4_moe"
+        self.glm = is_glm(config)
         self.inputs = {}   # layer -> [T, H] router input of the last forward
         self.handles = []
         self.gates = {}    # layer -> router module
