@@ -29,13 +29,11 @@ constexpr int kMaxNope = 1024;  // the absorb kernel's q tile lives in shared me
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// The shapes every kernel here takes: chunks of 8 (16 bytes) never straddle the latent's end.
+// The shapes every kernel here takes (mla_unsupported_reason), refused with the op's name.
 void check_cuda_shape(const MlaShape& s, const char* op) {
   check_mla_shape(s);
-  TETRA_CHECK(s.kv_lora % 16 == 0, op, " (cuda): kv_lora_rank ", s.kv_lora,
-              " must be a multiple of 16");
-  TETRA_CHECK(s.row() <= kMaxRow, op, " (cuda): kv_lora_rank + qk_rope_head_dim ", s.row(),
-              " exceeds ", kMaxRow);
+  const std::string why = mla_unsupported_reason(s);
+  TETRA_CHECK(why.empty(), op, " (cuda): ", why);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -415,6 +413,22 @@ static_assert(kUpRowsPerWarp * kUpTok == 32, "one output per lane");
 
 }  // namespace
 
+std::string mla_unsupported_reason(const MlaShape& s) {
+  // Chunks of 8 (16 bytes) never straddle the latent's end; the attention kernel's registers
+  // per lane bound the row; the absorb kernel's q tile lives in shared memory; heads index a
+  // grid dimension.
+  if (s.kv_lora % 16 != 0)
+    return str("kv_lora_rank ", s.kv_lora, " (the CUDA MLA kernels take a multiple of 16)");
+  if (s.row() > kMaxRow)
+    return str("kv_lora_rank + qk_rope_head_dim = ", s.row(), " (the CUDA MLA kernels take up to ",
+               kMaxRow, ")");
+  if (s.nope_dim > kMaxNope)
+    return str("qk_nope_head_dim ", s.nope_dim, " (the CUDA MLA kernels take up to ", kMaxNope, ")");
+  if (s.n_heads > 65535)
+    return str(s.n_heads, " heads (the CUDA MLA kernels take up to 65535)");
+  return "";
+}
+
 cudaError_t mla_cache_write(const uint16_t* kv_a, const uint16_t* norm_w, float eps,
                             const int32_t* positions, const int64_t* slots, int T,
                             const float* inv_freq, const MlaShape& s, int64_t num_slots,
@@ -443,9 +457,6 @@ cudaError_t mla_absorb_q(const uint16_t* q, const uint16_t* kv_b, const int32_t*
                          cudaStream_t stream) {
   check_cuda_shape(s, "mla absorb q");
   TETRA_CHECK(T >= 0, "mla absorb q (cuda): T ", T);
-  TETRA_CHECK(s.nope_dim <= kMaxNope, "mla absorb q (cuda): qk_nope_head_dim ", s.nope_dim,
-              " exceeds ", kMaxNope);
-  TETRA_CHECK(s.n_heads <= 65535, "mla absorb q (cuda): ", s.n_heads, " heads");
   TETRA_CHECK(aligned(kv_b, 4) && aligned(q_abs, 4),
               "mla absorb q (cuda): kv_b and q_abs must be 4-byte aligned");
   if (T == 0) return cudaSuccess;
@@ -524,7 +535,6 @@ cudaError_t mla_up_v(const uint16_t* out_lat, const uint16_t* kv_b, int T, const
                      uint16_t* out, cudaStream_t stream) {
   check_cuda_shape(s, "mla up v");
   TETRA_CHECK(T >= 0, "mla up v (cuda): T ", T);
-  TETRA_CHECK(s.n_heads <= 65535, "mla up v (cuda): ", s.n_heads, " heads");
   TETRA_CHECK(aligned(out_lat, 16) && aligned(kv_b, 16),
               "mla up v (cuda): out_lat and kv_b must be 16-byte aligned");
   if (T == 0) return cudaSuccess;
