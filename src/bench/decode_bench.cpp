@@ -94,7 +94,9 @@ class TimedOps final : public model::ModelOps {
     timed("norms", [&] { in_.add_rms_norm(w, l, x, r, o); });
   }
   void linear(LinearId id, int l, Buf i, Buf o) override {
-    const char* what = id == LinearId::Q || id == LinearId::K || id == LinearId::V ? "qkv linears"
+    const bool attention_in = id == LinearId::Q || id == LinearId::K || id == LinearId::V ||
+                              id == LinearId::QA || id == LinearId::KvA;
+    const char* what = attention_in ? "qkv linears"
                        : id == LinearId::O                                         ? "o linear"
                                                                                    : "dense mlp";
     timed(what, [&] { in_.linear(id, l, i, o); });
@@ -121,6 +123,10 @@ class TimedOps final : public model::ModelOps {
   // (Where the backend fuses them, RoPE's time is in "attention".)
   void rope_decode_attention(int l, Buf q, Buf k, Buf v, Buf o) override {
     timed("attention", [&] { in_.rope_decode_attention(l, q, k, v, o); });
+  }
+  // MLA: cache write, absorbed q, attention and the value up-projection.
+  void mla_attention(int l, Buf q, Buf kv_a, Buf o) override {
+    timed("attention", [&] { in_.mla_attention(l, q, kv_a, o); });
   }
   void silu_mul(Buf g, Buf u, int64_t w, Buf o) override { timed("dense mlp", [&] { in_.silu_mul(g, u, w, o); }); }
   void moe(int l, Buf i, Buf o) override { timed("moe", [&] { in_.moe(l, i, o); }); }

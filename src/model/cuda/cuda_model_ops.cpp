@@ -99,8 +99,13 @@ std::unique_ptr<DevLinear> make_linear(const LinearWeight& lw, bool random, uint
   auto l = std::make_unique<DevLinear>();
   l->n = int(lw.out_features);
   l->k = int(lw.in_features);
-  l->nvfp4 = lw.quantized;
-  if (lw.quantized) {
+  // An NVFP4 shape the W4A16 kernels lack (k not a multiple of 64, n of 32: only tiny models'
+  // MLA projections, e.g. kv_a's kv_lora + rope = 48) runs as bf16, dequantized on the host.
+  l->nvfp4 = lw.quantized && lin::nvfp4_linear_unsupported_reason(l->n, l->k, false).empty();
+  if (lw.quantized && !l->nvfp4) {
+    l->w = random ? random_bf16(int64_t(l->n) * l->k, float(1.0 / std::sqrt(double(l->k))), seed, s)
+                  : upload_as_bf16(lw);
+  } else if (lw.quantized) {
     if (random) {
       l->q = lin::Nvfp4LinearBuffer::allocate(l->n, l->k, false);
       fill_random_nvfp4(l->q, l->k, seed, s);
