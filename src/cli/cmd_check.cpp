@@ -17,7 +17,6 @@
 #include "format/model_config.h"
 #include "format/quant_config.h"
 #include "model/cuda/cuda_model_ops.h"
-#include "model/parallel/shard_weights.h"
 #include "model/model_weights.h"
 #include "moe/backend_select.h"
 
@@ -75,9 +74,6 @@ int run_check(const CheckOptions& o) {
     r.runtime_context_note = str("contexts up to ", cap, " tokens (of the config's ",
                                  cfg.context_limit(), "): the DSA indexer is not built, and up "
                                  "to index_topk it keeps every key, so attention is dense");
-  if (plan.tp * plan.ep > 1)
-    if (std::string why = model::parallel::parallel_unsupported_reason(cfg); !why.empty())
-      r.runtime_reasons.push_back(std::move(why));
   if (target.gpu && r.runtime_reasons.empty())  // the CUDA limits assume a runnable architecture
     for (const std::string& why : model::cuda::cuda_model_unsupported_reasons(cfg))
       r.runtime_reasons.push_back("cuda backend: " + why);

@@ -111,7 +111,12 @@ TEST_P(ParallelSharding, LogitsMatchOneRank) {
 
 std::vector<SplitCase> cases() {
   std::vector<SplitCase> v;
-  for (const char* p : {"tiny-glm4.5-air", "tiny-glm4.7", "tiny-qwen3-30b-a3b"})
+  // MLA through tiny-deepseek-v3 (latent projections whole, q_b / kv_b / o_proj by heads).
+  // tiny-glm5 runs the same MLA code; it is not here because its random router (no group
+  // limit) has near-tied experts on a few rows, which flip under any change of summation order:
+  // the same rows exceed 2e-2 at tp2, tp4 and with only the experts split (ep2), 3 of 54.
+  for (const char* p : {"tiny-glm4.5-air", "tiny-glm4.7", "tiny-qwen3-30b-a3b",
+                        "tiny-deepseek-v3"})
     for (const char* d : {"bf16", "nvfp4"}) {
       v.push_back({p, d, 2, 1});
       // 4 heads, 2 KV heads: each KV head on two ranks; dense MLP 128 / 4 = 32 (not a multiple
@@ -124,7 +129,7 @@ std::vector<SplitCase> cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(TinyGqa, ParallelSharding, ::testing::ValuesIn(cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(TinyPresets, ParallelSharding, ::testing::ValuesIn(cases()), case_name);
 
 // ---- the cut itself ----
 

@@ -87,6 +87,9 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
   void extend_attention(int layer, Buf q, Buf out) override {
     record([=](ModelOps& o) { o.extend_attention(layer, q, out); });
   }
+  void mla_attention(int layer, Buf q, Buf kv_a, Buf out) override {
+    record([=](ModelOps& o) { o.mla_attention(layer, q, kv_a, out); });
+  }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
     // The forward pass passes the model's dense width; each rank holds a tp slice of it.
     if (width == full_.intermediate_size) width = rank_.intermediate_size;

@@ -143,16 +143,8 @@ ModelConfig rank_config(const ModelConfig& c, const dist::ShardingPlan& plan, in
   return r;
 }
 
-std::string parallel_unsupported_reason(const ModelConfig& c) {
-  if (c.attention == AttentionKind::GQA) return "";
-  return "tensor/expert parallel runs GQA models only: MLA attention (GLM-5, DeepSeek-V3) is not "
-         "split across GPUs yet";
-}
-
 std::unique_ptr<RankWeights> shard_weights(const ModelWeights& w, const dist::ShardingPlan& plan,
                                            int rank) {
-  const std::string why = parallel_unsupported_reason(w.config);
-  TETRA_CHECK(why.empty(), why);
   auto out = std::make_unique<RankWeights>();
   Sharder s(plan, rank, *out);
   const dist::RankCoords& rc = s.shards().coords;
@@ -172,9 +164,24 @@ std::unique_ptr<RankWeights> shard_weights(const ModelWeights& w, const dist::Sh
     l.post_attention_norm = lw.post_attention_norm;
     l.is_moe = lw.is_moe;
     l.attn.q = s.cut(lw.attn.q, false);
-    l.attn.k = s.cut(lw.attn.k, false);
-    l.attn.v = s.cut(lw.attn.v, false);
     l.attn.o = s.cut(lw.attn.o, tp_replica);
+    if (lw.attn.mla) {
+      // MLA: the latent projections whole on every rank (each rank caches the whole latent its
+      // heads read), q_b / kv_b cut by heads (the plan's attention_shard).
+      const MlaWeights& m = *lw.attn.mla;
+      MlaWeights mm;
+      if (m.q_a) {
+        mm.q_a = s.cut(*m.q_a, false);
+        mm.q_a_norm = m.q_a_norm;
+      }
+      mm.kv_a = s.cut(m.kv_a, false);
+      mm.kv_a_norm = m.kv_a_norm;
+      mm.kv_b = s.cut(m.kv_b, false);
+      l.attn.mla = std::move(mm);
+    } else {
+      l.attn.k = s.cut(lw.attn.k, false);
+      l.attn.v = s.cut(lw.attn.v, false);
+    }
     l.attn.q_norm = lw.attn.q_norm;
     l.attn.k_norm = lw.attn.k_norm;
     if (lw.dense && dense_mlp_split(w.config, plan.plan())) {

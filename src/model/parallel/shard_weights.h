@@ -51,10 +51,6 @@ bool dense_mlp_split(const ModelConfig& c, ParallelPlan plan);
 dist::ShardingOptions runnable_sharding(const ModelConfig& c, ParallelPlan plan,
                                         dist::ShardingOptions requested);
 
-// Why the tensor/expert parallel runtime cannot run this model (MLA attention is not split
-// across GPUs); empty when it can.
-std::string parallel_unsupported_reason(const ModelConfig& c);
-
 // Throws tetra::Error naming the tensor when a weight does not have the layout the plan assumes.
 // The result points into `w` (and into itself): keep `w` alive, and the result where it is.
 std::unique_ptr<RankWeights> shard_weights(const ModelWeights& w, const dist::ShardingPlan& plan,
