@@ -50,7 +50,8 @@ def models():
             dn, dc = dense_twin(name, config)
             out.append((dn, dc, "dense", vi))
     for vi, (name, config, opts) in enumerate(ch.VARIANTS):
-        if opts["routing"] != "random":
+        # The evidence covers the GQA models it was written for (the MLA variants came later).
+        if opts["routing"] != "random" and config["model_type"] in ("glm4_moe", "qwen3_moe"):
             out.append((name, config, opts["routing"], vi))
     return out
 
