@@ -65,7 +65,7 @@ std::vector<float> chunked_logits(const std::filesystem::path& dir, const std::v
 }
 
 TEST(ChunkedPrefill, ChunksGiveTheOneShotLogitsBitForBit) {
-  for (const char* preset : {"tiny-glm4.5-air", "tiny-qwen3-30b-a3b"}) {
+  for (const char* preset : {"tiny-glm4.5-air", "tiny-qwen3-30b-a3b", "tiny-deepseek-v3"}) {
     const auto dir = test::tiny_model(preset, "nvfp4");
     const std::vector<int32_t> prompt = test::test_prompt(101, 512, 3);
     const std::vector<float> one = chunked_logits(dir, prompt, 1000);

@@ -15,13 +15,14 @@ using runtime::Engine;
 using runtime::EngineOptions;
 using runtime::FinishReason;
 
-std::unique_ptr<Engine> engine_with_blocks(int kv_blocks, int max_batch = 4) {
+std::unique_ptr<Engine> engine_with_blocks(int kv_blocks, int max_batch = 4,
+                                           const char* preset = "tiny-glm4.5-air") {
   EngineOptions o;
   o.max_batch = max_batch;
   o.max_context = 64;
   o.kv_block_size = 4;
   o.kv_num_blocks = kv_blocks;  // 0: max_batch full contexts (nothing is ever preempted)
-  return Engine::load(test::tiny_model("tiny-glm4.5-air", "nvfp4"), o);
+  return Engine::load(test::tiny_model(preset, "nvfp4"), o);
 }
 
 ops::SamplingParams greedy() {
@@ -44,8 +45,8 @@ struct Job {
   int max_new = 0;
 };
 
-std::vector<int32_t> alone(const Job& j) {
-  auto e = engine_with_blocks(0, 1);
+std::vector<int32_t> alone(const Job& j, const char* preset = "tiny-glm4.5-air") {
+  auto e = engine_with_blocks(0, 1, preset);
   const int64_t id = e->add_request(j.prompt, j.params, j.max_new);
   e->run_to_completion();
   EXPECT_EQ(e->stats().preemptions, 0);
@@ -60,9 +61,14 @@ std::vector<Job> jobs() {
           {test::test_prompt(12, 512, 24), seeded(7), 18}};
 }
 
-TEST(EnginePreemption, SmallPoolCompletesEveryRequestAsAlone) {
+class EnginePreemptionPreset : public ::testing::TestWithParam<const char*> {};
+
+// GQA (tiny-glm4.5-air) and MLA (tiny-deepseek-v3: one latent cache per layer, recompute
+// through the paged extend path).
+TEST_P(EnginePreemptionPreset, SmallPoolCompletesEveryRequestAsAlone) {
+  const char* preset = GetParam();
   const std::vector<Job> js = jobs();
-  auto e = engine_with_blocks(12);
+  auto e = engine_with_blocks(12, 4, preset);
   std::vector<int64_t> ids;
   for (const Job& j : js) ids.push_back(e->add_request(j.prompt, j.params, j.max_new));
   int max_used = 0;
@@ -79,12 +85,21 @@ TEST(EnginePreemption, SmallPoolCompletesEveryRequestAsAlone) {
   for (size_t i = 0; i < js.size(); ++i) {
     const auto& st = e->request(ids[i]);
     EXPECT_EQ(st.finish, FinishReason::Length) << "request " << i;
-    EXPECT_EQ(st.output, alone(js[i])) << "request " << i;
+    EXPECT_EQ(st.output, alone(js[i], preset)) << "request " << i;
   }
   EXPECT_EQ(e->kv_blocks_used(), 0);
   EXPECT_EQ(e->num_running(), 0);
   EXPECT_EQ(e->num_waiting(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Presets, EnginePreemptionPreset,
+                         ::testing::Values("tiny-glm4.5-air", "tiny-deepseek-v3"),
+                         [](const auto& i) {
+                           std::string n = i.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
 
 TEST(EnginePreemption, StreamedTokensMatchTheFinalOutput) {
   // A preempted request must not stream a token twice or skip one.
