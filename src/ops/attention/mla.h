@@ -43,12 +43,24 @@ void check_mla_shape(const MlaShape& s);
 //                     the sequence's keys are this step's own tokens, just written);
 //   otherwise paged:  slot block_tables[s * max_blocks_per_seq + j / block_size] * block_size
 //                     + j % block_size (decode, prefill continuing a cached prefix).
+// DSA (ops/attention/dsa.h): with `selected` set, token t reads only the keys at positions
+// selected[t * selected_stride + i], i < min(selected_stride, positions[t] + 1), wherever those
+// live (step slots or block tables); without it, every key 0 .. positions[t].
 struct MlaKeys {
   const int64_t* step_slots = nullptr;      // [T]
   const int32_t* block_tables = nullptr;    // [S, max_blocks_per_seq]
   int max_blocks_per_seq = 0;
   int block_size = 0;
+  const int32_t* selected = nullptr;        // [T, selected_stride] key positions (DSA) or null
+  int selected_stride = 0;                  // index_topk
 };
+
+// Host side: the cache slot of sequence s's key j (no checks; the ops check the keys).
+inline int64_t mla_key_slot(const MlaKeys& k, const int32_t* cu_seqlens, int s, int j) {
+  if (k.step_slots) return k.step_slots[cu_seqlens[s] + j];
+  const int32_t blk = k.block_tables[int64_t(s) * k.max_blocks_per_seq + j / k.block_size];
+  return int64_t(blk) * k.block_size + j % k.block_size;
+}
 
 // For every token t with slots[t] >= 0 (a negative slot writes nothing):
 //   cache[slots[t]] = [ bf16(rmsnorm(kv_a[t, :Dl]) * norm_w) | bf16(rope(kv_a[t, Dl:], positions[t])) ]

@@ -21,31 +21,6 @@ void check_mla_shape(const MlaShape& s) {
   TETRA_CHECK(std::isfinite(s.scale) && s.scale > 0, "mla: softmax scale ", s.scale);
 }
 
-namespace {
-
-// Rotates x [Dr] (float, in place) at position pos: pairs per style, angle pos * inv_freq[i].
-void rotate(float* x, int Dr, float pos, const float* inv_freq, RopeStyle style) {
-  const int half = Dr / 2;
-  for (int i = 0; i < half; ++i) {
-    const float angle = pos * inv_freq[i];
-    const float c = float(std::cos(double(angle))), sn = float(std::sin(double(angle)));
-    const int ia = style == RopeStyle::NeoX ? i : 2 * i;
-    const int ib = style == RopeStyle::NeoX ? i + half : 2 * i + 1;
-    const float a = x[ia], b = x[ib];
-    x[ia] = a * c - b * sn;
-    x[ib] = b * c + a * sn;
-  }
-}
-
-// Sequence s's key j -> cache slot.
-int64_t key_slot(const MlaKeys& k, const int32_t* cu_seqlens, int s, int j) {
-  if (k.step_slots) return k.step_slots[cu_seqlens[s] + j];
-  const int32_t blk = k.block_tables[int64_t(s) * k.max_blocks_per_seq + j / k.block_size];
-  return int64_t(blk) * k.block_size + j % k.block_size;
-}
-
-}  // namespace
-
 void mla_cache_write_cpu(const uint16_t* kv_a, const uint16_t* norm_w, float eps,
                          const int32_t* positions, const int64_t* slots, int T,
                          const float* inv_freq, const MlaShape& s, int64_t num_slots,
@@ -67,7 +42,7 @@ void mla_cache_write_cpu(const uint16_t* kv_a, const uint16_t* norm_w, float eps
     for (int c = 0; c < Dl; ++c)
       dst[c] = float_to_bf16(bf16_to_float(x[c]) * inv_rms * bf16_to_float(norm_w[c]));
     for (int i = 0; i < Dr; ++i) pe[size_t(i)] = bf16_to_float(x[Dl + i]);
-    rotate(pe.data(), Dr, float(positions[t]), inv_freq, s.style);
+    rope_rotate_f32(pe.data(), Dr, float(positions[t]), inv_freq, s.style);
     for (int i = 0; i < Dr; ++i) dst[Dl + i] = float_to_bf16(pe[size_t(i)]);
   }
 }
@@ -92,7 +67,7 @@ void mla_absorb_q_cpu(const uint16_t* q, const uint16_t* kv_b, const int32_t* po
       for (int c = 0; c < Dl; ++c) out[c] = float_to_bf16(acc[size_t(c)]);
       TETRA_CHECK(positions[t] >= 0, "mla absorb q: position ", positions[t], " of token ", t);
       for (int i = 0; i < Dr; ++i) pe[size_t(i)] = bf16_to_float(qh[nope + i]);
-      rotate(pe.data(), Dr, float(positions[t]), inv_freq, s.style);
+      rope_rotate_f32(pe.data(), Dr, float(positions[t]), inv_freq, s.style);
       for (int i = 0; i < Dr; ++i) out[Dl + i] = float_to_bf16(pe[size_t(i)]);
     }
   });
@@ -125,22 +100,35 @@ void mla_attention_cpu(const uint16_t* q_abs, const uint16_t* cache, int64_t num
                     "mla attention: token ", t, " at position ", positions[t],
                     " past the block table");
       for (int j = 0; j < n; ++j) {
-        const int64_t slot = key_slot(keys, cu_seqlens, b, j);
+        const int64_t slot = mla_key_slot(keys, cu_seqlens, b, j);
         TETRA_CHECK(slot >= 0 && slot < num_slots, "mla attention: key ", j, " of sequence ", b,
                     " at slot ", slot, " outside the cache's ", num_slots);
       }
     }
   }
+  // Token t's i-th key: position i, or with a DSA selection the i-th selected position.
+  const bool sparse = keys.selected != nullptr;
+  TETRA_CHECK(!sparse || keys.selected_stride > 0, "mla attention: a selection needs its stride");
+  auto key_count = [&](int t) {
+    return sparse ? std::min(keys.selected_stride, positions[t] + 1) : positions[t] + 1;
+  };
+  auto key_pos = [&](int t, int i) {
+    return sparse ? keys.selected[int64_t(t) * keys.selected_stride + i] : i;
+  };
+  for (int t = 0; sparse && t < T; ++t)
+    for (int i = 0; i < key_count(t); ++i)
+      TETRA_CHECK(key_pos(t, i) >= 0 && key_pos(t, i) <= positions[t], "mla attention: token ", t,
+                  " at position ", positions[t], " selects key position ", key_pos(t, i));
   parallel_for(int64_t(T) * H, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> q(static_cast<size_t>(row)), scores, acc(static_cast<size_t>(Dl));
     for (int64_t th = begin; th < end; ++th) {
       const int t = int(th / H), b = seq_of[size_t(t)];
-      const int n = positions[t] + 1;
+      const int n = key_count(t);
       for (int d = 0; d < row; ++d) q[size_t(d)] = bf16_to_float(q_abs[th * row + d]);
       scores.assign(size_t(n), 0.0f);
       float mx = -INFINITY;
       for (int j = 0; j < n; ++j) {
-        const uint16_t* k = cache + key_slot(keys, cu_seqlens, b, j) * row;
+        const uint16_t* k = cache + mla_key_slot(keys, cu_seqlens, b, key_pos(t, j)) * row;
         float dot = 0.0f;
         for (int d = 0; d < row; ++d) dot += q[size_t(d)] * bf16_to_float(k[d]);
         scores[size_t(j)] = dot * s.scale;
@@ -151,7 +139,7 @@ void mla_attention_cpu(const uint16_t* q_abs, const uint16_t* cache, int64_t num
       for (int j = 0; j < n; ++j) {
         const float p = std::exp(scores[size_t(j)] - mx);
         sum += p;
-        const uint16_t* k = cache + key_slot(keys, cu_seqlens, b, j) * row;
+        const uint16_t* k = cache + mla_key_slot(keys, cu_seqlens, b, key_pos(t, j)) * row;
         for (int c = 0; c < Dl; ++c) acc[size_t(c)] += p * bf16_to_float(k[c]);
       }
       for (int c = 0; c < Dl; ++c) out_lat[th * Dl + c] = float_to_bf16(acc[size_t(c)] / sum);

@@ -45,6 +45,10 @@ double yarn_mscale(double factor, double m);
 // Refuses inconsistent shapes with a tetra::Error naming the field.
 void check_rope_shape(const RopeShape& s);
 
+// Turns x [rotary_dim] (float, in place) at position pos: pairs per style, angle
+// float(pos) * inv_freq[i], cos/sin in double rounded to float (as apply_rope_cpu).
+void rope_rotate_f32(float* x, int rotary_dim, float pos, const float* inv_freq, RopeStyle style);
+
 // In place: q, k per RopeShape; positions [T] int32 (>= 0); inv_freq [rotary_dim/2].
 void apply_rope_cpu(uint16_t* q, uint16_t* k, const int32_t* positions, int T,
                     const float* inv_freq, const RopeShape& shape);

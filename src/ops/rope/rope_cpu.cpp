@@ -58,21 +58,39 @@ void check_rope_shape(const RopeShape& s) {
 
 namespace {
 
+// a' = a cos - b sin, b' = b cos + a sin at `angle`.
+void turn_pair(float& a, float& b, float angle) {
+  const float c = float(std::cos(double(angle))), sn = float(std::sin(double(angle)));
+  const float a0 = a, b0 = b;
+  a = a0 * c - b0 * sn;
+  b = b0 * c + a0 * sn;
+}
+
 // Rotates one head in place.
 void rotate_head(uint16_t* x, float pos, const float* inv_freq, const RopeShape& s) {
+  float r[2];
   const int half = s.rotary_dim / 2;
   for (int i = 0; i < half; ++i) {
-    const float angle = pos * inv_freq[i];
-    const float c = float(std::cos(double(angle))), sn = float(std::sin(double(angle)));
     const int ia = s.style == RopeStyle::NeoX ? i : 2 * i;
     const int ib = s.style == RopeStyle::NeoX ? i + half : 2 * i + 1;
-    const float a = bf16_to_float(x[ia]), b = bf16_to_float(x[ib]);
-    x[ia] = float_to_bf16(a * c - b * sn);
-    x[ib] = float_to_bf16(b * c + a * sn);
+    r[0] = bf16_to_float(x[ia]);
+    r[1] = bf16_to_float(x[ib]);
+    turn_pair(r[0], r[1], pos * inv_freq[i]);
+    x[ia] = float_to_bf16(r[0]);
+    x[ib] = float_to_bf16(r[1]);
   }
 }
 
 }  // namespace
+
+void rope_rotate_f32(float* x, int rotary_dim, float pos, const float* inv_freq, RopeStyle style) {
+  const int half = rotary_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const int ia = style == RopeStyle::NeoX ? i : 2 * i;
+    const int ib = style == RopeStyle::NeoX ? i + half : 2 * i + 1;
+    turn_pair(x[ia], x[ib], pos * inv_freq[i]);
+  }
+}
 
 void apply_rope_cpu(uint16_t* q, uint16_t* k, const int32_t* positions, int T,
                     const float* inv_freq, const RopeShape& shape) {
