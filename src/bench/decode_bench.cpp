@@ -96,7 +96,9 @@ class TimedOps final : public model::ModelOps {
   void linear(LinearId id, int l, Buf i, Buf o) override {
     const bool attention_in = id == LinearId::Q || id == LinearId::K || id == LinearId::V ||
                               id == LinearId::QA || id == LinearId::KvA;
-    const char* what = attention_in ? "qkv linears"
+    const bool indexer = id == LinearId::IdxQ || id == LinearId::IdxK || id == LinearId::IdxW;
+    const char* what = indexer        ? "dsa indexer"
+                       : attention_in ? "qkv linears"
                        : id == LinearId::O                                         ? "o linear"
                                                                                    : "dense mlp";
     timed(what, [&] { in_.linear(id, l, i, o); });
@@ -123,6 +125,9 @@ class TimedOps final : public model::ModelOps {
   // (Where the backend fuses them, RoPE's time is in "attention".)
   void rope_decode_attention(int l, Buf q, Buf k, Buf v, Buf o) override {
     timed("attention", [&] { in_.rope_decode_attention(l, q, k, v, o); });
+  }
+  void dsa_select(int l, Buf q, Buf k, Buf w) override {
+    timed("dsa indexer", [&] { in_.dsa_select(l, q, k, w); });
   }
   // MLA: cache write, absorbed q, attention and the value up-projection.
   void mla_attention(int l, Buf q, Buf kv_a, Buf o) override {
@@ -255,6 +260,16 @@ model::ModelWeights shape_only_weights(const ModelConfig& c, bool nvfp4) {
       m.kv_b = shape_linear(q, a + ".kv_b_proj", heads * (c.qk_nope_head_dim + c.v_head_dim),
                             c.kv_lora_rank, false);
       lw.attn.o = shape_linear(q, a + ".o_proj", H, heads * c.v_head_dim, b);
+      if (c.layer_has_indexer(L)) {
+        const std::string i = a + ".indexer";
+        const int64_t D = c.index_head_dim;
+        m.indexer = model::IndexerWeights{
+            shape_linear(q, i + ".wq_b", c.index_n_heads * D, c.q_lora_rank, false),
+            shape_linear(q, i + ".wk", D, H, false),
+            shape_view(i + ".k_norm.weight", DType::BF16, {D}),
+            shape_view(i + ".k_norm.bias", DType::BF16, {D}),
+            shape_linear(q, i + ".weights_proj", c.index_n_heads, H, false)};
+      }
       lw.attn.mla = std::move(m);
     } else {
       lw.attn.q = shape_linear(q, a + ".q_proj", c.num_attention_heads * hd, H, c.attention_bias);

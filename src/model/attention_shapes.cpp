@@ -80,4 +80,16 @@ ops::MlaShape mla_shape_of(const ModelConfig& c) {
   return s;
 }
 
+ops::DsaShape dsa_shape_of(const ModelConfig& c) {
+  TETRA_CHECK(is_mla(c) && c.index_n_heads > 0, "dsa_shape_of: no DSA indexer in this model");
+  ops::DsaShape s;
+  s.n_heads = int(c.index_n_heads);
+  s.head_dim = int(c.index_head_dim);
+  s.rope_dim = int(c.qk_rope_head_dim);
+  s.topk = int(c.index_topk);
+  s.style = c.indexer_rope_interleave ? ops::RopeStyle::GptJ : ops::RopeStyle::NeoX;
+  ops::check_dsa_shape(s);
+  return s;
+}
+
 }  // namespace tetra::model

@@ -7,6 +7,7 @@
 
 #include "format/model_config.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/dsa.h"
 #include "ops/attention/mla.h"
 #include "ops/rope/rope.h"
 
@@ -23,5 +24,11 @@ double rope_attention_factor(const ModelConfig& c);
 ops::AttentionShape attention_shape_of(const ModelConfig& c);
 // Checked with ops::check_mla_shape. MLA only.
 ops::MlaShape mla_shape_of(const ModelConfig& c);
+// GLM-5's DSA indexer: its heads, the qk_rope_head_dim leading dims turning (pairs per
+// indexer_rope_interleave, the MLA's inv_freq table), index_topk. Checked with
+// ops::check_dsa_shape. Models with an indexer only.
+ops::DsaShape dsa_shape_of(const ModelConfig& c);
+// LayerNorm eps of the indexer's key norm (the reference's).
+inline constexpr float kDsaKeyNormEps = 1e-6f;
 
 }  // namespace tetra::model

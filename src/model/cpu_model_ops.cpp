@@ -13,6 +13,7 @@
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/dsa.h"
 #include "ops/attention/mla.h"
 #include "ops/attention/paged_extend_attention_cpu.h"
 #include "ops/norm/rms_norm.h"
@@ -46,6 +47,10 @@ struct CpuLayer {
   CpuLinear q_a, kv_a;
   std::vector<uint16_t> q_a_norm, kv_a_norm;  // [q_lora], [kv_lora] bf16
   std::vector<uint16_t> kv_b;                 // [n_heads * (nope + v), kv_lora] bf16
+  // DSA indexer layers: its linears, the key LayerNorm, and the index-key cache
+  // [num_blocks, block_size, index_head_dim] bf16.
+  CpuLinear idx_wq_b, idx_wk, idx_wproj;
+  std::vector<uint16_t> idx_ln_w, idx_ln_b, idx_cache;
   CpuLinear gate, up, down;  // dense layers only
   std::unique_ptr<moe::MoeLayerRunner> moe;  // the MoE layer runner's cpu backend
   // GQA: k/v [num_blocks, block_size, n_kv, head_dim]; MLA: k [num_blocks, block_size,
@@ -99,6 +104,14 @@ class CpuModelOps final : public ModelOps {
         cl.kv_a = prepare_linear(m.kv_a);
         cl.kv_a_norm = tensor_to_bf16(m.kv_a_norm);
         for (float x : linear_to_float(m.kv_b)) cl.kv_b.push_back(float_to_bf16(x));
+        if (m.indexer) {
+          cl.idx_wq_b = prepare_linear(m.indexer->wq_b);
+          cl.idx_wk = prepare_linear(m.indexer->wk);
+          cl.idx_wproj = prepare_linear(m.indexer->weights_proj);
+          cl.idx_ln_w = tensor_to_bf16(m.indexer->k_norm_weight);
+          cl.idx_ln_b = tensor_to_bf16(m.indexer->k_norm_bias);
+          cl.idx_cache.assign(size_t(lim.kv_num_blocks) * lim.kv_block_size * c_.index_head_dim, 0);
+        }
       } else {
         cl.k = prepare_linear(lw.attn.k);
         cl.v = prepare_linear(lw.attn.v);
@@ -122,6 +135,11 @@ class CpuModelOps final : public ModelOps {
     inv_freq_ = rope_inv_freq_of(c_);
     if (mla_) {
       mla_shape_ = mla_shape_of(c_);
+      dsa_ = c_.index_n_heads > 0;
+      if (dsa_) {
+        dsa_shape_ = dsa_shape_of(c_);
+        selection_.assign(size_t(lim.max_tokens) * dsa_shape_.topk, 0);
+      }
     } else {
       rope_ = rope_shape_of(c_);
       attn_ = attention_shape_of(c_);
@@ -203,10 +221,29 @@ class CpuModelOps final : public ModelOps {
                              l.k_cache.data());
     ops::mla_absorb_q_cpu(buf(q), l.kv_b.data(), pos, T_, inv_freq_.data(), mla_shape_,
                           buf(Buf::QAbsorbed));
+    ops::MlaKeys keys = mla_keys();
+    if (dsa_) {  // the keys the last indexer layer picked (this one or the one before "shared")
+      keys.selected = selection_.data();
+      keys.selected_stride = dsa_shape_.topk;
+    }
     ops::mla_attention_cpu(buf(Buf::QAbsorbed), l.k_cache.data(), num_slots,
-                           step_->cu_seqlens.data(), step_->num_seqs(), pos, mla_keys(),
-                           mla_shape_, buf(Buf::AttnLatent));
+                           step_->cu_seqlens.data(), step_->num_seqs(), pos, keys, mla_shape_,
+                           buf(Buf::AttnLatent));
     ops::mla_up_v_cpu(buf(Buf::AttnLatent), l.kv_b.data(), T_, mla_shape_, buf(out));
+  }
+
+  void dsa_select(int layer, Buf q_idx, Buf k_idx, Buf w_idx) override {
+    TETRA_CHECK(dsa_, "dsa_select on a model without a DSA indexer");
+    CpuLayer& l = layers_[size_t(layer)];
+    TETRA_CHECK(!l.idx_cache.empty(), "layer ", layer, " has no indexer");
+    const int32_t* pos = step_->positions.data();
+    const int64_t num_slots = int64_t(lim_.kv_num_blocks) * lim_.kv_block_size;
+    ops::dsa_index_keys_cpu(buf(k_idx), l.idx_ln_w.data(), l.idx_ln_b.data(), kDsaKeyNormEps, pos,
+                            step_->slots.data(), T_, inv_freq_.data(), dsa_shape_, num_slots,
+                            l.idx_cache.data());
+    ops::dsa_select_cpu(buf(q_idx), buf(w_idx), l.idx_cache.data(), num_slots,
+                        step_->cu_seqlens.data(), step_->num_seqs(), pos, mla_keys(),
+                        inv_freq_.data(), dsa_shape_, selection_.data());
   }
 
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
@@ -259,9 +296,13 @@ class CpuModelOps final : public ModelOps {
       pairs.push_back(c.dst);
     }
     const int64_t block_elems = int64_t(lim_.kv_block_size) * kv_row_elems();
-    for (CpuLayer& l : layers_)
+    for (CpuLayer& l : layers_) {
       ops::copy_kv_blocks_cpu(l.k_cache.data(), mla_ ? nullptr : l.v_cache.data(), pairs.data(),
                               int(copies.size()), lim_.kv_num_blocks, block_elems);
+      if (!l.idx_cache.empty())
+        ops::copy_kv_blocks_cpu(l.idx_cache.data(), nullptr, pairs.data(), int(copies.size()),
+                                lim_.kv_num_blocks, int64_t(lim_.kv_block_size) * c_.index_head_dim);
+    }
   }
 
  private:
@@ -277,6 +318,9 @@ class CpuModelOps final : public ModelOps {
       case LinearId::DenseDown: return l.down;
       case LinearId::QA: return l.q_a;
       case LinearId::KvA: return l.kv_a;
+      case LinearId::IdxQ: return l.idx_wq_b;
+      case LinearId::IdxK: return l.idx_wk;
+      case LinearId::IdxW: return l.idx_wproj;
     }
     TETRA_FAIL("unknown linear");
   }
@@ -368,6 +412,9 @@ class CpuModelOps final : public ModelOps {
   ops::AttentionShape attn_;   // GQA
   bool mla_ = false;
   ops::MlaShape mla_shape_;    // MLA
+  bool dsa_ = false;           // GLM-5's DSA indexer
+  ops::DsaShape dsa_shape_;
+  std::vector<int32_t> selection_;  // [max_tokens, index_topk] the keys each token reads
   std::array<std::vector<uint16_t>, size_t(Buf::Count)> bufs_;  // each [max_tokens, width] bf16
   std::vector<float> logits_;         // [max_tokens, vocab] f32, first R rows valid
   const StepBatch* step_ = nullptr;

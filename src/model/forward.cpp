@@ -26,6 +26,12 @@ void mla_attention(ModelOps& ops, const LayerWeights& lw) {
     ops.linear(LinearId::Q, L, Buf::Normed, Buf::Q);
   }
   ops.linear(LinearId::KvA, L, Buf::Normed, Buf::KvA);
+  if (lw.attn.mla->indexer) {  // GLM-5's DSA: which keys this and the "shared" layers read
+    ops.linear(LinearId::IdxQ, L, Buf::QLatent, Buf::IdxQ);
+    ops.linear(LinearId::IdxK, L, Buf::Normed, Buf::IdxK);
+    ops.linear(LinearId::IdxW, L, Buf::Normed, Buf::IdxW);
+    ops.dsa_select(L, Buf::IdxQ, Buf::IdxK, Buf::IdxW);
+  }
   ops.mla_attention(L, Buf::Q, Buf::KvA, Buf::Attn);
 }
 

@@ -25,6 +25,9 @@ const char* buf_name(Buf b) {
     case Buf::KvA: return "kv_a";
     case Buf::QAbsorbed: return "q_absorbed";
     case Buf::AttnLatent: return "attn_latent";
+    case Buf::IdxQ: return "index_q";
+    case Buf::IdxK: return "index_k";
+    case Buf::IdxW: return "index_weights";
     case Buf::Count: break;
   }
   return "?";
@@ -47,6 +50,9 @@ int64_t buf_width(Buf b, const ModelConfig& c) {
     case Buf::KvA: return mla ? c.kv_lora_rank + c.qk_rope_head_dim : 0;
     case Buf::QAbsorbed: return mla ? heads * (c.kv_lora_rank + c.qk_rope_head_dim) : 0;
     case Buf::AttnLatent: return mla ? heads * c.kv_lora_rank : 0;
+    case Buf::IdxQ: return c.index_n_heads * c.index_head_dim;
+    case Buf::IdxK: return c.index_n_heads > 0 ? c.index_head_dim : 0;
+    case Buf::IdxW: return c.index_n_heads;
     case Buf::Count: break;
   }
   TETRA_FAIL("buf_width: not a buffer");
@@ -63,6 +69,9 @@ const char* linear_id_name(LinearId id) {
     case LinearId::DenseDown: return "mlp.down_proj";
     case LinearId::QA: return "q_a_proj";
     case LinearId::KvA: return "kv_a_proj_with_mqa";
+    case LinearId::IdxQ: return "indexer.wq_b";
+    case LinearId::IdxK: return "indexer.wk";
+    case LinearId::IdxW: return "indexer.weights_proj";
   }
   return "?";
 }

@@ -41,6 +41,10 @@ enum class Buf : int {
   KvA,         // [T, kv_lora + rope] kv_a_proj_with_mqa output
   QAbsorbed,   // [T, n_heads * (kv_lora + rope)] queries in the latent space
   AttnLatent,  // [T, n_heads * kv_lora] attention output before W_uv
+  // GLM-5's DSA indexer only (width 0 otherwise), ops/attention/dsa.h:
+  IdxQ,  // [T, index_n_heads * index_head_dim] indexer.wq_b output
+  IdxK,  // [T, index_head_dim] indexer.wk output
+  IdxW,  // [T, index_n_heads] indexer.weights_proj output
   Count
 };
 const char* buf_name(Buf b);
@@ -49,7 +53,8 @@ int64_t buf_width(Buf b, const ModelConfig& c);
 
 // Which of a layer's linears (lm_head has its own op, logits()).
 // MLA: Q is q_b_proj (or q_proj without q compression), QA q_a_proj, KvA kv_a_proj_with_mqa.
-enum class LinearId { Q, K, V, O, DenseGate, DenseUp, DenseDown, QA, KvA };
+// DSA: IdxQ indexer.wq_b, IdxK indexer.wk, IdxW indexer.weights_proj.
+enum class LinearId { Q, K, V, O, DenseGate, DenseUp, DenseDown, QA, KvA, IdxQ, IdxK, IdxW };
 const char* linear_id_name(LinearId id);
 // Which RMSNorm weight: per layer Input / PostAttention / QHead / KHead / QLatent (MLA's
 // q_a_layernorm, over q_lora_rank, eps kMlaLatentNormEps), or the model's Final.
@@ -138,6 +143,15 @@ class ModelOps {
   virtual void mla_attention(int layer, Buf q, Buf kv_a, Buf out) {
     (void)layer, (void)q, (void)kv_a, (void)out;
     TETRA_FAIL("backend ", name(), " has no MLA attention");
+  }
+  // GLM-5's DSA indexer of `layer` (a layer with indexer weights): stores the step's index
+  // keys (LayerNorm + RoPE of k_idx [T, index_head_dim]) in the layer's index cache, then picks
+  // for every token the index_topk of its keys that q_idx [T, Hi, D] and w_idx [T, Hi] score
+  // highest. The following mla_attention calls (this layer's and those of the "shared" layers
+  // after it) read only those keys.
+  virtual void dsa_select(int layer, Buf q_idx, Buf k_idx, Buf w_idx) {
+    (void)layer, (void)q_idx, (void)k_idx, (void)w_idx;
+    TETRA_FAIL("backend ", name(), " has no DSA indexer");
   }
   // out [T, width] = silu(gate) * up (out may be gate).
   virtual void silu_mul(Buf gate, Buf up, int64_t width, Buf out) = 0;

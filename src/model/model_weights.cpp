@@ -127,6 +127,12 @@ std::vector<std::string> runtime_unsupported_reasons(const ModelConfig& c) {
     why.push_back(str("YaRN RoPE here scales cos/sin by ", attention_factor,
                       " (mscale / mscale_all_dim); the model runtime implements that factor only "
                       "when it is 1 (as in DeepSeek-V3's config)"));
+  if (c.index_n_heads > 0) {
+    if (c.q_lora_rank <= 0)
+      why.push_back("a DSA indexer without q compression (q_lora_rank 0): its wq_b reads the q latent");
+    if (c.num_layers > 0 && !c.layer_has_indexer(0))
+      why.push_back("the first layer's indexer is \"shared\": there is no earlier selection to reuse");
+  }
   if (c.attention == AttentionKind::GQA &&
       (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0))
     why.push_back(str("num_attention_heads (", c.num_attention_heads,
@@ -180,6 +186,12 @@ ModelWeights ModelWeights::load(const Checkpoint& ck) {
       m.kv_a = ld.linear(a + "kv_a_proj_with_mqa");
       m.kv_a_norm = ld.tensor(a + "kv_a_layernorm.weight");
       m.kv_b = ld.linear(a + "kv_b_proj");
+      if (c.layer_has_indexer(L)) {
+        const std::string i = a + "indexer.";
+        m.indexer = IndexerWeights{ld.linear(i + "wq_b"), ld.linear(i + "wk"),
+                                   ld.tensor(i + "k_norm.weight"), ld.tensor(i + "k_norm.bias"),
+                                   ld.linear(i + "weights_proj")};
+      }
       lw.attn.mla = std::move(m);
     } else {
       lw.attn.q = ld.linear(a + "q_proj");

@@ -3,8 +3,7 @@
 // architectures (Glm4Moe, Qwen3Moe) need, names the missing or malformed one, and refuses NaN
 // block scales, non-finite global scales and Inf/NaN in any high-precision tensor (one read of
 // each; NVFP4 codes cannot be non-finite). MLA models (GLM-5, DeepSeek-V3) load their latent
-// attention projections; GLM-5's sparse-attention indexer weights are not read (the runtime
-// caps such models' context at index_topk, where the indexer keeps every key).
+// attention projections and GLM-5's sparse-attention (DSA) indexer.
 //
 // Lifetime: every view points into the Checkpoint passed to load(); keep it alive (Model does).
 #pragma once
@@ -39,6 +38,15 @@ struct MlpWeights {
   int64_t inter() const { return gate.out_features; }  // I
 };
 
+// GLM-5's DSA indexer of one layer (ops/attention/dsa.h).
+struct IndexerWeights {
+  LinearWeight wq_b;          // [index_n_heads * index_head_dim, q_lora]
+  LinearWeight wk;            // [index_head_dim, H]
+  TensorView k_norm_weight;   // [index_head_dim] LayerNorm
+  TensorView k_norm_bias;     // [index_head_dim]
+  LinearWeight weights_proj;  // [index_n_heads, H]
+};
+
 // MLA's latent projections (ops/attention/mla.h): q = q_b(rmsnorm(q_a(x))) (or q_proj(x)),
 // [latent | k_pe] = kv_a(x), per head [k_nope | v] = kv_b(rmsnorm(latent)).
 struct MlaWeights {
@@ -47,6 +55,9 @@ struct MlaWeights {
   LinearWeight kv_a;                  // [kv_lora + rope, H] kv_a_proj_with_mqa
   TensorView kv_a_norm;               // [kv_lora] kv_a_layernorm.weight
   LinearWeight kv_b;                  // [n_heads * (nope + v), kv_lora] kv_b_proj
+  // GLM-5 layers whose indexer_types entry is "full"; "shared" layers reuse the selection of
+  // the layer before them.
+  std::optional<IndexerWeights> indexer;
 };
 
 struct AttentionWeights {

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <iterator>
 
+#include <nlohmann/json.hpp>
+
 #include "format/safetensors_checkpoint.h"
 
 #include "core/error.h"
@@ -123,6 +125,41 @@ INSTANTIATE_TEST_SUITE_P(
         if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
       return n;
     });
+
+// GLM-5's DSA indexer (tiny-glm5: index_topk 16): up to 16 keys a token reads every key, so
+// its logits equal those of the same weights with a top-k past every context (dense); past 16
+// they differ, and a decode after a 40-token prefill still equals the longer prefill (the index
+// keys' cache is right).
+TEST(ModelDsa, SparsePastTopkDenseBelowAndCacheConsistent) {
+  const auto dir = tiny_model("tiny-glm5", "bf16");
+  test::TempDir tmp("dsa-dense");
+  const auto dense_dir = tmp.path() / "dense";
+  std::filesystem::copy(dir, dense_dir, std::filesystem::copy_options::recursive);
+  {
+    nlohmann::json j;
+    std::ifstream(dense_dir / "config.json") >> j;
+    ASSERT_EQ(j["index_topk"], 16);
+    j["index_topk"] = 4096;
+    std::ofstream(dense_dir / "config.json") << j.dump(1);
+  }
+  ModelUnderTest sparse(dir), dense(dense_dir), inc(dir);
+  const int64_t V = sparse.vocab();
+  const std::vector<int32_t> p = test_prompt(48, V, 9);
+  const std::vector<float> a = sparse.prefill({1}, {p}), b = dense.prefill({1}, {p});
+  for (int pos = 0; pos < 48; ++pos) {
+    const bool same = std::equal(a.begin() + pos * V, a.begin() + (pos + 1) * V, b.begin() + pos * V);
+    if (pos < 16)
+      EXPECT_TRUE(same) << "position " << pos << ": every key is selected";
+    else if (pos >= 24)  // the selection drops 9+ keys: the logits move
+      EXPECT_GT(test::rel_max_diff(a.data() + pos * V, b.data() + pos * V, V), 1e-3) << pos;
+  }
+  const std::vector<int32_t> head(p.begin(), p.begin() + 40);
+  inc.prefill({1}, {head});
+  for (int pos = 40; pos < 48; ++pos)
+    EXPECT_EQ(inc.decode({1}, {p[size_t(pos)]}),
+              std::vector<float>(a.begin() + pos * V, a.begin() + (pos + 1) * V))
+        << "position " << pos;
+}
 
 // GLM-5's sparse-attention indexer is not built: an engine for it stops at index_topk tokens
 // (16 in tiny-glm5), where the indexer would keep every key, and says why past that.

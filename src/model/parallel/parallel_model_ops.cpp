@@ -87,6 +87,9 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
   void extend_attention(int layer, Buf q, Buf out) override {
     record([=](ModelOps& o) { o.extend_attention(layer, q, out); });
   }
+  void dsa_select(int layer, Buf q_idx, Buf k_idx, Buf w_idx) override {
+    record([=](ModelOps& o) { o.dsa_select(layer, q_idx, k_idx, w_idx); });
+  }
   void mla_attention(int layer, Buf q, Buf kv_a, Buf out) override {
     record([=](ModelOps& o) { o.mla_attention(layer, q, kv_a, out); });
   }

@@ -177,6 +177,11 @@ std::unique_ptr<RankWeights> shard_weights(const ModelWeights& w, const dist::Sh
       mm.kv_a = s.cut(m.kv_a, false);
       mm.kv_a_norm = m.kv_a_norm;
       mm.kv_b = s.cut(m.kv_b, false);
+      if (m.indexer) {  // whole on every rank: its scores sum over all its heads
+        const IndexerWeights& i = *m.indexer;
+        mm.indexer = IndexerWeights{s.cut(i.wq_b, false), s.cut(i.wk, false), i.k_norm_weight,
+                                    i.k_norm_bias, s.cut(i.weights_proj, false)};
+      }
       l.attn.mla = std::move(mm);
     } else {
       l.attn.k = s.cut(lw.attn.k, false);
