@@ -114,7 +114,6 @@ std::string check_report_text(const CheckResult& r) {
   if (r.runtime_reasons.empty()) {
     os << "runtime: generate, serve and bench decode support this model (on a GPU, where a "
           "backend below can run)\n";
-    if (!r.runtime_context_note.empty()) os << "         " << r.runtime_context_note << "\n";
   } else {
     os << "runtime: generate, serve and bench decode cannot run this model (the rows below are "
           "about its MoE layers, as tetra bench moe runs them):\n";
@@ -227,8 +226,7 @@ nlohmann::json check_report_json(const CheckResult& r, int exit_code) {
     mem["fits_gpu"] = fit.fits();
   }
   j["memory"] = mem;
-  j["runtime"] = {{"runs_model", r.runtime_reasons.empty()}, {"reasons", r.runtime_reasons},
-                  {"context_note", r.runtime_context_note}};
+  j["runtime"] = {{"runs_model", r.runtime_reasons.empty()}, {"reasons", r.runtime_reasons}};
   j["shared_reasons"] = r.shared;
   j["backends"] = nlohmann::json::array();
   for (const Verdict& v : r.verdicts) {

@@ -25,9 +25,6 @@ struct CheckResult {
   // backend or on the CUDA one ("cuda backend: ..."); empty when it can. Informational: the
   // verdicts and the exit code are about the MoE backends.
   std::vector<std::string> runtime_reasons;
-  // Where the runtime caps the context below the config's (GLM-5: index_topk, the DSA indexer
-  // is not built), why; empty otherwise.
-  std::string runtime_context_note;
 };
 
 std::string check_report_text(const CheckResult& r);

@@ -70,10 +70,6 @@ int run_check(const CheckOptions& o) {
     if (auto p = dist::gpu_count_problem(plan, dist::visible_gpu_count())) problems.push_back(*p);
   r.split_detail = dist::split_summary(cfg, plan);
   r.runtime_reasons = model::runtime_unsupported_reasons(cfg);
-  if (const int64_t cap = model::runtime_context_limit(cfg); cap < cfg.context_limit())
-    r.runtime_context_note = str("contexts up to ", cap, " tokens (of the config's ",
-                                 cfg.context_limit(), "): the DSA indexer is not built, and up "
-                                 "to index_topk it keeps every key, so attention is dense");
   if (target.gpu && r.runtime_reasons.empty())  // the CUDA limits assume a runnable architecture
     for (const std::string& why : model::cuda::cuda_model_unsupported_reasons(cfg))
       r.runtime_reasons.push_back("cuda backend: " + why);

@@ -140,11 +140,6 @@ std::vector<std::string> runtime_unsupported_reasons(const ModelConfig& c) {
   return why;
 }
 
-int64_t runtime_context_limit(const ModelConfig& c) {
-  const int64_t limit = c.context_limit();
-  return c.index_n_heads > 0 && c.index_topk > 0 ? std::min(limit, c.index_topk) : limit;
-}
-
 void check_runtime_supports(const ModelConfig& c, const std::string& source_label) {
   const std::vector<std::string> why = runtime_unsupported_reasons(c);
   if (!why.empty()) TETRA_FAIL(source_label, ": ", why.front());

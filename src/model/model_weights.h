@@ -115,9 +115,4 @@ std::vector<std::string> runtime_unsupported_reasons(const ModelConfig& config);
 // source_label.
 void check_runtime_supports(const ModelConfig& config, const std::string& source_label);
 
-// The longest context (prompt + generated tokens) the runtime serves for this model: the
-// config's context_limit(), and for a model with the DSA indexer (GLM-5) at most index_topk:
-// the indexer is not built, and up to index_topk keys it keeps every key, so attention is dense.
-int64_t runtime_context_limit(const ModelConfig& config);
-
 }  // namespace tetra::model

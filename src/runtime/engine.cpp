@@ -6,7 +6,6 @@
 
 #include "core/error.h"
 #include "format/model_config.h"
-#include "model/model_weights.h"
 
 namespace tetra::runtime {
 namespace {
@@ -48,11 +47,6 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   if (opt.max_context > cfg.context_limit())
     TETRA_FAIL("a context of ", opt.max_context, " tokens (prompt + generated) is over the model's ",
                cfg.context_limit(), " positions (config.json max_position_embeddings and rope scaling)");
-  if (opt.max_context > model::runtime_context_limit(cfg))
-    TETRA_FAIL("a context of ", opt.max_context, " tokens (prompt + generated) is over the ",
-               model::runtime_context_limit(cfg), " that Tetra runs this model with: its sparse-"
-               "attention indexer is not built, so contexts stop at index_topk, where the "
-               "indexer keeps every key and attention is dense");
   std::unique_ptr<Engine> e(new Engine());
   e->opt_ = opt;
   if (e->opt_.max_prefill_tokens <= 0) e->opt_.max_prefill_tokens = std::max(opt.max_context, 256);

@@ -99,9 +99,7 @@ nlohmann::json inspect_report(const Checkpoint& ck) {
   const std::vector<std::string> why = model::runtime_unsupported_reasons(c);
   r["runtime"] = {{"reasons", why},
                   {"cuda_reasons", why.empty() ? model::cuda::cuda_model_unsupported_reasons(c)
-                                               : std::vector<std::string>{}},
-                  {"context_limit", model::runtime_context_limit(c)},
-                  {"config_context_limit", c.context_limit()}};
+                                               : std::vector<std::string>{}}};
   r["problems"] = ck.problems();
   return r;
 }
@@ -130,9 +128,6 @@ std::string format_inspect_report(const nlohmann::json& r) {
   } else {
     os << "generate/serve support it (cpu; cuda where its MoE backend runs, see tetra check)";
   }
-  if (rt["context_limit"] != rt["config_context_limit"])
-    os << "; contexts up to " << rt["context_limit"]
-       << " tokens (the sparse-attention indexer is not built; up to index_topk it keeps every key)";
   os << "\n";
   const auto& e = r["experts"];
   os << "  experts       " << e["routed"] << " routed (top-" << e["top_k"] << ", width "

@@ -139,12 +139,10 @@ TEST_F(Pipeline, InspectReportsFp4ModulesAndActiveBytes) {
   const auto text = run_tetra("inspect " + fp4().string());
   EXPECT_EQ(text.code, 0);
   EXPECT_NE(text.output.find("active/token"), std::string::npos) << text.output;
-  // GLM-5 runs (MLA), with its context capped at index_topk: the DSA indexer is not built.
+  // GLM-5 runs (MLA + DSA indexer) on the cpu; the cuda backend says why not yet.
   EXPECT_TRUE(j["runtime"]["reasons"].empty()) << j["runtime"].dump();
-  EXPECT_EQ(j["runtime"]["context_limit"], 16) << j["runtime"].dump();  // tiny-glm5's index_topk
-  EXPECT_NE(text.output.find("runtime       generate/serve support it"), std::string::npos)
+  EXPECT_NE(text.output.find("generate/serve run it on cpu, not on cuda"), std::string::npos)
       << text.output;
-  EXPECT_NE(text.output.find("contexts up to 16 tokens"), std::string::npos) << text.output;
 }
 
 TEST_F(Pipeline, ExcludeKeepsModulesHighPrecisionAndRecordsThem) {

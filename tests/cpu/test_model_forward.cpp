@@ -15,7 +15,6 @@
 
 #include "core/error.h"
 #include "model_fixture.h"
-#include "runtime/engine.h"
 
 namespace tetra {
 namespace {
@@ -159,23 +158,6 @@ TEST(ModelDsa, SparsePastTopkDenseBelowAndCacheConsistent) {
     EXPECT_EQ(inc.decode({1}, {p[size_t(pos)]}),
               std::vector<float>(a.begin() + pos * V, a.begin() + (pos + 1) * V))
         << "position " << pos;
-}
-
-// GLM-5's sparse-attention indexer is not built: an engine for it stops at index_topk tokens
-// (16 in tiny-glm5), where the indexer would keep every key, and says why past that.
-TEST(ModelLoad, DsaModelContextStopsAtIndexTopk) {
-  runtime::EngineOptions o;
-  o.backend = "cpu";
-  o.max_batch = 1;
-  o.max_context = 16;
-  EXPECT_NO_THROW(runtime::Engine::load(tiny_model("tiny-glm5", "bf16"), o));
-  o.max_context = 17;
-  try {
-    runtime::Engine::load(tiny_model("tiny-glm5", "bf16"), o);
-    FAIL() << "a 17-token context loaded";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("indexer"), std::string::npos) << e.what();
-  }
 }
 
 // Every preset runs in the model runtime now; YaRN whose cos/sin factor is not 1 (mscale given

@@ -871,6 +871,8 @@ std::vector<std::string> cuda_model_unsupported_reasons(const ModelConfig& c) {
   if (c.attention == AttentionKind::MLA) {
     const std::string r = att::mla_unsupported_reason(mla_shape_of(c));
     if (!r.empty()) why.push_back(r);
+    if (c.index_n_heads > 0)
+      why.push_back("the DSA sparse-attention indexer (GLM-5) runs on the cpu backend only so far");
     return why;
   }
   if (!att::attention_head_dim_supported(int(c.head_dim)))
