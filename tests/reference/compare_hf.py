@@ -85,9 +85,8 @@ def qwen3_moe(name):
 
 # MLA (DeepSeek-V3, GLM-5): the latent widths of tiny-deepseek-v3, 4 heads, grouped sigmoid
 # routing. DeepSeek-V3 with YaRN (factor 4 over 1024 original positions, mscale = mscale_all_dim
-# = 1 as its real config) and interleaved RoPE pairs; GLM-5 with index_topk above every context
-# here, where the DSA indexer keeps every key (Tetra does not build the indexer and caps GLM-5's
-# context at index_topk), its indexer weights random (transformers computes and then keeps all).
+# = 1 as its real config) and interleaved RoPE pairs; GLM-5 with its DSA indexer (NeoX pairs,
+# as transformers' indexer turns them), index_topk above every context (every key kept) or 16.
 MLA = dict(q_lora_rank=64, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16,
            v_head_dim=32, n_routed_experts=16, n_shared_experts=1, first_k_dense_replace=1,
            n_group=4, topk_group=2, routed_scaling_factor=2.5, topk_method="noaux_tc",
@@ -107,11 +106,11 @@ def deepseek_v3(name):
     return name, c
 
 
-def glm_moe_dsa(name, rope_interleave=True):
+def glm_moe_dsa(name, rope_interleave=True, index_topk=2048):
     c = dict(COMMON, **MLA)
     c.update(architectures=["GlmMoeDsaForCausalLM"], model_type="glm_moe_dsa",
              num_key_value_heads=4, n_group=1, topk_group=1, index_n_heads=4, index_head_dim=32,
-             index_topk=2048, indexer_rope_interleave=True, rope_interleave=rope_interleave)
+             index_topk=index_topk, indexer_rope_interleave=False, rope_interleave=rope_interleave)
     del c["head_dim"]
     c["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0}
     return name, c
@@ -135,6 +134,9 @@ VARIANTS = [
     glm4_moe("glm4moe-qknorm-grouped-decisive", False, True, 4, 2, 1.0) + ({"routing": "decisive"},),
     deepseek_v3("deepseekv3-mla-yarn-confident") + ({"routing": "confident"},),
     glm_moe_dsa("glm5-mla-confident") + ({"routing": "confident"},),
+    # DSA in play: index_topk 16 under prompts of up to 40 tokens + 64 decode steps, so most
+    # positions attend to 16 of their keys, picked by the indexer.
+    glm_moe_dsa("glm5-dsa-confident", index_topk=16) + ({"routing": "confident"},),
     # The same with rope_interleave false (NeoX pairs): reported, not required. Tetra follows the
     # config's flag (MODELS.md); whether this transformers version does is what this row shows
     # (its file has varied on the GLM-5 pairing): one of the two GLM-5 rows failing means the
