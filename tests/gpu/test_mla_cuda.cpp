@@ -1,7 +1,9 @@
 // The CUDA MLA ops (ops/attention/mla_cuda.h) against their CPU twins (mla_cpu.cpp) on fresh
 // random data. Shapes: tiny (H 4, Dl 32, Dr 16), DeepSeek-V3 (H 128, Dl 512, Dr 64, nope 128,
 // v 128), GLM-5 (H 64, nope 192, v 256), an odd one (H 3, Dl 48, Dr 8, nope 16, v 24) and rows of
-// 38 (Dr 6: no 16-byte rows, the attention's 4-byte path); both RoPE pairings; T 1, 7, 33.
+// 38 (Dr 6: no 16-byte rows, the attention's 4-byte path); both RoPE pairings. Absorb q and up v:
+// T 1 .. 64 (the tensor-core GEMV kernels: 1, 2 and 4 token tiles, two token groups at 64), 65
+// and 130 (the cuBLAS GEMMs), 130 captured in a graph (the GEMV kernels again); else T 1, 7, 33.
 // Attention: step-slot prefills (one sequence, and lengths 1, 5, 17, 40 in one launch), paged
 // caches (block size 16, shuffled block ids) continuing odd-length prefixes, and decode (one
 // token per sequence, lengths 1, 17, 300, 1100); a q pointer only 4-byte aligned. Cache write:
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -46,6 +49,9 @@ constexpr Dims kGlm5{"glm-5", 64, 512, 64, 192, 256};
 constexpr Dims kOdd{"odd", 3, 48, 8, 16, 24};
 constexpr Dims kRow38{"row 38", 2, 32, 6, 16, 16};
 constexpr Dims kAllDims[] = {kTiny, kDeepSeekV3, kGlm5, kOdd, kRow38};
+// Tokens for absorb q / up v: the GEMV kernels' token tiles (1 to 8, 9 to 16, groups of 32 up
+// to 64) and the cuBLAS GEMMs above 64.
+constexpr int kGemmTokens[] = {1, 2, 7, 8, 9, 16, 17, 33, 64, 65, 130};
 
 MlaShape shape_of(const Dims& d, RopeStyle style = RopeStyle::GptJ) {
   MlaShape s;
@@ -101,6 +107,29 @@ void expect_close(const std::vector<uint16_t>& got, const std::vector<uint16_t>&
   EXPECT_GT(got_nonzero, got.size() / 2) << what << ": the output is mostly zero";
   EXPECT_LE(err / ref, 1e-5) << what;
   EXPECT_LE(max_diff, max_ref / 64) << what << " (max |ref| " << max_ref << ")";
+}
+
+// Runs launch(stream) and waits: eagerly on the default stream, or (captured) captured into a
+// CUDA graph on a stream of its own and replayed once (a captured op keeps off cuBLAS).
+void run_op(bool captured, const std::function<void(cudaStream_t)>& launch) {
+  if (!captured) {
+    launch(nullptr);
+    TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+    return;
+  }
+  cudaStream_t stream;
+  TETRA_CUDA_CHECK(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  TETRA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch(stream);
+  TETRA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  TETRA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  TETRA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  TETRA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TETRA_CUDA_CHECK(cudaGraphDestroy(graph));
+  TETRA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 // ---- mla_cache_write ----------------------------------------------------------------------
@@ -166,8 +195,8 @@ TEST(MlaCuda, CacheWriteMatchesCpuTwin) {
 
 // ---- mla_absorb_q -------------------------------------------------------------------------
 
-void run_absorb_q(const Dims& d, RopeStyle style, int T, std::mt19937& rng) {
-  const std::string what = "absorb q " + label(d, style, T);
+void run_absorb_q(const Dims& d, RopeStyle style, int T, std::mt19937& rng, bool captured = false) {
+  const std::string what = "absorb q " + label(d, style, T) + (captured ? " captured" : "");
   const MlaShape s = shape_of(d, style);
   const std::vector<uint16_t> q = random_bf16(size_t(T) * d.H * s.q_head(), rng, 2.0f);
   const std::vector<uint16_t> kv_b =  // [H * (nope + v), Dl]
@@ -181,9 +210,10 @@ void run_absorb_q(const Dims& d, RopeStyle style, int T, std::mt19937& rng) {
   GuardedDeviceArray<int32_t> dpos(pos);
   GuardedDeviceArray<float> dfreq(inv_freq);
   dout.poison();
-  TETRA_CUDA_CHECK(ops::cuda::mla_absorb_q(dq.ptr(), dkvb.ptr(), dpos.ptr(), T, dfreq.ptr(), s,
-                                           dout.ptr(), nullptr));
-  TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+  run_op(captured, [&](cudaStream_t st) {
+    TETRA_CUDA_CHECK(ops::cuda::mla_absorb_q(dq.ptr(), dkvb.ptr(), dpos.ptr(), T, dfreq.ptr(), s,
+                                             dout.ptr(), st));
+  });
   const std::vector<uint16_t> got = dout.download();
   EXPECT_TRUE(dout.guards_intact()) << what;
   EXPECT_EQ(dq.download(), q) << what << ": q changed";
@@ -205,7 +235,9 @@ TEST(MlaCuda, AbsorbQMatchesCpuTwin) {
   std::mt19937 rng(202);
   for (const Dims& d : kAllDims)
     for (RopeStyle style : {RopeStyle::GptJ, RopeStyle::NeoX})
-      for (int T : {1, 7, 33}) run_absorb_q(d, style, T, rng);
+      for (int T : kGemmTokens) run_absorb_q(d, style, T, rng);
+  // A large batch bucket in a decode graph: the GEMV kernels, not cuBLAS, past 64 tokens.
+  for (const Dims& d : {kGlm5, kDeepSeekV3, kOdd}) run_absorb_q(d, RopeStyle::GptJ, 130, rng, true);
 }
 
 // ---- mla_attention ------------------------------------------------------------------------
@@ -320,8 +352,8 @@ TEST(MlaCuda, AttentionPagedMatchesCpuTwin) {
 
 // ---- mla_up_v -----------------------------------------------------------------------------
 
-void run_up_v(const Dims& d, int T, std::mt19937& rng) {
-  const std::string what = "up v " + label(d, RopeStyle::GptJ, T);
+void run_up_v(const Dims& d, int T, std::mt19937& rng, bool captured = false) {
+  const std::string what = "up v " + label(d, RopeStyle::GptJ, T) + (captured ? " captured" : "");
   const MlaShape s = shape_of(d);
   const std::vector<uint16_t> lat = random_bf16(size_t(T) * d.H * d.Dl, rng, 1.0f);  // [T, H, Dl]
   const std::vector<uint16_t> kv_b =
@@ -331,8 +363,9 @@ void run_up_v(const Dims& d, int T, std::mt19937& rng) {
 
   GuardedDeviceArray<uint16_t> dlat(lat), dkvb(kv_b), dout(want.size());
   dout.poison();
-  TETRA_CUDA_CHECK(ops::cuda::mla_up_v(dlat.ptr(), dkvb.ptr(), T, s, dout.ptr(), nullptr));
-  TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+  run_op(captured, [&](cudaStream_t st) {
+    TETRA_CUDA_CHECK(ops::cuda::mla_up_v(dlat.ptr(), dkvb.ptr(), T, s, dout.ptr(), st));
+  });
   EXPECT_TRUE(dout.guards_intact()) << what;
   expect_close(dout.download(), want, what);
 }
@@ -341,7 +374,8 @@ TEST(MlaCuda, UpVMatchesCpuTwin) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(505);
   for (const Dims& d : kAllDims)
-    for (int T : {1, 7, 33}) run_up_v(d, T, rng);
+    for (int T : kGemmTokens) run_up_v(d, T, rng);
+  for (const Dims& d : {kGlm5, kDeepSeekV3, kOdd}) run_up_v(d, 130, rng, true);
 }
 
 // ---- a layer step in a CUDA graph ---------------------------------------------------------
@@ -490,6 +524,10 @@ TEST(MlaCuda, HostChecksRefuseBadShapes) {
                             nullptr),
                Error)
       << "out_lat not 16-byte aligned";
+  EXPECT_THROW(oc::mla_absorb_q(nullptr, reinterpret_cast<const uint16_t*>(8), nullptr, 1, nullptr,
+                                good, nullptr, nullptr),
+               Error)
+      << "kv_b not 16-byte aligned";
   // Zero tokens: nothing to launch, nothing touched.
   EXPECT_EQ(oc::mla_up_v(nullptr, nullptr, 0, good, nullptr, nullptr), cudaSuccess);
   EXPECT_EQ(oc::mla_absorb_q(nullptr, nullptr, nullptr, 0, nullptr, good, nullptr, nullptr),

@@ -1,24 +1,38 @@
 // CUDA twins of the absorbed MLA ops (ops/attention/mla.h, mla_cuda.h). Float math on bf16
-// inputs, one bf16 rounding per output, like the CPU reference; the sums run in other orders.
+// inputs, one bf16 rounding per output, like the CPU reference; the sums run in other orders
+// (tensor-core sums accumulate in f32 too). Every kernel is deterministic: no atomics, fixed
+// reduction orders, so a launch gives the same bits every run.
 //   mla_cache_write: a block per token: block-reduced RMSNorm of the latent, RoPE of k_pe.
-//   mla_absorb_q:    a block per (8 tokens, 128 latent columns, head): each W_uk row read from
-//                    memory serves the 8 tokens; the block holding columns 0.. also rotates q_pe.
+//   mla_absorb_q:    T <= 64 (decode): a tensor-core GEMV read straight from registers. A block
+//                    per (32-token group, 64 latent columns, head); its 4 warps split the nope
+//                    rows, load W_uk in 16-byte row pieces and feed them to mma.sync as A
+//                    fragments (a permuted k order makes two rows' pieces one fragment), q_nope
+//                    from shared memory as B; the warps' sums add in shared memory in a fixed
+//                    order. Each W_uk byte is read once per 32 tokens; grids of H * Dl / 64 blocks
+//                    keep every SM's loads in flight. The blocks of the first column tile rotate
+//                    q_pe. T > 64 (prefill; not while the stream is captured): cuBLAS
+//                    strided-batched GEMM over heads (mla_gemm.h) and a small RoPE kernel.
 //   mla_attention:   a block per (token, head) (a token's heads adjacent: its keys stay in L2),
 //                    8 warps taking interleaved groups of 4 keys (16 warps of 2 when there are
 //                    few blocks) with an online softmax (base 2); lanes own fixed 8-dim chunks
 //                    of the row (2-dim where rows are not 16-byte aligned), so a key's latent
 //                    sits in the registers that scored it; the warps' (max, sum, latent sum)
 //                    merge in shared memory at the end.
-//   mla_up_v:        a block per (8 tokens, 16 W_uv rows, head), a warp per 4 rows, lanes over
-//                    the latent in 16-byte chunks, the token tile's latents in shared memory.
-// No allocation, no synchronisation, grids from T and the shape only: graph capturable.
+//   mla_up_v:        T <= 64: the same register-fed tensor-core GEMV as absorb: a block per
+//                    (32-token group, 32 W_uv rows, head), 4 warps splitting the latent; W_uv
+//                    rows are k-contiguous, so their 16-byte pieces are A fragments as loaded.
+//                    T > 64 (not captured): cuBLAS (mla_gemm.h).
+// No allocation, no synchronisation, grids from T, the shape and the SM count only: graph
+// capturable (a captured launch never reaches cuBLAS).
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "core/kernel_smem_attr.h"
 #include "ops/attention/mla_cuda.h"
+#include "ops/attention/mla_gemm.h"
 #include "ops/rope/rope_turn.cuh"
 
 namespace tetra::ops::cuda {
@@ -46,6 +60,28 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
+// Two bf16 as one uint32: `lo` in bits 0-15 (the lower k / column index of an mma fragment pair).
+__device__ __forceinline__ uint32_t pack_lo_halves(uint32_t a, uint32_t b) {
+  return (a & 0xffffu) | (b << 16);  // a's low bf16, b's low bf16
+}
+__device__ __forceinline__ uint32_t pack_hi_halves(uint32_t a, uint32_t b) {
+  return (a >> 16) | (b & 0xffff0000u);  // a's high bf16, b's high bf16
+}
+
+// Word i (0..3) of a 16-byte piece: bf16 elements 2i (low half) and 2i + 1 (high half).
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ uint4 load_16(const __nv_bfloat16* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
 // Rotary pair i of x [Dr] (bf16) at position pos, written to dst [Dr]; the CPU's rounding steps.
 __device__ __forceinline__ void rope_pair(const __nv_bfloat16* x, __nv_bfloat16* dst, int i,
                                           int half, bool neox, float pos, const float* inv_freq) {
@@ -54,6 +90,24 @@ __device__ __forceinline__ void rope_pair(const __nv_bfloat16* x, __nv_bfloat16*
   int ia, ib;
   rope_pair_dims(i, half, neox, ia, ib);
   rope_turn(__bfloat162float(x[ia]), __bfloat162float(x[ib]), sn, c, dst[ia], dst[ib]);
+}
+
+// ---- tensor-core building block (sm_80+) ----------------------------------------------------
+// mma.sync m16n8k16, bf16 in, f32 accumulate. Fragments (g = lane / 4, q = lane % 4; a register
+// holds 2 bf16, the lower index in the low half):
+//   A [16 x 16]: a0 (row g, k 2q..2q+1), a1 (row g+8, k 2q..), a2 (row g, k 2q+8..), a3 (row g+8, k 2q+8..)
+//   B [16 x 8]:  b0 (k 2q..2q+1, col g), b1 (k 2q+8.., col g)
+//   C [16 x 8]:  c0, c1 (row g, cols 2q, 2q+1), c2, c3 (row g+8, cols 2q, 2q+1)
+// A dot product does not care in which order its k terms come, so a kernel may feed any
+// permutation of k to A and B alike; the GEMV kernels below use that to take fragments straight
+// from 16-byte global loads.
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // ---- mla_cache_write ----------------------------------------------------------------------
@@ -102,9 +156,10 @@ __global__ void __launch_bounds__(kWriteThreads) cache_write_kernel(WriteArgs a)
 
 // ---- mla_absorb_q -------------------------------------------------------------------------
 
-constexpr int kAbsorbTok = 8;       // tokens per block: every W_uk element loaded serves 8
-constexpr int kAbsorbThreads = 64;  // a latent column pair each: 128 columns per block
-constexpr int kAbsorbCols = 2 * kAbsorbThreads;
+constexpr int kGemvMaxTokens = 64;  // T above this (eager): the cuBLAS GEMMs (mla_gemm.h)
+constexpr int kGemvWarps = 4;
+constexpr int kGemvThreads = kGemvWarps * 32;
+constexpr int kAbsorbCols = 64;     // latent columns per absorb block: 8 lanes x 8 columns
 
 struct AbsorbArgs {
   const __nv_bfloat16* q;     // [T, H, nope + Dr]
@@ -112,58 +167,146 @@ struct AbsorbArgs {
   const int32_t* positions;   // [T]
   const float* inv_freq;      // [Dr / 2]
   int T, H, Dl, Dr, nope, v;
+  int q_stride;  // elements per token row of the shared q tile (absorb_q_stride)
   bool neox;
   __nv_bfloat16* q_abs;  // [T, H, Dl + Dr]
 };
 
-__global__ void __launch_bounds__(kAbsorbThreads) absorb_q_kernel(AbsorbArgs a) {
-  // [nope, kAbsorbTok] the tile's q_nope as float, 0 past T; token-minor so that one row n's
-  // 8 token values are two broadcast 16-byte reads.
-  extern __shared__ float4 q_s4[];
-  float* q_s = reinterpret_cast<float*>(q_s4);
-  static_assert(kAbsorbTok == 8, "two float4 per row of q_s");
-  const int t0 = blockIdx.x * kAbsorbTok, h = blockIdx.z;
-  const int n_tok = min(kAbsorbTok, a.T - t0);
-  const int q_head = a.nope + a.Dr, row = a.Dl + a.Dr;
-  for (int i = threadIdx.x; i < kAbsorbTok * a.nope; i += kAbsorbThreads) {
-    const int tok = i / a.nope, n = i % a.nope;  // q reads coalesced along n
-    q_s[n * kAbsorbTok + tok] =
-        tok < n_tok ? __bfloat162float(a.q[(int64_t(t0 + tok) * a.H + h) * q_head + n]) : 0.0f;
-  }
-  __syncthreads();
-  const int c = blockIdx.y * kAbsorbCols + 2 * threadIdx.x;
-  if (c < a.Dl) {
-    float acc[kAbsorbTok][2] = {};
-    // W_uk[h] [nope, Dl] column pair c: stride Dl / 2 pairs per row n.
-    const __nv_bfloat162* w = reinterpret_cast<const __nv_bfloat162*>(
-        a.kv_b + int64_t(h) * (a.nope + a.v) * a.Dl + c);
-    const int stride = a.Dl / 2;
-#pragma unroll 8
-    for (int n = 0; n < a.nope; ++n) {
-      const float2 wf = __bfloat1622float2(w[int64_t(n) * stride]);
-      const float4 qa = q_s4[2 * n], qb = q_s4[2 * n + 1];
-      const float qn[kAbsorbTok] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+// Row stride of the absorb kernel's shared q tile: nope rounded up to whole k-steps (16), then
+// to 16 mod 64 elements, so that one B fragment read (8 token rows x 4 lanes x 8 bytes) hits
+// distinct banks.
+int absorb_q_stride(int nope) {
+  const int n16 = (nope + 15) / 16 * 16;
+  return (n16 - 16 + 63) / 64 * 64 + 16;
+}
+
+template <int NT>
+size_t absorb_smem_bytes(int q_stride) {
+  return size_t(8 * NT) * q_stride * 2 + size_t(kGemvWarps - 1) * NT * 16 * 32 * sizeof(float);
+}
+
+// q_pe of token t, head h -> q_abs[t, h, Dl:], rotated (pair i).
+__device__ __forceinline__ void absorb_rope(const AbsorbArgs& a, int t, int h, int i) {
+  const int64_t th = int64_t(t) * a.H + h;
+  rope_pair(a.q + th * (a.nope + a.Dr) + a.nope, a.q_abs + th * (a.Dl + a.Dr) + a.Dl, i,
+            a.Dr / 2, a.neox, float(a.positions[t]), a.inv_freq);
+}
+
+// q_abs[t, h, c0 : c0 + 64] for the 8 * NT tokens from t0 = blockIdx.x * 8 NT, c0 = blockIdx.y *
+// 64, h = blockIdx.z: out^T [64 columns, tokens] = W_uk[h]^T [64, nope] . q_nope^T [nope, tokens]
+// as mma tiles M = 16 columns, N = 8 tokens, K = 16 nope rows. Warp w takes the k-steps (16 rows)
+// w, w + 4, ...; lane (g, q) loads rows n0 + 4q .. n0 + 4q + 3, columns c0 + 8g .. + 7 (16 bytes
+// each: a warp reads 4 whole 128-byte row pieces per load). Logical k 2q + e is row n0 + 4q + e
+// and k 2q + 8 + e is row n0 + 4q + 2 + e (e = 0, 1), so an A register pairs the same column of
+// two loaded rows; mma i (0..3) takes the column pair 8g + 2i (row g of the tile) and 8g + 2i + 1
+// (row g + 8). The B fragment (the same k order) is q_s[token g][n0 + 4q .. + 3]: one 8-byte
+// read. Outputs: lane (g, q) ends with columns 8g .. 8g + 7 of tokens 2q and 2q + 1.
+template <int NT>
+__global__ void __launch_bounds__(kGemvThreads) absorb_q_mma_kernel(AbsorbArgs a) {
+  constexpr int KB = NT <= 2 ? 4 : 2;  // k-steps whose W_uk loads a warp issues together
+  extern __shared__ __align__(16) unsigned char absorb_smem[];
+  // q_s [8 NT, q_stride]: the tile's q_nope, zero past T and past nope.
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(absorb_smem);
+  // red [3, NT * 16, 32]: the accumulators of warps 1..3, which warp 0 adds to its own.
+  float* red = reinterpret_cast<float*>(absorb_smem + size_t(8 * NT) * a.q_stride * 2);
+  const int t0 = blockIdx.x * 8 * NT, c0 = blockIdx.y * kAbsorbCols, h = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int nks = (a.nope + 15) / 16;
+  const bool col_ok = c0 + 8 * g < a.Dl;  // Dl % 16 == 0: a 16-byte piece is all in or all out
+  const __nv_bfloat16* w_col = a.kv_b + int64_t(h) * (a.nope + a.v) * a.Dl + c0 + 8 * g;
+  uint4 w[KB][4];  // [k-step ks0 + 4 b][row 16 ks + 4q + r]
+  const auto load_w = [&](int ks0) {
 #pragma unroll
-      for (int tok = 0; tok < kAbsorbTok; ++tok) {
-        acc[tok][0] += qn[tok] * wf.x;
-        acc[tok][1] += qn[tok] * wf.y;
+    for (int b = 0; b < KB; ++b) {
+      const int ks = ks0 + b * kGemvWarps;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int n = ks * 16 + 4 * q + r;
+        w[b][r] = ks < nks && col_ok && n < a.nope ? load_16(w_col + int64_t(n) * a.Dl)
+                                                   : make_uint4(0u, 0u, 0u, 0u);
       }
     }
-#pragma unroll
-    for (int tok = 0; tok < kAbsorbTok; ++tok)
-      if (tok < n_tok)
-        *reinterpret_cast<__nv_bfloat162*>(a.q_abs + (int64_t(t0 + tok) * a.H + h) * row + c) =
-            __floats2bfloat162_rn(acc[tok][0], acc[tok][1]);
+  };
+  load_w(warp);  // the first weights are in flight while q is staged
+
+  const int q_head = a.nope + a.Dr;
+  for (int i = threadIdx.x; i < 8 * NT * a.q_stride; i += kGemvThreads) {
+    const int tok = i / a.q_stride, n = i - tok * a.q_stride, t = t0 + tok;
+    q_s[i] = t < a.T && n < a.nope ? a.q[(int64_t(t) * a.H + h) * q_head + n]
+                                   : __float2bfloat16_rn(0.0f);
   }
   if (blockIdx.y == 0) {  // q_pe -> q_abs[.., Dl:], rotated
-    const int half = a.Dr / 2;
-    for (int i = threadIdx.x; i < n_tok * half; i += kAbsorbThreads) {
-      const int t = t0 + i / half;
-      const int64_t th = int64_t(t) * a.H + h;
-      rope_pair(a.q + th * q_head + a.nope, a.q_abs + th * row + a.Dl, i % half, half, a.neox,
-                float(a.positions[t]), a.inv_freq);
+    const int half = a.Dr / 2, n_tok = min(8 * NT, a.T - t0);
+    for (int i = threadIdx.x; i < n_tok * half; i += kGemvThreads)
+      absorb_rope(a, t0 + i / half, h, i % half);
+  }
+  __syncthreads();
+
+  float acc[NT][4][4] = {};  // [token tile][mma i][c0..c3]
+  for (int ks0 = warp; ks0 < nks; ks0 += kGemvWarps * KB) {
+    if (ks0 != warp) load_w(ks0);
+#pragma unroll
+    for (int b = 0; b < KB; ++b) {
+      const int ks = ks0 + b * kGemvWarps;
+      if (ks < nks) {  // warp-uniform
+        uint32_t af[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          af[i][0] = pack_lo_halves(word(w[b][0], i), word(w[b][1], i));  // col 8g+2i,   rows +0 +1
+          af[i][1] = pack_hi_halves(word(w[b][0], i), word(w[b][1], i));  // col 8g+2i+1, rows +0 +1
+          af[i][2] = pack_lo_halves(word(w[b][2], i), word(w[b][3], i));  // col 8g+2i,   rows +2 +3
+          af[i][3] = pack_hi_halves(word(w[b][2], i), word(w[b][3], i));  // col 8g+2i+1, rows +2 +3
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const uint2 bq =
+              *reinterpret_cast<const uint2*>(q_s + (j * 8 + g) * a.q_stride + ks * 16 + 4 * q);
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+            mma_bf16(acc[j][i], af[i][0], af[i][1], af[i][2], af[i][3], bq.x, bq.y);
+        }
+      }
     }
   }
+
+  constexpr int kRed = NT * 16 * 32;  // floats per warp in red
+  if (warp > 0) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[(warp - 1) * kRed + ((j * 4 + i) * 4 + e) * 32 + lane] = acc[j][i][e];
+  }
+  __syncthreads();
+  if (warp != 0 || !col_ok) return;
+  const int row = a.Dl + a.Dr;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int ta = t0 + j * 8 + 2 * q;  // c0, c2: token ta; c1, c3: token ta + 1
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int k = ((j * 4 + i) * 4 + e) * 32 + lane;
+        v[e] = ((acc[j][i][e] + red[k]) + red[kRed + k]) + red[2 * kRed + k];  // warps 0, 1, 2, 3
+      }
+      const int c = c0 + 8 * g + 2 * i;
+      if (ta < a.T)
+        *reinterpret_cast<uint32_t*>(a.q_abs + (int64_t(ta) * a.H + h) * row + c) = bf16x2_bits(v[0], v[2]);
+      if (ta + 1 < a.T)
+        *reinterpret_cast<uint32_t*>(a.q_abs + (int64_t(ta + 1) * a.H + h) * row + c) =
+            bf16x2_bits(v[1], v[3]);
+    }
+  }
+}
+static_assert(kGemvWarps == 4, "the reductions add warps 0..3 by name");
+
+// The rotary part of q_abs alone (the cuBLAS path writes the latent part): a block per token.
+__global__ void __launch_bounds__(128) absorb_rope_kernel(AbsorbArgs a) {
+  const int t = blockIdx.x, half = a.Dr / 2;
+  for (int i = threadIdx.x; i < a.H * half; i += 128) absorb_rope(a, t, i / half, i % half);
 }
 
 // ---- mla_attention ------------------------------------------------------------------------
@@ -348,10 +491,7 @@ cudaError_t launch_attention(const AttnArgs& a, unsigned blocks, cudaStream_t st
 
 // ---- mla_up_v -----------------------------------------------------------------------------
 
-constexpr int kUpTok = 8;       // tokens per block: every W_uv element loaded serves 8
-constexpr int kUpWarps = 4;
-constexpr int kUpRowsPerWarp = 4;  // W_uv rows a warp walks together (4 loads in flight)
-constexpr int kUpRows = kUpWarps * kUpRowsPerWarp;
+constexpr int kUpRows = 32;  // W_uv rows per block: two m-tiles of 16
 
 struct UpArgs {
   const __nv_bfloat16* out_lat;  // [T, H, Dl]
@@ -360,63 +500,140 @@ struct UpArgs {
   __nv_bfloat16* out;  // [T, H, v]
 };
 
-__global__ void __launch_bounds__(kUpWarps * 32) up_v_kernel(UpArgs a) {
-  extern __shared__ uint4 lat_s[];  // [kUpTok, Dl / 8] the tile's latents as bf16, 0 past T
-  const int t0 = blockIdx.x * kUpTok, h = blockIdx.z;
-  const int n_tok = min(kUpTok, a.T - t0);
-  const int c8n = a.Dl / 8;
-  for (int i = threadIdx.x; i < kUpTok * c8n; i += kUpWarps * 32) {
-    const int tok = i / c8n;
-    lat_s[i] = tok < n_tok ? *reinterpret_cast<const uint4*>(
-                                 a.out_lat + (int64_t(t0 + tok) * a.H + h) * a.Dl + (i % c8n) * 8)
-                           : make_uint4(0u, 0u, 0u, 0u);
-  }
-  __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int j0 = blockIdx.y * kUpRows + warp * kUpRowsPerWarp;  // this warp's first row of W_uv[h]
-  if (j0 >= a.v) return;  // after the only barrier
-  const __nv_bfloat16* w = a.kv_b + (int64_t(h) * (a.nope + a.v) + a.nope + j0) * a.Dl;
-  float acc[kUpRowsPerWarp][kUpTok] = {};
-  for (int c8 = lane; c8 < c8n; c8 += 32) {
-    uint32_t wr[kUpRowsPerWarp][4];
+// out[t, h, j0 : j0 + 32] for the 8 * NT tokens from t0 = blockIdx.x * 8 NT, j0 = blockIdx.y * 32,
+// h = blockIdx.z: out^T [32 rows, tokens] = W_uv[h] [32, Dl] . out_lat^T [Dl, tokens] as mma
+// tiles M = 16 rows, N = 8 tokens, K = 16 latent columns. Warp w takes the 32-column chunks w,
+// w + 4, ... of the latent; lane (g, q) loads 16 bytes at columns 32 c + 8q of W_uv rows g and
+// g + 8 of each m-tile and of the latents of tokens g (+ 8 per token tile). Logical k 2q + e of
+// k-step s is column 8q + 4s + e and k 2q + 8 + e is 8q + 4s + 2 + e, so the loaded words are the
+// fragments as they stand: A = (row g word 2s, row g+8 word 2s, row g word 2s+1, row g+8 word
+// 2s+1), B = (latent word 2s, word 2s+1).
+template <int NT>
+__global__ void __launch_bounds__(kGemvThreads) up_v_mma_kernel(UpArgs a) {
+  constexpr int KB = NT <= 2 ? 4 : 2;  // column chunks whose loads a warp issues together
+  constexpr int kRed = 2 * NT * 4 * 32;  // floats per warp in red
+  __shared__ float red[(kGemvWarps - 1) * kRed];  // warps 1..3's sums, for warp 0 to add
+  const int t0 = blockIdx.x * 8 * NT, j0 = blockIdx.y * kUpRows, h = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const __nv_bfloat16* w_h = a.kv_b + (int64_t(h) * (a.nope + a.v) + a.nope) * a.Dl;  // W_uv[h]
+  const __nv_bfloat16* w_row[2][2];  // [m-tile][row g, g + 8]
+  bool w_ok[2][2];
 #pragma unroll
-    for (int r = 0; r < kUpRowsPerWarp; ++r) {
-      const uint4 raw = j0 + r < a.v ? *reinterpret_cast<const uint4*>(w + int64_t(r) * a.Dl + c8 * 8)
-                                     : make_uint4(0u, 0u, 0u, 0u);
-      wr[r][0] = raw.x;
-      wr[r][1] = raw.y;
-      wr[r][2] = raw.z;
-      wr[r][3] = raw.w;
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int j = j0 + 16 * mt + 8 * hf + g;
+      w_ok[mt][hf] = j < a.v;
+      w_row[mt][hf] = w_h + int64_t(w_ok[mt][hf] ? j : 0) * a.Dl;
+    }
+  const __nv_bfloat16* x_row[NT];  // latent rows of tokens t0 + 8 jt + g
+  bool x_ok[NT];
+#pragma unroll
+  for (int jt = 0; jt < NT; ++jt) {
+    const int t = t0 + 8 * jt + g;
+    x_ok[jt] = t < a.T;
+    x_row[jt] = a.out_lat + (int64_t(x_ok[jt] ? t : 0) * a.H + h) * a.Dl;
+  }
+  const int n_chunks = (a.Dl + 31) / 32;
+  float acc[2][NT][4] = {};  // [m-tile][token tile][c0..c3]
+  for (int cs0 = warp; cs0 < n_chunks; cs0 += kGemvWarps * KB) {
+    uint4 w[KB][2][2], x[KB][NT];
+#pragma unroll
+    for (int b = 0; b < KB; ++b) {
+      const int cs = cs0 + b * kGemvWarps, c = cs * 32 + 8 * q;
+      const bool ok = cs < n_chunks && c < a.Dl;  // Dl % 16 == 0: pieces are all in or all out
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf)
+          w[b][mt][hf] = ok && w_ok[mt][hf] ? load_16(w_row[mt][hf] + c) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int jt = 0; jt < NT; ++jt)
+        x[b][jt] = ok && x_ok[jt] ? load_16(x_row[jt] + c) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int tok = 0; tok < kUpTok; ++tok) {
-      const uint4 raw = lat_s[tok * c8n + c8];
-      const uint32_t x[4] = {raw.x, raw.y, raw.z, raw.w};
+    for (int b = 0; b < KB; ++b) {
+      if (cs0 + b * kGemvWarps >= n_chunks) continue;  // warp-uniform
 #pragma unroll
-      for (int r = 0; r < kUpRowsPerWarp; ++r)
+      for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int jt = 0; jt < NT; ++jt)
+            mma_bf16(acc[mt][jt], word(w[b][mt][0], 2 * s), word(w[b][mt][1], 2 * s),
+                     word(w[b][mt][0], 2 * s + 1), word(w[b][mt][1], 2 * s + 1),
+                     word(x[b][jt], 2 * s), word(x[b][jt], 2 * s + 1));
+    }
+  }
+
+  if (warp > 0) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int jt = 0; jt < NT; ++jt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          acc[r][tok] += lo_f(x[e]) * lo_f(wr[r][e]) + hi_f(x[e]) * hi_f(wr[r][e]);
-    }
+          red[(warp - 1) * kRed + ((mt * NT + jt) * 4 + e) * 32 + lane] = acc[mt][jt][e];
   }
+  __syncthreads();
+  if (warp != 0) return;
 #pragma unroll
-  for (int r = 0; r < kUpRowsPerWarp; ++r)
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int tok = 0; tok < kUpTok; ++tok) {
-      const float sum = warp_sum(acc[r][tok]);
-      // Lane r * kUpTok + tok writes (tok, row r): 32 lanes, 32 outputs.
-      if (lane == r * kUpTok + tok && j0 + r < a.v && tok < n_tok)
-        a.out[(int64_t(t0 + tok) * a.H + h) * a.v + j0 + r] = __float2bfloat16_rn(sum);
-    }
+    for (int jt = 0; jt < NT; ++jt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        // c0: (row g, token 2q), c1: (row g, token 2q + 1), c2, c3: row g + 8.
+        const int j = j0 + 16 * mt + g + (e >= 2 ? 8 : 0), t = t0 + 8 * jt + 2 * q + (e & 1);
+        const int k = ((mt * NT + jt) * 4 + e) * 32 + lane;
+        const float v = ((acc[mt][jt][e] + red[k]) + red[kRed + k]) + red[2 * kRed + k];
+        if (j < a.v && t < a.T) a.out[(int64_t(t) * a.H + h) * a.v + j] = __float2bfloat16_rn(v);
+      }
 }
-static_assert(kUpRowsPerWarp * kUpTok == 32, "one output per lane");
+
+template <int NT>
+cudaError_t launch_absorb(const AbsorbArgs& a, cudaStream_t stream) {
+  const size_t smem = absorb_smem_bytes<NT>(a.q_stride);
+  if (smem > 48 * 1024) {  // long nope rows: opt in once, for the largest tile kMaxNope allows
+    const cudaError_t e = ensure_max_dynamic_smem<absorb_q_mma_kernel<NT>>(
+        int(absorb_smem_bytes<NT>(absorb_q_stride(kMaxNope))));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(unsigned((a.T + 8 * NT - 1) / (8 * NT)),
+                  unsigned((a.Dl + kAbsorbCols - 1) / kAbsorbCols), unsigned(a.H));
+  absorb_q_mma_kernel<NT><<<grid, kGemvThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int NT>
+cudaError_t launch_up_v(const UpArgs& a, cudaStream_t stream) {
+  const dim3 grid(unsigned((a.T + 8 * NT - 1) / (8 * NT)), unsigned((a.v + kUpRows - 1) / kUpRows),
+                  unsigned(a.H));
+  up_v_mma_kernel<NT><<<grid, kGemvThreads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+// Token tiles of 8 per GEMV block: 1, 2 or 4 (T <= 8, <= 16, larger: groups of 32 tokens).
+int gemv_token_tiles(int T) { return T <= 8 ? 1 : T <= 16 ? 2 : 4; }
+
+// Prefill-sized products go to cuBLAS, unless the stream is being captured (a decode graph of a
+// large batch bucket): graphs keep to the kernels here, which take any T.
+bool use_gemm(int T, cudaStream_t stream) {
+  if (T <= kGemvMaxTokens) return false;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &st) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; do not report it as the launch's error
+    return false;
+  }
+  return st == cudaStreamCaptureStatusNone;
+}
 
 }  // namespace
 
 std::string mla_unsupported_reason(const MlaShape& s) {
   // Chunks of 8 (16 bytes) never straddle the latent's end; the attention kernel's registers
-  // per lane bound the row; the absorb kernel's q tile lives in shared memory; heads index a
-  // grid dimension.
+  // per lane bound the row; the absorb kernel's q tile lives in shared memory; heads
+  // index a grid dimension.
   if (s.kv_lora % 16 != 0)
     return str("kv_lora_rank ", s.kv_lora, " (the CUDA MLA kernels take a multiple of 16)");
   if (s.row() > kMaxRow)
@@ -457,8 +674,8 @@ cudaError_t mla_absorb_q(const uint16_t* q, const uint16_t* kv_b, const int32_t*
                          cudaStream_t stream) {
   check_cuda_shape(s, "mla absorb q");
   TETRA_CHECK(T >= 0, "mla absorb q (cuda): T ", T);
-  TETRA_CHECK(aligned(kv_b, 4) && aligned(q_abs, 4),
-              "mla absorb q (cuda): kv_b and q_abs must be 4-byte aligned");
+  TETRA_CHECK(aligned(kv_b, 16) && aligned(q_abs, 4),
+              "mla absorb q (cuda): kv_b must be 16-byte aligned and q_abs 4-byte aligned");
   if (T == 0) return cudaSuccess;
   AbsorbArgs a;
   a.q = reinterpret_cast<const __nv_bfloat16*>(q);
@@ -471,13 +688,19 @@ cudaError_t mla_absorb_q(const uint16_t* q, const uint16_t* kv_b, const int32_t*
   a.Dr = s.rope_dim;
   a.nope = s.nope_dim;
   a.v = s.v_dim;
+  a.q_stride = absorb_q_stride(s.nope_dim);
   a.neox = s.style == RopeStyle::NeoX;
   a.q_abs = reinterpret_cast<__nv_bfloat16*>(q_abs);
-  const dim3 grid(unsigned((T + kAbsorbTok - 1) / kAbsorbTok),
-                  unsigned((s.kv_lora + kAbsorbCols - 1) / kAbsorbCols), unsigned(s.n_heads));
-  const size_t smem = size_t(kAbsorbTok) * s.nope_dim * sizeof(float);
-  absorb_q_kernel<<<grid, kAbsorbThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  if (use_gemm(T, stream)) {  // prefill: tensor-core GEMMs, then the rotary part
+    mla_absorb_gemm(q, kv_b, T, s, q_abs, stream);
+    absorb_rope_kernel<<<unsigned(T), 128, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
+  switch (gemv_token_tiles(T)) {
+    case 1: return launch_absorb<1>(a, stream);
+    case 2: return launch_absorb<2>(a, stream);
+    default: return launch_absorb<4>(a, stream);
+  }
 }
 
 cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t num_slots,
@@ -538,6 +761,10 @@ cudaError_t mla_up_v(const uint16_t* out_lat, const uint16_t* kv_b, int T, const
   TETRA_CHECK(aligned(out_lat, 16) && aligned(kv_b, 16),
               "mla up v (cuda): out_lat and kv_b must be 16-byte aligned");
   if (T == 0) return cudaSuccess;
+  if (use_gemm(T, stream)) {  // prefill: tensor-core GEMMs
+    mla_up_v_gemm(out_lat, kv_b, T, s, out, stream);
+    return cudaGetLastError();
+  }
   UpArgs a;
   a.out_lat = reinterpret_cast<const __nv_bfloat16*>(out_lat);
   a.kv_b = reinterpret_cast<const __nv_bfloat16*>(kv_b);
@@ -547,11 +774,11 @@ cudaError_t mla_up_v(const uint16_t* out_lat, const uint16_t* kv_b, int T, const
   a.nope = s.nope_dim;
   a.v = s.v_dim;
   a.out = reinterpret_cast<__nv_bfloat16*>(out);
-  const dim3 grid(unsigned((T + kUpTok - 1) / kUpTok), unsigned((s.v_dim + kUpRows - 1) / kUpRows),
-                  unsigned(s.n_heads));
-  const size_t smem = size_t(kUpTok) * s.kv_lora * sizeof(uint16_t);
-  up_v_kernel<<<grid, kUpWarps * 32, smem, stream>>>(a);
-  return cudaGetLastError();
+  switch (gemv_token_tiles(T)) {
+    case 1: return launch_up_v<1>(a, stream);
+    case 2: return launch_up_v<2>(a, stream);
+    default: return launch_up_v<4>(a, stream);
+  }
 }
 
 }  // namespace tetra::ops::cuda

@@ -2,7 +2,8 @@
 // Same arguments as the CPU functions with device pointers (T, S and the shape on the host).
 // Shapes are checked on the host; slots, block ids and positions are trusted (the engine's
 // tables are valid). No allocation and no synchronisation: every op can be captured in a CUDA
-// graph.
+// graph. Launched eagerly with T > 64 (prefill), mla_absorb_q and mla_up_v run cuBLAS GEMMs (a
+// handle per thread and device, created on first use); captured, they keep to their own kernels.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -22,6 +23,7 @@ cudaError_t mla_cache_write(const uint16_t* kv_a, const uint16_t* norm_w, float 
                             const float* inv_freq, const MlaShape& s, int64_t num_slots,
                             uint16_t* cache, cudaStream_t stream);
 
+// kv_b 16-byte aligned, q_abs 4-byte aligned.
 cudaError_t mla_absorb_q(const uint16_t* q, const uint16_t* kv_b, const int32_t* positions, int T,
                          const float* inv_freq, const MlaShape& s, uint16_t* q_abs,
                          cudaStream_t stream);
@@ -33,6 +35,7 @@ cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t 
                           const MlaKeys& keys, const MlaShape& s, uint16_t* out_lat,
                           cudaStream_t stream);
 
+// out_lat and kv_b 16-byte aligned.
 cudaError_t mla_up_v(const uint16_t* out_lat, const uint16_t* kv_b, int T, const MlaShape& s,
                      uint16_t* out, cudaStream_t stream);
 
