@@ -150,6 +150,8 @@ void run_case(const BenchShape& bs, bool prefill, int T, int context) {
     keys.max_blocks_per_seq = mb;
     keys.block_size = kBlock;
   }
+  const size_t ws_bytes = oc::mla_attention_workspace_bytes(s, T);
+  DevBuf ws(ws_bytes);
   TETRA_CUDA_CHECK(cudaDeviceSynchronize());
 
   const auto u16 = [](const DevBuf& b) { return b.as<uint16_t>(); };
@@ -165,7 +167,7 @@ void run_case(const BenchShape& bs, bool prefill, int T, int context) {
   const Launch attend = [&](int i, cudaStream_t st) {
     TETRA_CUDA_CHECK(oc::mla_attention(u16(q_abs), u16(*cache[size_t(i % c_copies)]), num_slots,
                                        dcu.as<int32_t>(), S, T, dpos.as<int32_t>(), keys, s,
-                                       u16(lat), st));
+                                       u16(lat), ws.p, ws_bytes, st));
   };
   const Launch up_v = [&](int i, cudaStream_t st) {
     TETRA_CUDA_CHECK(oc::mla_up_v(u16(lat), u16(*kvb[size_t(i % w_copies)]), T, s, u16(out), st));

@@ -1,17 +1,20 @@
 // The CUDA MLA ops (ops/attention/mla_cuda.h) against their CPU twins (mla_cpu.cpp) on fresh
 // random data. Shapes: tiny (H 4, Dl 32, Dr 16), DeepSeek-V3 (H 128, Dl 512, Dr 64, nope 128,
 // v 128), GLM-5 (H 64, nope 192, v 256), an odd one (H 3, Dl 48, Dr 8, nope 16, v 24) and rows of
-// 38 (Dr 6: no 16-byte rows, the attention's 4-byte path); both RoPE pairings. Absorb q and up v:
-// T 1 .. 64 (the tensor-core GEMV kernels: 1, 2 and 4 token tiles, two token groups at 64), 65
-// and 130 (the cuBLAS GEMMs), 130 captured in a graph (the GEMV kernels again); else T 1, 7, 33.
-// Attention: step-slot prefills (one sequence, and lengths 1, 5, 17, 40 in one launch), paged
-// caches (block size 16, shuffled block ids) continuing odd-length prefixes, and decode (one
-// token per sequence, lengths 1, 17, 300, 1100); a q pointer only 4-byte aligned. Cache write:
-// some negative slots, whose rows (and every row not written) must keep their bits. A layer
-// step (all four ops) captured in a CUDA graph and replayed as the sequences grow. The host
-// checks refuse bad shapes. Sums run in other orders on the GPU, so outputs agree to ~1 bf16
-// ulp: NMSE <= 1e-5 and max |diff| <= max |ref| / 64 (both sides nontrivial). Outputs are
-// poisoned (NaN) before the launch and guarded by bytes that must survive.
+// 38 (Dr 6: no 16-byte rows, the attention's CUDA-core 4-byte path); both RoPE pairings.
+// Absorb q and up v: T 1 .. 64 (the tensor-core GEMV kernels: 1, 2 and 4 token tiles, two token
+// groups at 64), 65 and 130 (the cuBLAS GEMMs), 130 captured in a graph (the GEMV kernels
+// again). Attention: step-slot prefills (one sequence up to 150 tokens, and lengths 1, 5, 17, 40
+// in one launch), paged caches (block size 16, shuffled block ids) continuing odd-length
+// prefixes, and decode (one token per sequence, lengths 1 .. 4000: key splits, many of them
+// without keys), with the split workspace and without it; a q pointer only 4-byte aligned (the
+// CUDA-core kernel); a workspace too small. Cache write: some negative slots, whose rows (and
+// every row not written) must keep their bits. A layer step (all four ops, key splits included)
+// captured in a CUDA graph and replayed as the sequences grow. The host checks refuse bad
+// shapes. Sums run in other orders on the GPU (and attention rounds its softmax weights to bf16
+// for the tensor cores), so outputs agree to ~1 bf16 ulp: NMSE <= 1e-5 and max |diff| <=
+// max |ref| / 64 (both sides nontrivial). Outputs are poisoned (NaN) before the launch and
+// guarded by bytes that must survive.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -249,9 +252,10 @@ struct Seq {
 
 // Attention over random cache rows. Step-slot mode: each sequence's keys are its own tokens,
 // at shuffled slots. Paged mode: block size 16, shuffled block ids. q_offset > 0 shifts q_abs
-// by that many elements (an only 4-byte aligned q).
+// by that many elements (an only 4-byte aligned q). split: pass the key-split workspace
+// (mla_attention_workspace_bytes for T tokens), else none (no splits).
 void run_attention(const Dims& d, const std::vector<Seq>& seqs, bool paged, std::mt19937& rng,
-                   int q_offset = 0) {
+                   int q_offset = 0, bool split = true) {
   const MlaShape s = shape_of(d);
   const int S = int(seqs.size()), row = s.row(), bs = 16;
   std::vector<int32_t> cu = {0}, pos;  // [S + 1], [T]
@@ -267,6 +271,7 @@ void run_attention(const Dims& d, const std::vector<Seq>& seqs, bool paged, std:
                      " T " + std::to_string(T) + " seqs";
   for (const Seq& sq : seqs) what += " " + std::to_string(sq.prefix) + "+" + std::to_string(sq.chunk);
   if (q_offset) what += " q offset " + std::to_string(q_offset);
+  if (!split) what += " no workspace";
 
   std::vector<int64_t> step_slots;  // [T]
   std::vector<int32_t> tables;      // [S, mb]
@@ -312,16 +317,20 @@ void run_attention(const Dims& d, const std::vector<Seq>& seqs, bool paged, std:
   GuardedDeviceArray<int64_t> dslots(paged ? std::vector<int64_t>{0} : step_slots);
   MlaKeys dkeys = keys;
   if (paged) dkeys.block_tables = dtab.ptr(); else dkeys.step_slots = dslots.ptr();
+  const size_t ws_bytes = split ? ops::cuda::mla_attention_workspace_bytes(s, T) : 0;
+  GuardedDeviceArray<float> dws(std::max<size_t>(ws_bytes / 4, 1));
+  dws.poison();  // partials a split did not write must not be read
   dout.poison();
   const auto launch = [&] {
     TETRA_CUDA_CHECK(ops::cuda::mla_attention(dq.ptr() + q_offset, dcache.ptr(), num_slots,
                                               dcu.ptr(), S, T, dpos.ptr(), dkeys, s, dout.ptr(),
-                                              nullptr));
+                                              split ? dws.ptr() : nullptr, ws_bytes, nullptr));
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
   };
   launch();
   const std::vector<uint16_t> got = dout.download();
   EXPECT_TRUE(dout.guards_intact()) << what;
+  EXPECT_TRUE(dws.guards_intact()) << what << ": workspace";
   expect_close(got, want, what);
   dout.poison();
   launch();
@@ -332,8 +341,9 @@ TEST(MlaCuda, AttentionStepSlotsMatchesCpuTwin) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(303);
   for (const Dims& d : kAllDims) {
-    for (int T : {1, 7, 33}) run_attention(d, {{0, T}}, false, rng);
+    for (int T : {1, 7, 33, 150}) run_attention(d, {{0, T}}, false, rng);
     run_attention(d, {{0, 1}, {0, 5}, {0, 17}, {0, 40}}, false, rng);
+    run_attention(d, {{0, 1}, {0, 5}, {0, 17}, {0, 40}}, false, rng, 0, false);
   }
 }
 
@@ -344,6 +354,15 @@ TEST(MlaCuda, AttentionPagedMatchesCpuTwin) {
     for (int T : {1, 7, 33}) run_attention(d, {{0, T}}, true, rng);
     run_attention(d, {{13, 5}, {0, 1}, {31, 33}, {1, 7}}, true, rng);           // odd prefixes
     run_attention(d, {{0, 1}, {16, 1}, {299, 1}, {1099, 1}}, true, rng);       // decode
+    run_attention(d, {{0, 1}, {16, 1}, {299, 1}, {1099, 1}}, true, rng, 0, false);
+    run_attention(d, {{300, 100}}, true, rng);  // a prefill continuing a cached prefix
+  }
+  // Decode with key splits: one long sequence (every split has keys, the last one partly), and
+  // 8 sequences of 1 .. 2049 keys (the short ones leave most splits without keys).
+  for (const Dims& d : {kGlm5, kDeepSeekV3, kTiny, kOdd}) {
+    run_attention(d, {{3999, 1}}, true, rng);
+    run_attention(d, {{0, 1}, {1, 1}, {16, 1}, {63, 1}, {64, 1}, {299, 1}, {1099, 1}, {2048, 1}},
+                  true, rng);
   }
   // A q_abs only 4-byte aligned takes the 4-byte path at the real shapes too.
   run_attention(kGlm5, {{0, 1}, {16, 1}, {299, 1}, {1099, 1}}, true, rng, 2);
@@ -409,6 +428,8 @@ TEST(MlaCuda, LayerStepReplaysFromAGraph) {
   GuardedDeviceArray<int32_t> dpos(static_cast<size_t>(T)), dcu(cu), dtab(tables);
   GuardedDeviceArray<int64_t> dslots(static_cast<size_t>(T));
   GuardedDeviceArray<float> dfreq(inv_freq);
+  const size_t ws_bytes = ops::cuda::mla_attention_workspace_bytes(s, T);
+  GuardedDeviceArray<float> dws(std::max<size_t>(ws_bytes / 4, 1));
   const MlaKeys dkeys{nullptr, dtab.ptr(), mb, bs};
   cudaStream_t stream;
   TETRA_CUDA_CHECK(cudaStreamCreate(&stream));
@@ -418,7 +439,8 @@ TEST(MlaCuda, LayerStepReplaysFromAGraph) {
     TETRA_CUDA_CHECK(ops::cuda::mla_absorb_q(dq.ptr(), dkvb.ptr(), dpos.ptr(), T, dfreq.ptr(), s,
                                              dqabs.ptr(), stream));
     TETRA_CUDA_CHECK(ops::cuda::mla_attention(dqabs.ptr(), dcache.ptr(), num_slots, dcu.ptr(), S, T,
-                                              dpos.ptr(), dkeys, s, dlat.ptr(), stream));
+                                              dpos.ptr(), dkeys, s, dlat.ptr(), dws.ptr(), ws_bytes,
+                                              stream));
     TETRA_CUDA_CHECK(ops::cuda::mla_up_v(dlat.ptr(), dkvb.ptr(), T, s, dout.ptr(), stream));
   };
   cudaGraph_t graph;
@@ -462,10 +484,28 @@ TEST(MlaCuda, LayerStepReplaysFromAGraph) {
     expect_close(dcache.download(), cache, what + " cache");
     for (auto* a : {&dkv, &dq, &dqabs, &dlat, &dout, &dcache})
       EXPECT_TRUE(a->guards_intact()) << what;
+    EXPECT_TRUE(dws.guards_intact()) << what << ": workspace";
   }
   TETRA_CUDA_CHECK(cudaGraphExecDestroy(exec));
   TETRA_CUDA_CHECK(cudaGraphDestroy(graph));
   TETRA_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// The key-split workspace: sized for the shapes that split (none for 4-byte rows, which run the
+// CUDA-core kernel), and refused when too small (checked before any launch).
+TEST(MlaCuda, AttentionWorkspaceIsSizedAndChecked) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const MlaShape glm = shape_of(kGlm5);
+  const size_t one = ops::cuda::mla_attention_workspace_bytes(glm, 1);
+  EXPECT_GT(one, 0u);
+  EXPECT_GE(ops::cuda::mla_attention_workspace_bytes(glm, 64), one);
+  EXPECT_EQ(ops::cuda::mla_attention_workspace_bytes(glm, 0), 0u);
+  EXPECT_EQ(ops::cuda::mla_attention_workspace_bytes(shape_of(kRow38), 64), 0u);
+  const MlaKeys k{reinterpret_cast<const int64_t*>(16), nullptr, 0, 0};
+  EXPECT_THROW(ops::cuda::mla_attention(nullptr, nullptr, 1, nullptr, 1, 1, nullptr, k, glm, nullptr,
+                                        reinterpret_cast<void*>(256), one - 16, nullptr),
+               Error)
+      << "workspace too small";
 }
 
 // ---- host checks (no device needed: they throw before any launch) --------------------------
@@ -484,7 +524,7 @@ TEST(MlaCuda, HostChecksRefuseBadShapes) {
                  Error)
         << why;
     EXPECT_THROW(oc::mla_attention(nullptr, nullptr, 1, nullptr, 1, 1, nullptr, k, s, nullptr,
-                                   nullptr),
+                                   nullptr, 0, nullptr),
                  Error)
         << why;
     EXPECT_THROW(oc::mla_up_v(nullptr, nullptr, 1, s, nullptr, nullptr), Error) << why;
@@ -508,12 +548,12 @@ TEST(MlaCuda, HostChecksRefuseBadShapes) {
   s.nope_dim = 2048;
   EXPECT_THROW(oc::mla_absorb_q(nullptr, nullptr, nullptr, 1, nullptr, s, nullptr, nullptr), Error);
   EXPECT_THROW(oc::mla_attention(nullptr, nullptr, 1, nullptr, 1, 1, nullptr, keys, good, nullptr,
-                                 nullptr),
+                                 nullptr, 0, nullptr),
                Error)
       << "no key source";
   EXPECT_THROW(oc::mla_attention(nullptr, nullptr, 1, nullptr, 0, 1, nullptr,
                                  MlaKeys{reinterpret_cast<const int64_t*>(16), nullptr, 0, 0}, good,
-                                 nullptr, nullptr),
+                                 nullptr, nullptr, 0, nullptr),
                Error)
       << "tokens without sequences";
   EXPECT_THROW(oc::mla_cache_write(nullptr, nullptr, 0.0f, nullptr, nullptr, 1, nullptr, good, 1,

@@ -400,7 +400,8 @@ class CudaModelOps final : public CudaModelOpsApi {
       keys.block_size = lim_.kv_block_size;
     }
     ck(ops::cuda::mla_attention(buf(Buf::QAbsorbed), cache, num_slots, d_cu(), S_run_, T_,
-                                d_positions(), keys, mla_shape_, buf(Buf::AttnLatent), stream_));
+                                d_positions(), keys, mla_shape_, buf(Buf::AttnLatent),
+                                mla_ws_.as<void>(), mla_ws_.bytes(), stream_));
     ck(ops::cuda::mla_up_v(buf(Buf::AttnLatent), kv_b, T_, mla_shape_, buf(out), stream_));
   }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
@@ -636,6 +637,9 @@ class CudaModelOps final : public CudaModelOpsApi {
     attn_ws_ = DeviceMem(std::max<size_t>(
         256, split_decode_ || mla_ ? 0
                                    : ops::cuda::paged_decode_workspace_bytes(lim.max_seqs, attn_, kv)));
+    // MLA attention's key-split partials (decode), sized for the largest step (0: none).
+    mla_ws_ = DeviceMem(
+        mla_ ? ops::cuda::mla_attention_workspace_bytes(mla_shape_, lim.max_tokens) : 0);
     pairs_ = DeviceMem(size_t(lim.kv_num_blocks) * 8);
     arrays_ = {};
     arrays_.layout(lim.max_tokens, lim.max_seqs, lim.max_blocks_per_seq);
@@ -835,6 +839,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   DeviceMem logits_;      // [max_tokens, vocab] f32, first R rows valid
   DeviceMem logit_in_;    // [max_tokens, H] bf16: the logit rows gathered for lm_head
   DeviceMem attn_ws_;     // the fallback paged decode kernel's split partials
+  DeviceMem mla_ws_;      // mla_attention's key-split partials (MLA), or empty
   DeviceMem pairs_;       // [kv_num_blocks, 2] int32 copy-on-write pairs
   std::unique_ptr<lin::RowCountTable> rows_;
   lin::Bf16Linear bf16_;

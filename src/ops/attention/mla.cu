@@ -12,12 +12,15 @@
 //                    keep every SM's loads in flight. The blocks of the first column tile rotate
 //                    q_pe. T > 64 (prefill; not while the stream is captured): cuBLAS
 //                    strided-batched GEMM over heads (mla_gemm.h) and a small RoPE kernel.
-//   mla_attention:   a block per (token, head) (a token's heads adjacent: its keys stay in L2),
-//                    8 warps taking interleaved groups of 4 keys (16 warps of 2 when there are
-//                    few blocks) with an online softmax (base 2); lanes own fixed 8-dim chunks
-//                    of the row (2-dim where rows are not 16-byte aligned), so a key's latent
-//                    sits in the registers that scored it; the warps' (max, sum, latent sum)
-//                    merge in shared memory at the end.
+//   mla_attention:   rows 16-byte aligned and Dl <= 512 (every real model): a flash-attention
+//                    style tensor-core kernel. A block per (token, 32 heads, key split): the
+//                    token's 32 absorbed query rows and tiles of 32 cached rows in shared memory
+//                    (cp.async, double buffered), so each cached row is read once per 32 heads;
+//                    scores Q K^T and the latent sum P V on mma.sync, an online softmax in base 2
+//                    between them. When T * H is small (decode) the keys are split over up to 32
+//                    blocks per row group, whose partials (max, sum, latent sum) a combine kernel
+//                    merges in split order (workspace: mla_attention_workspace_bytes). Otherwise
+//                    (4-byte rows, Dl > 512): a CUDA-core kernel, a block per (token, head).
 //   mla_up_v:        T <= 64: the same register-fed tensor-core GEMV as absorb: a block per
 //                    (32-token group, 32 W_uv rows, head), 4 warps splitting the latent; W_uv
 //                    rows are k-contiguous, so their 16-byte pieces are A fragments as loaded.
@@ -26,6 +29,7 @@
 // capturable (a captured launch never reaches cuBLAS).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/cuda_check.h"
@@ -38,7 +42,7 @@
 namespace tetra::ops::cuda {
 namespace {
 
-constexpr int kMaxRow = 1024;   // Dl + Dr: bounds the attention kernel's registers per lane
+constexpr int kMaxRow = 1024;   // Dl + Dr: bounds the CUDA-core attention kernel's registers
 constexpr int kMaxNope = 1024;  // the absorb kernel's q tile lives in shared memory
 
 bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -54,6 +58,24 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Max over the 4 lanes of a quad (the lanes holding one mma row). Every lane gets the same value.
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// Sum over a quad; the same bits in all 4 lanes (a + b == b + a in IEEE arithmetic).
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
 // bf16 pair packed in a uint32 -> its two floats (exact: bf16 is a float's top half).
@@ -92,7 +114,7 @@ __device__ __forceinline__ void rope_pair(const __nv_bfloat16* x, __nv_bfloat16*
   rope_turn(__bfloat162float(x[ia]), __bfloat162float(x[ib]), sn, c, dst[ia], dst[ib]);
 }
 
-// ---- tensor-core building block (sm_80+) ----------------------------------------------------
+// ---- tensor-core building blocks (sm_80+) --------------------------------------------------
 // mma.sync m16n8k16, bf16 in, f32 accumulate. Fragments (g = lane / 4, q = lane % 4; a register
 // holds 2 bf16, the lower index in the low half):
 //   A [16 x 16]: a0 (row g, k 2q..2q+1), a1 (row g+8, k 2q..), a2 (row g, k 2q+8..), a3 (row g+8, k 2q+8..)
@@ -108,6 +130,37 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously; valid false writes 16 zero bytes instead (src is
+// not read then).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Four 8x8 bf16 matrices from shared memory; lane l gives the address of row l % 8 of matrix
+// l / 8. Plain: lane gets (row g, cols 2q, 2q+1) of each; trans: (rows 2q, 2q+1, col g).
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 // ---- mla_cache_write ----------------------------------------------------------------------
@@ -309,7 +362,12 @@ __global__ void __launch_bounds__(128) absorb_rope_kernel(AbsorbArgs a) {
   for (int i = threadIdx.x; i < a.H * half; i += 128) absorb_rope(a, t, i / half, i % half);
 }
 
-// ---- mla_attention ------------------------------------------------------------------------
+// ---- mla_attention on CUDA cores (rows not 16-byte aligned, Dl > 512) ---------------------
+// A block per (token, head) (a token's heads adjacent: its keys stay in L2), 8 warps taking
+// interleaved groups of 4 keys (16 warps of 2 when there are few blocks) with an online softmax
+// (base 2); lanes own fixed 8-dim chunks of the row (2-dim where rows are not 16-byte aligned),
+// so a key's latent sits in the registers that scored it; the warps' (max, sum, latent sum)
+// merge in shared memory at the end.
 
 struct AttnArgs {
   const __nv_bfloat16* q_abs;  // [T, H, row]
@@ -489,6 +547,301 @@ cudaError_t launch_attention(const AttnArgs& a, unsigned blocks, cudaStream_t st
   return cudaGetLastError();
 }
 
+// ---- mla_attention on tensor cores ----------------------------------------------------------
+
+constexpr int kTcWarps = 8;
+constexpr int kTcThreads = kTcWarps * 32;
+constexpr int kTcHeads = 32;        // query rows per block: two m-tiles of 16 heads
+constexpr int kKeyTile = 32;        // cached rows per step
+constexpr int kTcMaxLatent = 512;   // Dl: a warp's [16 heads, Dl / 4] latent sums in registers
+constexpr int kTcPairs = kTcMaxLatent / 16 / 4;  // 16-column output pieces per warp
+constexpr int kScoreStride = 40;    // floats per row of the shared score tile (conflict-free)
+constexpr int kMaxSplits = 32;      // the combine kernel merges a row's splits in one warp
+constexpr int kMinSplitKeys = 64;   // fewer keys per split would cost more in partials than keys
+static_assert(kTcHeads == kKeyTile, "the query rows and both key tiles share one [96, stride] layout");
+
+bool tc_attention_shape(const MlaShape& s) { return s.kv_lora <= kTcMaxLatent && s.row() % 8 == 0; }
+
+// Columns of a row the score loop covers: the row rounded up to whole pairs of k-steps (32).
+int tc_kpad(int row) { return (row + 31) / 32 * 32; }
+// Elements per shared row: kpad + 8, i.e. an odd number of 16-byte pieces, so the 8 rows one
+// ldmatrix phase reads fall in distinct bank groups.
+int tc_stride(int row) { return tc_kpad(row) + 8; }
+size_t tc_smem_bytes(int row) {
+  return size_t(kTcHeads + 2 * kKeyTile) * tc_stride(row) * 2 +
+         size_t(kTcHeads) * kScoreStride * sizeof(float);
+}
+
+int tc_groups(int H) { return (H + kTcHeads - 1) / kTcHeads; }
+
+// Key splits for T tokens: enough blocks for every SM (one block fits an SM) when T * groups
+// is below the SM count, at most kMaxSplits; 1 otherwise.
+int tc_splits(int T, int H) {
+  const int64_t blocks = int64_t(T) * tc_groups(H);
+  const int sms = current_device_sm_count();
+  return blocks >= sms ? 1 : int(std::min<int64_t>(kMaxSplits, sms / blocks));
+}
+
+size_t tc_partial_bytes(int splits, int T, const MlaShape& s) {
+  return size_t(splits) * T * s.n_heads * (size_t(s.kv_lora) * sizeof(float) + sizeof(float2));
+}
+
+// Keys per split for n keys in `splits` splits: whole key tiles, at least kMinSplitKeys. Split
+// s takes keys [s * kps, min(n, (s + 1) * kps)); splits from ceil(n / kps) on have none.
+__device__ __forceinline__ int split_keys(int n, int splits) {
+  const int per = (n + splits - 1) / splits;
+  return max(kMinSplitKeys, (per + kKeyTile - 1) / kKeyTile * kKeyTile);
+}
+
+// Token t's sequence: the last b with cu_seqlens[b] <= t.
+__device__ __forceinline__ int sequence_of(const int32_t* cu_seqlens, int S, int t) {
+  int lo = 0, hi = S - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (cu_seqlens[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+struct TcAttnArgs {
+  const __nv_bfloat16* q_abs;  // [T, H, row]
+  const __nv_bfloat16* cache;  // [num_slots, row]
+  const int32_t* cu_seqlens;   // [S + 1]
+  const int32_t* positions;    // [T]
+  MlaKeys keys;
+  int S, T, H, Dl, row, kpad, stride, groups, splits;
+  float scale_log2;        // scale * log2(e): the softmax runs in base 2
+  __nv_bfloat16* out_lat;  // [T, H, Dl] (splits == 1)
+  float* part_o;           // [splits, T, H, Dl] unnormalised latent sums (splits > 1)
+  float2* part_ml;         // [splits, T, H] (max, sum) in base 2 (splits > 1)
+};
+
+// blockIdx.x = (T - 1 - t) * groups + group (long prefill rows start first), blockIdx.y = split.
+// Warp w: m-tile mt = w / 4 (heads h0 + 16 mt ..), quarter qd = w % 4. Per key tile of 32:
+//   scores: warp (mt, qd) computes S [16 heads, keys 8 qd .. + 7] = Q K^T over the row (A: q_s by
+//           ldmatrix, B: the key rows by ldmatrix, k = row dims), masks keys past the split's end,
+//           and stores them (base 2, scaled) to s_s;
+//   softmax: every warp of m-tile mt reads its 16 rows x 32 keys in A-fragment order, updates
+//           the running max / sum (all four warps compute the same numbers from the same data)
+//           and rescales its latent sums;
+//   latents: warp (mt, qd) adds P [16, 32 keys] . V [32 keys, its columns] (B: the key rows'
+//           first Dl dims by ldmatrix.trans); its columns are the 16-wide pieces qd, qd + 4, ...
+// P is rounded to bf16 for the mma; the running sum adds the rounded values, so the weights
+// the latents see sum exactly to the divisor.
+__global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs a) {
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  // q_s [32, stride] the queries, then k_s [2, 32, stride] two key tiles: 96 rows of one layout.
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(tc_smem);
+  __nv_bfloat16* k_s = q_s + kTcHeads * a.stride;
+  float* s_s = reinterpret_cast<float*>(k_s + 2 * kKeyTile * a.stride);  // [32, kScoreStride]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int mt = warp / 4, qd = warp % 4;
+  const int t = a.T - 1 - int(blockIdx.x) / a.groups;
+  const int h0 = int(blockIdx.x) % a.groups * kTcHeads;
+  const int b = sequence_of(a.cu_seqlens, a.S, t), first = a.cu_seqlens[b];
+  const int n = a.positions[t] + 1;  // keys 0 .. positions[t]
+  const int kps = split_keys(n, a.splits);
+  const int start = int(blockIdx.y) * kps;
+  if (start >= n) return;  // a split past the keys (block-uniform): the combine skips it
+  const int end = min(n, start + kps);
+  const int n_tiles = (end - start + kKeyTile - 1) / kKeyTile;
+  const int chunks = a.row / 8;  // 16-byte pieces per row
+
+  // Pad columns [row, kpad) of all 96 rows: zero (cp.async never writes them).
+  const int pad_chunks = (a.kpad - a.row) / 8;
+  for (int i = threadIdx.x; i < (kTcHeads + 2 * kKeyTile) * pad_chunks; i += kTcThreads) {
+    const int r = i / pad_chunks, c = chunks + i % pad_chunks;
+    *reinterpret_cast<uint4*>(q_s + r * a.stride + c * 8) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  for (int i = threadIdx.x; i < kTcHeads * chunks; i += kTcThreads) {  // queries, 0 past H
+    const int r = i / chunks, c = i - r * chunks, h = h0 + r;
+    const __nv_bfloat16* src = a.q_abs + (int64_t(t) * a.H + min(h, a.H - 1)) * a.row + c * 8;
+    cp_async_16(smem_u32(q_s + r * a.stride + c * 8), src, h < a.H);
+  }
+  // Key tile it -> buffer it % 2: thread -> key row tid / 8, pieces tid % 8 + 8 i; keys past
+  // the split's end become zero rows (their scores are masked, their P is 0: no NaN meets it).
+  const int lr = threadIdx.x / 8, lc = threadIdx.x % 8;
+  const auto load_tile = [&](int it) {
+    const int j = start + it * kKeyTile + lr;
+    const int64_t slot = j < end ? key_slot(a.keys, b, first, j, n) : -1;
+    const __nv_bfloat16* src = a.cache + (slot < 0 ? 0 : slot) * a.row;
+    const __nv_bfloat16* dst = k_s + ((it & 1) * kKeyTile + lr) * a.stride;
+    for (int c = lc; c < chunks; c += 8) cp_async_16(smem_u32(dst + c * 8), src + c * 8, slot >= 0);
+  };
+  load_tile(0);
+  cp_async_commit();
+
+  float o[kTcPairs][2][4] = {};  // latent sums: [piece][8-column half][c0..c3]
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // rows g, g + 8
+  const int pieces = a.Dl / 16;
+  // ldmatrix row addresses. Scores, A (queries): rows mt*16 + l % 16, k + 8 (l / 16); B (keys):
+  // key rows 8 qd + l % 8, k + 8 (l / 8) (two k-steps per x4). Latents, B (values, trans): key
+  // rows kk*16 + l % 8 + 8 ((l / 8) % 2), columns 16 piece + 8 (l / 16).
+  const uint32_t q_addr = smem_u32(q_s + (mt * 16 + lane % 16) * a.stride + lane / 16 * 8);
+  const int k_off = (qd * 8 + lane % 8) * a.stride + lane / 8 * 8;
+  const int v_off = (lane % 8 + (lane / 8) % 2 * 8) * a.stride + lane / 16 * 8;
+  const int k2_steps = a.kpad / 32;
+  for (int it = 0; it < n_tiles; ++it) {
+    cp_async_wait_all();
+    __syncthreads();  // tile it is in; every warp is done with tile it - 1 and the scores
+    if (it + 1 < n_tiles) load_tile(it + 1);
+    cp_async_commit();
+    const __nv_bfloat16* kt = k_s + (it & 1) * kKeyTile * a.stride;
+
+    float sc[2][4] = {};  // even and odd k-steps apart: two mma chains of half the length
+    const uint32_t k_addr = smem_u32(kt + k_off);
+    for (int k2 = 0; k2 < k2_steps; ++k2) {
+      uint32_t qa[4], qb[4], kb[4];
+      ldsm_x4(qa, q_addr + k2 * 64);       // k-step 2 k2 (32 columns = 64 bytes per k2)
+      ldsm_x4(qb, q_addr + k2 * 64 + 32);  // k-step 2 k2 + 1
+      ldsm_x4(kb, k_addr + k2 * 64);       // keys: b0 b1 of step 2 k2, then of step 2 k2 + 1
+      mma_bf16(sc[0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+      mma_bf16(sc[1], qb[0], qb[1], qb[2], qb[3], kb[2], kb[3]);
+    }
+    const int j = start + it * kKeyTile + qd * 8 + 2 * q;  // key of c0, c2 (c1, c3: j + 1)
+    float s4[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s4[e] = (sc[0][e] + sc[1][e]) * a.scale_log2;
+    if (j >= end) s4[0] = s4[2] = -INFINITY;
+    if (j + 1 >= end) s4[1] = s4[3] = -INFINITY;
+    float* srow = s_s + (mt * 16 + g) * kScoreStride + qd * 8 + 2 * q;
+    *reinterpret_cast<float2*>(srow) = make_float2(s4[0], s4[1]);
+    *reinterpret_cast<float2*>(srow + 8 * kScoreStride) = make_float2(s4[2], s4[3]);
+    __syncthreads();  // all 32 x 32 scores of the tile are in
+
+    // sv[rr][kk][hh]: scores of row g + 8 rr at keys 16 kk + 8 hh + 2q, + 1 (A-fragment order).
+    float2 sv[2][2][2];
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          sv[rr][kk][hh] = *reinterpret_cast<const float2*>(
+              s_s + (mt * 16 + g + 8 * rr) * kScoreStride + kk * 16 + hh * 8 + 2 * q);
+          mx[rr] = fmaxf(mx[rr], fmaxf(sv[rr][kk][hh].x, sv[rr][kk][hh].y));
+        }
+    uint32_t pa[2][4];  // P as the A fragments of the tile's two k-steps (16 keys each)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      // Finite: every tile holds a key below `end` (rows past H score 0 there).
+      const float m_new = fmaxf(m_run[rr], quad_max(mx[rr]));
+      const float corr = exp2f(m_run[rr] - m_new);  // 0 on the first tile (m_run = -inf)
+      m_run[rr] = m_new;
+      l_run[rr] *= corr;
+#pragma unroll
+      for (int i = 0; i < kTcPairs; ++i)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          o[i][hf][2 * rr] *= corr;
+          o[i][hf][2 * rr + 1] *= corr;
+        }
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const __nv_bfloat162 p = __floats2bfloat162_rn(exp2f(sv[rr][kk][hh].x - m_new),
+                                                         exp2f(sv[rr][kk][hh].y - m_new));
+          l_run[rr] += __low2float(p) + __high2float(p);
+          pa[kk][rr + 2 * hh] = *reinterpret_cast<const uint32_t*>(&p);  // a0..a3 order
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const uint32_t v_addr = smem_u32(kt + kk * 16 * a.stride + v_off);
+#pragma unroll
+      for (int i = 0; i < kTcPairs; ++i) {
+        const int piece = qd + 4 * i;
+        if (piece < pieces) {
+          uint32_t vb[4];  // b0 b1 of columns 16 piece .. + 7, then of + 8 .. + 15
+          ldsm_x4_trans(vb, v_addr + piece * 32);
+          mma_bf16(o[i][0], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], vb[0], vb[1]);
+          mma_bf16(o[i][1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], vb[2], vb[3]);
+        }
+      }
+    }
+  }
+
+  // Each lane summed its own key columns: the row sums are quad sums.
+  l_run[0] = quad_sum(l_run[0]);
+  l_run[1] = quad_sum(l_run[1]);
+  const int ha = h0 + mt * 16 + g, hb = ha + 8;
+  if (a.splits == 1) {
+    const float ia = 1.0f / l_run[0], ib = 1.0f / l_run[1];
+#pragma unroll
+    for (int i = 0; i < kTcPairs; ++i) {
+      const int piece = qd + 4 * i;
+      if (piece >= pieces) continue;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int d = piece * 16 + hf * 8 + 2 * q;
+        if (ha < a.H)
+          *reinterpret_cast<uint32_t*>(a.out_lat + (int64_t(t) * a.H + ha) * a.Dl + d) =
+              bf16x2_bits(o[i][hf][0] * ia, o[i][hf][1] * ia);
+        if (hb < a.H)
+          *reinterpret_cast<uint32_t*>(a.out_lat + (int64_t(t) * a.H + hb) * a.Dl + d) =
+              bf16x2_bits(o[i][hf][2] * ib, o[i][hf][3] * ib);
+      }
+    }
+    return;
+  }
+  const int64_t ra = (int64_t(blockIdx.y) * a.T + t) * a.H + ha, rb = ra + 8;  // partial rows
+#pragma unroll
+  for (int i = 0; i < kTcPairs; ++i) {
+    const int piece = qd + 4 * i;
+    if (piece >= pieces) continue;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int d = piece * 16 + hf * 8 + 2 * q;
+      if (ha < a.H)
+        *reinterpret_cast<float2*>(a.part_o + ra * a.Dl + d) = make_float2(o[i][hf][0], o[i][hf][1]);
+      if (hb < a.H)
+        *reinterpret_cast<float2*>(a.part_o + rb * a.Dl + d) = make_float2(o[i][hf][2], o[i][hf][3]);
+    }
+  }
+  if (qd == 0 && q == 0) {
+    if (ha < a.H) a.part_ml[ra] = make_float2(m_run[0], l_run[0]);
+    if (hb < a.H) a.part_ml[rb] = make_float2(m_run[1], l_run[1]);
+  }
+}
+
+// Merges the key splits of row (t, h) = blockIdx.x (t * H + h), columns 64 blockIdx.y .. + 63
+// (a column pair per lane): out = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), M = max_s m_s,
+// over the splits that had keys (split_keys, as the attention kernel counted them), in split
+// order. Lane s holds split s's weight; the sums run in a fixed order.
+__global__ void __launch_bounds__(32) attention_combine_kernel(TcAttnArgs a) {
+  const int th = blockIdx.x, t = th / a.H, lane = threadIdx.x;
+  const int n = a.positions[t] + 1;
+  const int kps = split_keys(n, a.splits);
+  const int used = (n + kps - 1) / kps;  // >= 1
+  const int64_t split_rows = int64_t(a.T) * a.H;  // rows per split in part_o / part_ml
+  float m = -INFINITY, l = 0.0f;
+  if (lane < used) {
+    const float2 ml = a.part_ml[lane * split_rows + th];
+    m = ml.x;
+    l = ml.y;
+  }
+  const float M = warp_max(m);  // finite: split 0 has keys
+  const float wgt = lane < used ? exp2f(m - M) : 0.0f;
+  const float f = wgt / warp_sum(l * wgt);  // split `lane`'s factor
+  const int d = (int(blockIdx.y) * 32 + lane) * 2;
+  const bool ok = d < a.Dl;
+  float x = 0.0f, y = 0.0f;
+#pragma unroll 4
+  for (int s = 0; s < used; ++s) {
+    const float fs = __shfl_sync(0xffffffffu, f, s);
+    if (ok) {
+      const float2 v = *reinterpret_cast<const float2*>(a.part_o + (s * split_rows + th) * a.Dl + d);
+      x += v.x * fs;
+      y += v.y * fs;
+    }
+  }
+  if (ok)
+    *reinterpret_cast<uint32_t*>(a.out_lat + int64_t(th) * a.Dl + d) = bf16x2_bits(x, y);
+}
+static_assert(kMaxSplits <= 32, "a split per lane in the combine kernel");
+
 // ---- mla_up_v -----------------------------------------------------------------------------
 
 constexpr int kUpRows = 32;  // W_uv rows per block: two m-tiles of 16
@@ -631,8 +984,8 @@ bool use_gemm(int T, cudaStream_t stream) {
 }  // namespace
 
 std::string mla_unsupported_reason(const MlaShape& s) {
-  // Chunks of 8 (16 bytes) never straddle the latent's end; the attention kernel's registers
-  // per lane bound the row; the absorb kernel's q tile lives in shared memory; heads
+  // Chunks of 8 (16 bytes) never straddle the latent's end; the CUDA-core attention kernel's
+  // registers per lane bound the row; the absorb kernel's q tile lives in shared memory; heads
   // index a grid dimension.
   if (s.kv_lora % 16 != 0)
     return str("kv_lora_rank ", s.kv_lora, " (the CUDA MLA kernels take a multiple of 16)");
@@ -644,6 +997,20 @@ std::string mla_unsupported_reason(const MlaShape& s) {
   if (s.n_heads > 65535)
     return str(s.n_heads, " heads (the CUDA MLA kernels take up to 65535)");
   return "";
+}
+
+size_t mla_attention_workspace_bytes(const MlaShape& s, int max_tokens) {
+  if (max_tokens <= 0 || s.n_heads <= 0 || !tc_attention_shape(s) ||
+      !mla_unsupported_reason(s).empty())
+    return 0;
+  // Splits stop at T * groups >= the SM count, so only T below it can need partials.
+  const int last = std::min(max_tokens, current_device_sm_count());
+  size_t bytes = 0;
+  for (int T = 1; T <= last; ++T) {
+    const int splits = tc_splits(T, s.n_heads);
+    if (splits > 1) bytes = std::max(bytes, tc_partial_bytes(splits, T, s));
+  }
+  return bytes;
 }
 
 cudaError_t mla_cache_write(const uint16_t* kv_a, const uint16_t* norm_w, float eps,
@@ -706,7 +1073,7 @@ cudaError_t mla_absorb_q(const uint16_t* q, const uint16_t* kv_b, const int32_t*
 cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t num_slots,
                           const int32_t* cu_seqlens, int S, int T, const int32_t* positions,
                           const MlaKeys& keys, const MlaShape& s, uint16_t* out_lat,
-                          cudaStream_t stream) {
+                          void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   (void)num_slots;  // slots are trusted on the device (mla_cuda.h)
   check_cuda_shape(s, "mla attention");
   TETRA_CHECK(T >= 0 && (S >= 1 || T == 0), "mla attention (cuda): ", S, " sequences, ", T,
@@ -720,6 +1087,45 @@ cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t 
   TETRA_CHECK(aligned(q_abs, 4) && aligned(cache, 4) && aligned(out_lat, 4),
               "mla attention (cuda): q_abs, cache and out_lat must be 4-byte aligned");
   if (T == 0) return cudaSuccess;
+  if (tc_attention_shape(s) && aligned(q_abs, 16) && aligned(cache, 16)) {
+    TcAttnArgs a;
+    a.q_abs = reinterpret_cast<const __nv_bfloat16*>(q_abs);
+    a.cache = reinterpret_cast<const __nv_bfloat16*>(cache);
+    a.cu_seqlens = cu_seqlens;
+    a.positions = positions;
+    a.keys = keys;
+    a.S = S;
+    a.T = T;
+    a.H = s.n_heads;
+    a.Dl = s.kv_lora;
+    a.row = s.row();
+    a.kpad = tc_kpad(s.row());
+    a.stride = tc_stride(s.row());
+    a.groups = tc_groups(s.n_heads);
+    a.splits = workspace != nullptr ? tc_splits(T, s.n_heads) : 1;
+    a.scale_log2 = s.scale * 1.4426950408889634f;
+    a.out_lat = reinterpret_cast<__nv_bfloat16*>(out_lat);
+    a.part_o = nullptr;
+    a.part_ml = nullptr;
+    if (a.splits > 1) {
+      const size_t need = tc_partial_bytes(a.splits, T, s);
+      TETRA_CHECK(workspace_bytes >= need && aligned(workspace, 16), "mla attention (cuda): ",
+                  a.splits, " key splits of ", T, " tokens need a 16-byte aligned workspace of ",
+                  need, " bytes, got ", workspace_bytes, " (mla_attention_workspace_bytes)");
+      a.part_o = static_cast<float*>(workspace);
+      a.part_ml = reinterpret_cast<float2*>(a.part_o + size_t(a.splits) * T * a.H * a.Dl);
+    }
+    const cudaError_t e = ensure_max_dynamic_smem<attention_tc_kernel>(int(tc_smem_bytes(kMaxRow)));
+    if (e != cudaSuccess) return e;
+    const int64_t blocks = int64_t(T) * a.groups;  // <= T * H < 2^31
+    attention_tc_kernel<<<dim3(unsigned(blocks), unsigned(a.splits)), kTcThreads,
+                          tc_smem_bytes(s.row()), stream>>>(a);
+    if (a.splits > 1)
+      attention_combine_kernel<<<dim3(unsigned(int64_t(T) * a.H), unsigned((a.Dl + 63) / 64)), 32,
+                                 0, stream>>>(a);
+    return cudaGetLastError();
+  }
+
   AttnArgs a;
   a.q_abs = reinterpret_cast<const __nv_bfloat16*>(q_abs);
   a.cache = reinterpret_cast<const __nv_bfloat16*>(cache);
@@ -733,7 +1139,7 @@ cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t 
   a.scale_log2 = s.scale * 1.4426950408889634f;
   a.out_lat = reinterpret_cast<__nv_bfloat16*>(out_lat);
   const unsigned blocks = unsigned(int64_t(T) * s.n_heads);
-  // 16-byte chunks where rows and pointers allow (every real model: Dl + Dr = 576).
+  // 16-byte chunks where rows and pointers allow.
   if (s.row() % 8 == 0 && aligned(q_abs, 16) && aligned(cache, 16)) {
     const int K = (s.row() / 8 + 31) / 32;
     // Few blocks (decode, T * H < 2 SMs' worth): 16 warps of 2 keys a step instead of 8 of 4,

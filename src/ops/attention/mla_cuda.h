@@ -7,6 +7,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -28,12 +29,19 @@ cudaError_t mla_absorb_q(const uint16_t* q, const uint16_t* kv_b, const int32_t*
                          const float* inv_freq, const MlaShape& s, uint16_t* q_abs,
                          cudaStream_t stream);
 
-// The grid depends on T and the shape only (key counts are read on the device), so a captured
-// decode step stays valid as its sequences grow.
+// Scratch mla_attention may use for any T <= max_tokens on the current device: the partials of
+// its key splits (T * H small, i.e. decode: the keys of a row are spread over several blocks and
+// merged after). 0 when the shape never splits. Allocate it once, e.g. at prepare.
+size_t mla_attention_workspace_bytes(const MlaShape& s, int max_tokens);
+
+// The grid depends on T, the shape and the SM count only (key counts are read on the device), so
+// a captured decode step stays valid as its sequences grow. workspace: mla_attention_workspace_
+// bytes(s, max_tokens) bytes for some max_tokens >= T, 16-byte aligned; null runs without key
+// splits (same results up to rounding, slower at small T * H).
 cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t num_slots,
                           const int32_t* cu_seqlens, int S, int T, const int32_t* positions,
                           const MlaKeys& keys, const MlaShape& s, uint16_t* out_lat,
-                          cudaStream_t stream);
+                          void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 // out_lat and kv_b 16-byte aligned.
 cudaError_t mla_up_v(const uint16_t* out_lat, const uint16_t* kv_b, int T, const MlaShape& s,
