@@ -254,8 +254,10 @@ struct Seq {
 // at shuffled slots. Paged mode: block size 16, shuffled block ids. q_offset > 0 shifts q_abs
 // by that many elements (an only 4-byte aligned q). split: pass the key-split workspace
 // (mla_attention_workspace_bytes for T tokens), else none (no splits).
+// topk > 0: a DSA selection, each token reading a random ascending subset of
+// min(topk, position + 1) of its keys (MlaKeys::selected).
 void run_attention(const Dims& d, const std::vector<Seq>& seqs, bool paged, std::mt19937& rng,
-                   int q_offset = 0, bool split = true) {
+                   int q_offset = 0, bool split = true, int topk = 0) {
   const MlaShape s = shape_of(d);
   const int S = int(seqs.size()), row = s.row(), bs = 16;
   std::vector<int32_t> cu = {0}, pos;  // [S + 1], [T]
@@ -272,6 +274,16 @@ void run_attention(const Dims& d, const std::vector<Seq>& seqs, bool paged, std:
   for (const Seq& sq : seqs) what += " " + std::to_string(sq.prefix) + "+" + std::to_string(sq.chunk);
   if (q_offset) what += " q offset " + std::to_string(q_offset);
   if (!split) what += " no workspace";
+  if (topk) what += " selecting " + std::to_string(topk);
+  std::vector<int32_t> selected(size_t(T) * std::max(topk, 1), -1);  // [T, topk]
+  for (int t = 0; topk && t < T; ++t) {
+    std::vector<int32_t> all(size_t(pos[size_t(t)]) + 1);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    const size_t k = std::min(all.size(), size_t(topk));
+    std::sort(all.begin(), all.begin() + k);
+    std::copy_n(all.begin(), k, selected.begin() + size_t(t) * topk);
+  }
 
   std::vector<int64_t> step_slots;  // [T]
   std::vector<int32_t> tables;      // [S, mb]
@@ -307,6 +319,10 @@ void run_attention(const Dims& d, const std::vector<Seq>& seqs, bool paged, std:
   } else {
     keys.step_slots = step_slots.data();
   }
+  if (topk) {
+    keys.selected = selected.data();
+    keys.selected_stride = topk;
+  }
   ops::mla_attention_cpu(q_abs.data(), cache.data(), num_slots, cu.data(), S, pos.data(), keys, s,
                          want.data());
 
@@ -315,8 +331,10 @@ void run_attention(const Dims& d, const std::vector<Seq>& seqs, bool paged, std:
   GuardedDeviceArray<uint16_t> dq(q_padded), dcache(cache), dout(want.size());
   GuardedDeviceArray<int32_t> dcu(cu), dpos(pos), dtab(paged ? tables : std::vector<int32_t>{0});
   GuardedDeviceArray<int64_t> dslots(paged ? std::vector<int64_t>{0} : step_slots);
+  GuardedDeviceArray<int32_t> dsel(selected);
   MlaKeys dkeys = keys;
   if (paged) dkeys.block_tables = dtab.ptr(); else dkeys.step_slots = dslots.ptr();
+  if (topk) dkeys.selected = dsel.ptr();
   const size_t ws_bytes = split ? ops::cuda::mla_attention_workspace_bytes(s, T) : 0;
   GuardedDeviceArray<float> dws(std::max<size_t>(ws_bytes / 4, 1));
   dws.poison();  // partials a split did not write must not be read
@@ -367,6 +385,20 @@ TEST(MlaCuda, AttentionPagedMatchesCpuTwin) {
   // A q_abs only 4-byte aligned takes the 4-byte path at the real shapes too.
   run_attention(kGlm5, {{0, 1}, {16, 1}, {299, 1}, {1099, 1}}, true, rng, 2);
   run_attention(kDeepSeekV3, {{5, 9}, {100, 3}}, true, rng, 2);
+}
+
+// DSA: attention over a selection of each token's keys (fewer, more and exactly topk keys than
+// the token has; decode and prefill; with and without key splits).
+TEST(MlaCuda, AttentionOverASelectionMatchesCpuTwin) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(505);
+  for (const Dims& d : {kGlm5, kDeepSeekV3, kTiny, kOdd}) {
+    run_attention(d, {{0, 1}, {16, 1}, {299, 1}, {2047, 1}, {2048, 1}, {3000, 1}}, true, rng, 0,
+                  true, 2048);
+    run_attention(d, {{0, 1}, {5, 1}, {40, 1}}, true, rng, 0, false, 16);
+    run_attention(d, {{0, 40}, {0, 7}}, false, rng, 0, true, 16);
+    run_attention(d, {{30, 20}}, true, rng, 0, true, 16);
+  }
 }
 
 // ---- mla_up_v -----------------------------------------------------------------------------

@@ -394,9 +394,18 @@ __device__ __forceinline__ void load_chunk(const __nv_bfloat16* p, uint32_t (&w)
   }
 }
 
-// Cache slot of key j of sequence b (whose first token is `first`); -1 past the n keys.
-__device__ __forceinline__ int64_t key_slot(const MlaKeys& k, int b, int first, int j, int n) {
-  if (j >= n) return -1;
+// Keys token t reads: positions 0 .. pos, or with a DSA selection its first min(stride, pos + 1)
+// selected positions (MlaKeys::selected).
+__device__ __forceinline__ int key_count(const MlaKeys& k, int pos) {
+  return k.selected ? min(k.selected_stride, pos + 1) : pos + 1;
+}
+
+// Cache slot of token t's i-th key in sequence b (whose first token is `first`); -1 past its n
+// keys. The i-th key is position i, or the i-th selected position.
+__device__ __forceinline__ int64_t key_slot(const MlaKeys& k, int b, int first, int t, int i,
+                                            int n) {
+  if (i >= n) return -1;
+  const int j = k.selected ? k.selected[int64_t(t) * k.selected_stride + i] : i;
   if (k.step_slots) return k.step_slots[first + j];
   const int32_t blk = k.block_tables[int64_t(b) * k.max_blocks_per_seq + j / k.block_size];
   return int64_t(blk) * k.block_size + j % k.block_size;
@@ -419,7 +428,7 @@ __global__ void __launch_bounds__(W * 32) attention_kernel(AttnArgs a) {
     if (a.cu_seqlens[mid] <= t) lo = mid; else hi = mid - 1;
   }
   const int b = lo, first = a.cu_seqlens[b];
-  const int n = a.positions[t] + 1;  // keys 0 .. positions[t]
+  const int n = key_count(a.keys, a.positions[t]);  // keys 0 .. positions[t], or selected
   const int n_chunks = a.row / N;
 
   uint32_t q[K][N / 2];  // this lane's chunks of the query row, packed bf16
@@ -441,7 +450,7 @@ __global__ void __launch_bounds__(W * 32) attention_kernel(AttnArgs a) {
   int64_t slot[P];
 #pragma unroll
   for (int i = 0; i < P; ++i)
-    slot[i] = key_slot(a.keys, b, first, warp * P + i, n);
+    slot[i] = key_slot(a.keys, b, first, t, warp * P + i, n);
   for (int j0 = warp * P; j0 < n; j0 += kStep) {
     uint32_t kv[P][K][N / 2];
 #pragma unroll
@@ -460,7 +469,7 @@ __global__ void __launch_bounds__(W * 32) attention_kernel(AttnArgs a) {
     }
     // The next step's slots now, so a block-table read overlaps this step's math.
 #pragma unroll
-    for (int i = 0; i < P; ++i) slot[i] = key_slot(a.keys, b, first, j0 + kStep + i, n);
+    for (int i = 0; i < P; ++i) slot[i] = key_slot(a.keys, b, first, t, j0 + kStep + i, n);
 
     float s[P];
 #pragma unroll
@@ -639,7 +648,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs 
   const int t = a.T - 1 - int(blockIdx.x) / a.groups;
   const int h0 = int(blockIdx.x) % a.groups * kTcHeads;
   const int b = sequence_of(a.cu_seqlens, a.S, t), first = a.cu_seqlens[b];
-  const int n = a.positions[t] + 1;  // keys 0 .. positions[t]
+  const int n = key_count(a.keys, a.positions[t]);  // keys 0 .. positions[t], or selected
   const int kps = split_keys(n, a.splits);
   const int start = int(blockIdx.y) * kps;
   if (start >= n) return;  // a split past the keys (block-uniform): the combine skips it
@@ -663,7 +672,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs 
   const int lr = threadIdx.x / 8, lc = threadIdx.x % 8;
   const auto load_tile = [&](int it) {
     const int j = start + it * kKeyTile + lr;
-    const int64_t slot = j < end ? key_slot(a.keys, b, first, j, n) : -1;
+    const int64_t slot = j < end ? key_slot(a.keys, b, first, t, j, n) : -1;
     const __nv_bfloat16* src = a.cache + (slot < 0 ? 0 : slot) * a.row;
     const __nv_bfloat16* dst = k_s + ((it & 1) * kKeyTile + lr) * a.stride;
     for (int c = lc; c < chunks; c += 8) cp_async_16(smem_u32(dst + c * 8), src + c * 8, slot >= 0);
@@ -812,7 +821,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs 
 // order. Lane s holds split s's weight; the sums run in a fixed order.
 __global__ void __launch_bounds__(32) attention_combine_kernel(TcAttnArgs a) {
   const int th = blockIdx.x, t = th / a.H, lane = threadIdx.x;
-  const int n = a.positions[t] + 1;
+  const int n = key_count(a.keys, a.positions[t]);
   const int kps = split_keys(n, a.splits);
   const int used = (n + kps - 1) / kps;  // >= 1
   const int64_t split_rows = int64_t(a.T) * a.H;  // rows per split in part_o / part_ml
@@ -1082,6 +1091,8 @@ cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t 
                   (keys.block_tables != nullptr && keys.block_size > 0 &&
                    keys.max_blocks_per_seq > 0),
               "mla attention (cuda): keys need step slots or block tables");
+  TETRA_CHECK(keys.selected == nullptr || keys.selected_stride > 0,
+              "mla attention (cuda): a DSA selection needs its stride");
   TETRA_CHECK(int64_t(T) * s.n_heads < (int64_t(1) << 31), "mla attention (cuda): ", T,
               " tokens x ", s.n_heads, " heads");
   TETRA_CHECK(aligned(q_abs, 4) && aligned(cache, 4) && aligned(out_lat, 4),
