@@ -139,9 +139,10 @@ TEST_F(Pipeline, InspectReportsFp4ModulesAndActiveBytes) {
   const auto text = run_tetra("inspect " + fp4().string());
   EXPECT_EQ(text.code, 0);
   EXPECT_NE(text.output.find("active/token"), std::string::npos) << text.output;
-  // GLM-5 runs (MLA + DSA indexer) on the cpu; the cuda backend says why not yet.
+  // GLM-5 runs (MLA + DSA indexer), on the cpu and the cuda backend.
   EXPECT_TRUE(j["runtime"]["reasons"].empty()) << j["runtime"].dump();
-  EXPECT_NE(text.output.find("generate/serve run it on cpu, not on cuda"), std::string::npos)
+  EXPECT_TRUE(j["runtime"]["cuda_reasons"].empty()) << j["runtime"].dump();
+  EXPECT_NE(text.output.find("runtime       generate/serve support it"), std::string::npos)
       << text.output;
 }
 

@@ -25,6 +25,7 @@
 #include "model/tensor_to_float.h"
 #include "moe/moe_layer.h"
 #include "ops/attention/attention_cuda.h"
+#include "ops/attention/dsa_cuda.h"
 #include "ops/attention/mla_cuda.h"
 #include "ops/attention/paged_extend_attention.h"
 #include "ops/elementwise/elementwise_cuda.h"
@@ -146,6 +147,10 @@ struct DevLayer {
   std::unique_ptr<DevLinear> q_a, kv_a;
   DeviceMem q_a_norm, kv_a_norm;  // [q_lora], [kv_lora] bf16
   DeviceMem kv_b;                 // [n_heads * (nope + v), kv_lora] bf16
+  // DSA indexer layers: its linears, the key LayerNorm [D] and the index-key cache
+  // [num_blocks, block_size, index_head_dim] bf16.
+  std::unique_ptr<DevLinear> idx_wq_b, idx_wk, idx_wproj;
+  DeviceMem idx_ln_w, idx_ln_b, idx_cache;
   std::unique_ptr<DevLinear> gate_up;          // fused NVFP4 gate/up (dense), or null
   std::unique_ptr<DevLinear> gate, up, down;   // dense (gate/up null when fused)
   std::unique_ptr<moe::MoeLayerRunner> moe;
@@ -391,18 +396,31 @@ class CudaModelOps final : public CudaModelOpsApi {
                                   stream_));
     ck(ops::cuda::mla_absorb_q(buf(q), kv_b, d_positions(), T_, inv, mla_shape_,
                                buf(Buf::QAbsorbed), stream_));
-    ops::MlaKeys keys;
-    if (step_->kind == StepKind::Prefill && !step_->has_cached_prefix()) {
-      keys.step_slots = d_slots();
-    } else {
-      keys.block_tables = d_tables();
-      keys.max_blocks_per_seq = lim_.max_blocks_per_seq;  // stage() writes tables this wide
-      keys.block_size = lim_.kv_block_size;
+    ops::MlaKeys keys = mla_keys();
+    if (dsa_) {  // the keys the last indexer layer picked (this one or the one before "shared")
+      keys.selected = selection_.as<int32_t>();
+      keys.selected_stride = dsa_shape_.topk;
     }
     ck(ops::cuda::mla_attention(buf(Buf::QAbsorbed), cache, num_slots, d_cu(), S_run_, T_,
                                 d_positions(), keys, mla_shape_, buf(Buf::AttnLatent),
                                 mla_ws_.as<void>(), mla_ws_.bytes(), stream_));
     ck(ops::cuda::mla_up_v(buf(Buf::AttnLatent), kv_b, T_, mla_shape_, buf(out), stream_));
+  }
+  void dsa_select(int layer, Buf q_idx, Buf k_idx, Buf w_idx) override {
+    if (skip()) return;
+    TETRA_CHECK(dsa_, "dsa_select on a model without a DSA indexer");
+    DevLayer& L = layers_.at(size_t(layer));
+    TETRA_CHECK(!L.idx_cache.empty(), "layer ", layer, " has no indexer");
+    const int64_t num_slots = int64_t(lim_.kv_num_blocks) * lim_.kv_block_size;
+    const float* inv = inv_freq_.as<float>();
+    uint16_t* cache = L.idx_cache.as<uint16_t>();
+    ck(ops::cuda::dsa_index_keys(buf(k_idx), L.idx_ln_w.as<uint16_t>(), L.idx_ln_b.as<uint16_t>(),
+                                 kDsaKeyNormEps, d_positions(), d_slots(), T_, inv, dsa_shape_,
+                                 num_slots, cache, stream_));
+    ck(ops::cuda::dsa_select(buf(q_idx), buf(w_idx), cache, num_slots, d_cu(), S_run_,
+                             d_positions(), mla_keys(), inv, dsa_shape_,
+                             selection_.as<int32_t>(), T_, dsa_max_keys_, dsa_ws_.as(),
+                             dsa_ws_.bytes(), stream_));
   }
   void silu_mul(Buf gate, Buf up, int64_t width, Buf out) override {
     if (skip()) return;
@@ -516,11 +534,16 @@ class CudaModelOps final : public CudaModelOpsApi {
     }
     TETRA_CUDA_CHECK(cudaMemcpy(pairs_.as(), pairs.data(), pairs.size() * 4, cudaMemcpyHostToDevice));
     const int64_t block_elems = int64_t(lim_.kv_block_size) * kv_row_elems();
-    for (DevLayer& l : layers_)
+    for (DevLayer& l : layers_) {
+      if (!l.idx_cache.empty())
+        ck(ops::cuda::copy_kv_blocks(l.idx_cache.as<uint16_t>(), nullptr, pairs_.as<int32_t>(),
+                                     int(copies.size()), lim_.kv_num_blocks,
+                                     int64_t(lim_.kv_block_size) * c_.index_head_dim, stream_));
       ck(ops::cuda::copy_kv_blocks(l.k_cache.as<uint16_t>(),
                                    mla_ ? nullptr : l.v_cache.as<uint16_t>(),
                                    pairs_.as<int32_t>(), int(copies.size()), lim_.kv_num_blocks,
                                    block_elems, stream_));
+    }
     synchronize();
   }
 
@@ -543,6 +566,14 @@ class CudaModelOps final : public CudaModelOpsApi {
     nkv_ = int(c_.num_key_value_heads);
     mla_ = c_.attention == AttentionKind::MLA;
     if (mla_) mla_shape_ = mla_shape_of(c_);
+    dsa_ = mla_ && c_.index_n_heads > 0;
+    if (dsa_) {
+      dsa_shape_ = dsa_shape_of(c_);
+      dsa_max_keys_ = lim.max_blocks_per_seq * lim.kv_block_size;
+      selection_ = DeviceMem(size_t(lim.max_tokens) * dsa_shape_.topk * 4);
+      dsa_ws_ = DeviceMem(std::max<size_t>(
+          256, ops::cuda::dsa_select_workspace_bytes(lim.max_tokens, dsa_max_keys_)));
+    }
     seed = seed * 0x9E3779B97F4A7C15ull + 1;
 
     embedding_ = random ? random_bf16(c_.vocab_size * H_, 1.0f, seed, stream_)
@@ -577,6 +608,17 @@ class CudaModelOps final : public CudaModelOpsApi {
         L.kv_b = random ? random_bf16(m.kv_b.out_features * m.kv_b.in_features,
                                       float(1.0 / std::sqrt(double(m.kv_b.in_features))), seed, stream_)
                         : upload_as_bf16(m.kv_b);
+        if (m.indexer) {
+          const IndexerWeights& ix = *m.indexer;
+          const int D = int(c_.index_head_dim);
+          L.idx_wq_b = make_linear(ix.wq_b, random, seed, stream_);
+          L.idx_wk = make_linear(ix.wk, random, seed, stream_);
+          L.idx_wproj = make_linear(ix.weights_proj, random, seed, stream_);
+          L.idx_ln_w = random ? const_bf16(D, 1.0f, stream_) : upload_bf16(ix.k_norm_weight);
+          L.idx_ln_b = random ? const_bf16(D, 0.0f, stream_) : upload_bf16(ix.k_norm_bias);
+          L.idx_cache = DeviceMem(size_t(lim.kv_num_blocks) * lim.kv_block_size * D * 2);
+          TETRA_CUDA_CHECK(cudaMemsetAsync(L.idx_cache.as(), 0, L.idx_cache.bytes(), stream_));
+        }
       } else {
         L.k = make_linear(lw.attn.k, random, seed, stream_);
         L.v = make_linear(lw.attn.v, random, seed, stream_);
@@ -654,8 +696,9 @@ class CudaModelOps final : public CudaModelOpsApi {
     int max_nvfp4_k = 0;  // widest NVFP4 linear input: the wgmma kernel's reordered-x scratch
     for (const DevLayer& L : layers_) {
       weight_bytes_ += L.kv_b.bytes();
-      for (const auto* l : {L.q.get(), L.k.get(), L.v.get(), L.o.get(), L.q_a.get(),
-                            L.kv_a.get(), L.gate_up.get(), L.gate.get(), L.up.get(), L.down.get()})
+      for (const auto* l : {L.q.get(), L.k.get(), L.v.get(), L.o.get(), L.q_a.get(), L.kv_a.get(),
+                            L.idx_wq_b.get(), L.idx_wk.get(), L.idx_wproj.get(), L.gate_up.get(),
+                            L.gate.get(), L.up.get(), L.down.get()})
         if (l) {
           weight_bytes_ += l->bytes();
           if (l->nvfp4) max_nvfp4_k = std::max(max_nvfp4_k, l->k);
@@ -736,6 +779,19 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
 
   bool skip() const { return mode_ == Mode::Replay; }
+  // Where MLA attention's and the DSA indexer's keys live: the step's own slots for a prefill
+  // without a cached prefix, else the block tables (stage() writes them max_blocks_per_seq wide).
+  ops::MlaKeys mla_keys() const {
+    ops::MlaKeys keys;
+    if (step_->kind == StepKind::Prefill && !step_->has_cached_prefix()) {
+      keys.step_slots = d_slots();
+      return keys;
+    }
+    keys.block_tables = d_tables();
+    keys.max_blocks_per_seq = lim_.max_blocks_per_seq;
+    keys.block_size = lim_.kv_block_size;
+    return keys;
+  }
   // Elements per token of one layer's cache (of each of k and v for GQA).
   int64_t kv_row_elems() const { return mla_ ? mla_shape_.row() : int64_t(nkv_) * hd_; }
   // o_proj_folded_norm_moe's condition: a function of the layer and T_ only, so a captured step
@@ -787,6 +843,9 @@ class CudaModelOps final : public CudaModelOpsApi {
       case LinearId::DenseDown: return L.down.get();
       case LinearId::QA: return L.q_a.get();
       case LinearId::KvA: return L.kv_a.get();
+      case LinearId::IdxQ: return L.idx_wq_b.get();
+      case LinearId::IdxK: return L.idx_wk.get();
+      case LinearId::IdxW: return L.idx_wproj.get();
     }
     return nullptr;
   }
@@ -835,6 +894,11 @@ class CudaModelOps final : public CudaModelOpsApi {
   ops::AttentionShape attn_;   // GQA
   bool mla_ = false;
   ops::MlaShape mla_shape_;    // MLA
+  bool dsa_ = false;           // GLM-5's DSA indexer
+  ops::DsaShape dsa_shape_;
+  int dsa_max_keys_ = 0;       // the longest context the tables hold: the score rows' stride
+  DeviceMem selection_;        // [max_tokens, index_topk] int32: the keys each token reads
+  DeviceMem dsa_ws_;           // dsa_select's scores [max_tokens, dsa_max_keys_] f32
   std::array<DeviceMem, size_t(Buf::Count)> bufs_;  // each [max_tokens, width] bf16
   DeviceMem logits_;      // [max_tokens, vocab] f32, first R rows valid
   DeviceMem logit_in_;    // [max_tokens, H] bf16: the logit rows gathered for lm_head
@@ -876,8 +940,10 @@ std::vector<std::string> cuda_model_unsupported_reasons(const ModelConfig& c) {
   if (c.attention == AttentionKind::MLA) {
     const std::string r = att::mla_unsupported_reason(mla_shape_of(c));
     if (!r.empty()) why.push_back(r);
-    if (c.index_n_heads > 0)
-      why.push_back("the DSA sparse-attention indexer (GLM-5) runs on the cpu backend only so far");
+    if (c.index_n_heads > 0) {
+      const std::string d = att::dsa_unsupported_reason(dsa_shape_of(c));
+      if (!d.empty()) why.push_back("DSA indexer: " + d);
+    }
     return why;
   }
   if (!att::attention_head_dim_supported(int(c.head_dim)))
