@@ -11,6 +11,17 @@
 // over all rows of a test: at most 10% over 2e-2, none over 0.5, the median under 1e-2. A wrong
 // slice, head, slot or scale breaks every row by errors of order 1 (median ~0.4 when a tensor
 // parallel replica was not zeroed, for example), which the median bound catches.
+// MLA presets get a larger share of discontinuous rows (flip_share): DeepSeek-V3's
+// group-limited routing also flips whole groups, and GLM-5's DSA indexer picks 16 of up to 61
+// keys per token and layer from scores that move with the same bf16 noise (session 41 measured
+// 11-12% and 20-27% of rows over 2e-2 on tiny-deepseek-v3 / tiny-glm5 with medians of
+// 0.006-0.008; transformers' own bf16 run misses its fp32 one by 0.11 on a DSA model:
+// tests/reference/results/2026-12-03-compare-hf-mla-h200-s41.md).
+inline double flip_share(const std::string& preset) {
+  if (preset == "tiny-glm5") return 0.35;
+  if (preset == "tiny-deepseek-v3") return 0.15;
+  return 0.10;
+}
 #pragma once
 #include <gtest/gtest.h>
 
@@ -52,12 +63,13 @@ struct LogitRowErrors {
     }
   }
 
-  void expect_within_bounds(const std::string& what) const {
+  // share: the rows allowed over 2e-2 (flip_share of the preset).
+  void expect_within_bounds(const std::string& what, double share = 0.10) const {
     ASSERT_FALSE(rel.empty());
     std::vector<double> v = rel;
     std::sort(v.begin(), v.end());
     const size_t over = size_t(std::count_if(v.begin(), v.end(), [](double r) { return r > 2e-2; }));
-    EXPECT_LE(double(over), 0.10 * double(v.size())) << what << ": rows over 2e-2";
+    EXPECT_LE(double(over), share * double(v.size())) << what << ": rows over 2e-2";
     EXPECT_LE(v.back(), 0.5) << what << ": worst row";
     EXPECT_LE(v[v.size() / 2], 1e-2) << what << ": median row";
     std::printf("%s: %zu rows, median relative L2 %.3g, worst %.3g, %zu over 2e-2\n", what.c_str(),
