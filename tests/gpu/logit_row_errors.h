@@ -17,11 +17,6 @@
 // 11-12% and 20-27% of rows over 2e-2 on tiny-deepseek-v3 / tiny-glm5 with medians of
 // 0.006-0.008; transformers' own bf16 run misses its fp32 one by 0.11 on a DSA model:
 // tests/reference/results/2026-12-03-compare-hf-mla-h200-s41.md).
-inline double flip_share(const std::string& preset) {
-  if (preset == "tiny-glm5") return 0.35;
-  if (preset == "tiny-deepseek-v3") return 0.15;
-  return 0.10;
-}
 #pragma once
 #include <gtest/gtest.h>
 
@@ -33,6 +28,12 @@ inline double flip_share(const std::string& preset) {
 #include <vector>
 
 namespace tetra::test {
+
+inline double flip_share(const std::string& preset) {
+  if (preset == "tiny-glm5") return 0.35;
+  if (preset == "tiny-deepseek-v3") return 0.15;
+  return 0.10;
+}
 
 struct LogitRowErrors {
   std::vector<double> rel;  // one per row, in the order added
