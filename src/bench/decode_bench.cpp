@@ -353,8 +353,10 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
   // One GPU's KV heads (replicated when tp exceeds the KV heads).
   const int64_t kv_heads = std::max<int64_t>(1, c.num_key_value_heads / o.tp);
   // Elements per token and layer: k and v per KV head, or MLA's one latent row.
+  // (GLM-5's indexer layers add an index key of index_head_dim.)
   const double kv_row = c.attention == AttentionKind::MLA
-                            ? double(c.kv_lora_rank + c.qk_rope_head_dim)
+                            ? double(c.kv_lora_rank + c.qk_rope_head_dim +
+                                     (c.index_n_heads > 0 ? c.index_head_dim : 0))
                             : double(kv_heads * c.head_dim * 2);
   const double kv_bytes = double(lim.kv_num_blocks) * lim.kv_block_size * kv_row * 2 *
                           double(c.num_layers);
