@@ -83,6 +83,7 @@ class CpuModelOps final : public ModelOps {
     final_norm_ = tensor_to_bf16(w.final_norm);
     lm_head_ = prepare_linear(w.lm_head);
     mla_ = c_.attention == AttentionKind::MLA;
+    if (mla_) mla_shape_ = mla_shape_of(c_);
     const int64_t cache_elems = int64_t(lim.kv_num_blocks) * lim.kv_block_size * kv_row_elems();
     layers_.clear();
     layers_.resize(w.layers.size());
@@ -134,7 +135,6 @@ class CpuModelOps final : public ModelOps {
     }
     inv_freq_ = rope_inv_freq_of(c_);
     if (mla_) {
-      mla_shape_ = mla_shape_of(c_);
       dsa_ = c_.index_n_heads > 0;
       if (dsa_) {
         dsa_shape_ = dsa_shape_of(c_);
@@ -367,7 +367,7 @@ class CpuModelOps final : public ModelOps {
   }
 
   // Elements per token of one layer's cache (of each of k and v for GQA).
-  int64_t kv_row_elems() const { return mla_ ? mla_shape_of(c_).row() : int64_t(nkv_) * hd_; }
+  int64_t kv_row_elems() const { return mla_ ? mla_shape_.row() : int64_t(nkv_) * hd_; }
 
   // Where the MLA attention's keys live: the step's own slots for a prefill without a cached
   // prefix, else the block tables.

@@ -55,32 +55,6 @@ ops::MlaShape mla_shape(const BenchShape& b) {
   return s;
 }
 
-// Median us per launch of `launches` eager launches between two events (prefill: long kernels,
-// the launch cost is noise): one untimed pass first.
-double eager_us_per_launch(int launches, const Launch& launch, int replays = 5) {
-  cudaStream_t s;
-  TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaEvent_t a, b;
-  TETRA_CUDA_CHECK(cudaEventCreate(&a));
-  TETRA_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < launches; ++i) launch(i, s);
-  std::vector<float> ms;
-  for (int r = 0; r < replays; ++r) {
-    TETRA_CUDA_CHECK(cudaEventRecord(a, s));
-    for (int i = 0; i < launches; ++i) launch(i, s);
-    TETRA_CUDA_CHECK(cudaEventRecord(b, s));
-    TETRA_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    TETRA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaStreamDestroy(s);
-  return double(ms[ms.size() / 2]) * 1000.0 / launches;
-}
-
 void expect_finite(const DevBuf& b, size_t n, const std::string& what) {
   std::vector<uint16_t> h(n);
   TETRA_CUDA_CHECK(cudaMemcpy(h.data(), b.p, n * 2, cudaMemcpyDeviceToHost));
@@ -193,7 +167,7 @@ void run_case(const BenchShape& bs, bool prefill, int T, int context) {
                        {"up v", &up_v, uv, 0},
                        {"all four", &all, uk + uv, attn_bytes + write_bytes}};
   for (const Row& r : table) {
-    const double us = prefill ? eager_us_per_launch(launches, *r.fn)
+    const double us = prefill ? test::eager_us_per_launch(launches, *r.fn)
                               : test::graph_us_per_launch(launches, *r.fn);
     EXPECT_TRUE(std::isfinite(us) && us > 0.0) << r.op;
     const double gbs = (r.weights + r.cache) / us / 1e3;

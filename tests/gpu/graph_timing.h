@@ -27,6 +27,27 @@ struct DeviceScratch {
   void* p = nullptr;
 };
 
+// Median over `replays` of the milliseconds `pass` (enqueued on s) takes between two events.
+inline double median_pass_ms(cudaStream_t s, int replays, const std::function<void()>& pass) {
+  cudaEvent_t a, b;
+  TETRA_CUDA_CHECK(cudaEventCreate(&a));
+  TETRA_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int r = 0; r < replays; ++r) {
+    TETRA_CUDA_CHECK(cudaEventRecord(a, s));
+    pass();
+    TETRA_CUDA_CHECK(cudaEventRecord(b, s));
+    TETRA_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    TETRA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return double(ms[ms.size() / 2]);
+}
+
 // Median us per launch of launch(i, stream), i = 0 .. launches-1, all captured in one graph:
 // one eager warm-up pass, then `replays` timed graph launches after an untimed first one (it
 // uploads the graph).
@@ -42,27 +63,26 @@ inline double graph_us_per_launch(int launches, const std::function<void(int, cu
   TETRA_CUDA_CHECK(cudaStreamEndCapture(s, &g));
   cudaGraphExec_t e;
   TETRA_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  cudaEvent_t a, b;
-  TETRA_CUDA_CHECK(cudaEventCreate(&a));
-  TETRA_CUDA_CHECK(cudaEventCreate(&b));
   TETRA_CUDA_CHECK(cudaGraphLaunch(e, s));
-  std::vector<float> ms;
-  for (int r = 0; r < replays; ++r) {
-    TETRA_CUDA_CHECK(cudaEventRecord(a, s));
-    TETRA_CUDA_CHECK(cudaGraphLaunch(e, s));
-    TETRA_CUDA_CHECK(cudaEventRecord(b, s));
-    TETRA_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    TETRA_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  const double ms = median_pass_ms(s, replays, [&] { TETRA_CUDA_CHECK(cudaGraphLaunch(e, s)); });
   cudaGraphExecDestroy(e);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
-  return double(ms[ms.size() / 2]) * 1000.0 / launches;
+  return ms * 1000.0 / launches;
+}
+
+// The same launches run eagerly (work a graph cannot hold, e.g. cuBLAS prefill GEMMs): one
+// warm-up pass, then the median of `replays` timed passes.
+inline double eager_us_per_launch(int launches, const std::function<void(int, cudaStream_t)>& launch,
+                                  int replays = 5) {
+  cudaStream_t s;
+  TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < launches; ++i) launch(i, s);
+  const double ms = median_pass_ms(s, replays, [&] {
+    for (int i = 0; i < launches; ++i) launch(i, s);
+  });
+  cudaStreamDestroy(s);
+  return ms * 1000.0 / launches;
 }
 
 // Weight copies a timing harness rotates over: 4 by default (every launch reads HBM);

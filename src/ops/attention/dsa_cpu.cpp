@@ -58,30 +58,10 @@ void dsa_select_cpu(const uint16_t* q, const uint16_t* weights, const uint16_t* 
                     const MlaKeys& keys, const float* inv_freq, const DsaShape& s,
                     int32_t* selected) {
   check_dsa_shape(s);
-  TETRA_CHECK(S >= 0 && cu_seqlens[0] == 0, "dsa select: cu_seqlens must start at 0");
-  TETRA_CHECK(keys.step_slots != nullptr ||
-                  (keys.block_tables != nullptr && keys.block_size > 0 &&
-                   keys.max_blocks_per_seq > 0),
-              "dsa select: keys need step slots or block tables");
-  const int Hi = s.n_heads, D = s.head_dim, T = cu_seqlens[S];
-  std::vector<int> seq_of(static_cast<size_t>(T));  // [T]
-  for (int b = 0; b < S; ++b)
-    for (int t = cu_seqlens[b]; t < cu_seqlens[b + 1]; ++t) {
-      seq_of[size_t(t)] = b;
-      const int n = positions[t] + 1;
-      TETRA_CHECK(n >= 1, "dsa select: position ", positions[t], " of token ", t);
-      if (keys.step_slots)
-        TETRA_CHECK(n <= cu_seqlens[b + 1] - cu_seqlens[b], "dsa select: token ", t,
-                    " at position ", positions[t], " past its sequence's step tokens");
-      else
-        TETRA_CHECK(n <= int64_t(keys.max_blocks_per_seq) * keys.block_size,
-                    "dsa select: token ", t, " at position ", positions[t], " past the block table");
-      for (int j = 0; j < n; ++j) {
-        const int64_t slot = mla_key_slot(keys, cu_seqlens, b, j);
-        TETRA_CHECK(slot >= 0 && slot < num_slots, "dsa select: key ", j, " of sequence ", b,
-                    " at slot ", slot, " outside the cache's ", num_slots);
-      }
-    }
+  const int Hi = s.n_heads, D = s.head_dim;
+  const std::vector<int> seq_of =
+      check_mla_keys(keys, num_slots, cu_seqlens, S, positions, "dsa select");  // [T]
+  const int T = cu_seqlens[S];
   const float scale = float(1.0 / std::sqrt(double(D)));
   const float head_weight = float(1.0 / std::sqrt(double(Hi)));
   parallel_for(T, 1, [&](int64_t begin, int64_t end) {

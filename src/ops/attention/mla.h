@@ -16,6 +16,7 @@
 // (transformers rounds k_nope and v to bf16 instead of q_abs and out_lat).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "ops/rope/rope.h"
 
@@ -54,6 +55,12 @@ struct MlaKeys {
   const int32_t* selected = nullptr;        // [T, selected_stride] key positions (DSA) or null
   int selected_stride = 0;                  // index_topk
 };
+
+// Host side (the CPU twins): checks that every token's keys 0 .. positions[t] lie in its
+// sequence's step tokens or block table, and in [0, num_slots); returns each token's sequence
+// [T]. Errors name `op`.
+std::vector<int> check_mla_keys(const MlaKeys& keys, int64_t num_slots, const int32_t* cu_seqlens,
+                                int S, const int32_t* positions, const char* op);
 
 // Host side: the cache slot of sequence s's key j (no checks; the ops check the keys).
 inline int64_t mla_key_slot(const MlaKeys& k, const int32_t* cu_seqlens, int s, int j) {

@@ -73,39 +73,45 @@ void mla_absorb_q_cpu(const uint16_t* q, const uint16_t* kv_b, const int32_t* po
   });
 }
 
-void mla_attention_cpu(const uint16_t* q_abs, const uint16_t* cache, int64_t num_slots,
-                       const int32_t* cu_seqlens, int S, const int32_t* positions,
-                       const MlaKeys& keys, const MlaShape& s, uint16_t* out_lat) {
-  check_mla_shape(s);
-  TETRA_CHECK(S >= 0 && cu_seqlens[0] == 0, "mla attention: cu_seqlens must start at 0");
+std::vector<int> check_mla_keys(const MlaKeys& keys, int64_t num_slots, const int32_t* cu_seqlens,
+                                int S, const int32_t* positions, const char* op) {
+  TETRA_CHECK(S >= 0 && cu_seqlens[0] == 0, op, ": cu_seqlens must start at 0");
   TETRA_CHECK(keys.step_slots != nullptr ||
                   (keys.block_tables != nullptr && keys.block_size > 0 &&
                    keys.max_blocks_per_seq > 0),
-              "mla attention: keys need step slots or block tables");
-  const int H = s.n_heads, Dl = s.kv_lora, row = s.row();
-  const int T = cu_seqlens[S];
-  std::vector<int> seq_of(static_cast<size_t>(T));  // [T] sequence of each token
+              op, ": keys need step slots or block tables");
+  std::vector<int> seq_of(static_cast<size_t>(cu_seqlens[S]));  // [T] sequence of each token
   for (int b = 0; b < S; ++b) {
-    TETRA_CHECK(cu_seqlens[b + 1] >= cu_seqlens[b], "mla attention: cu_seqlens decreases at ", b);
+    TETRA_CHECK(cu_seqlens[b + 1] >= cu_seqlens[b], op, ": cu_seqlens decreases at ", b);
     for (int t = cu_seqlens[b]; t < cu_seqlens[b + 1]; ++t) {
       seq_of[size_t(t)] = b;
       const int n = positions[t] + 1;  // keys of token t
-      TETRA_CHECK(n >= 1, "mla attention: position ", positions[t], " of token ", t);
+      TETRA_CHECK(n >= 1, op, ": position ", positions[t], " of token ", t);
       if (keys.step_slots)
-        TETRA_CHECK(n <= cu_seqlens[b + 1] - cu_seqlens[b], "mla attention: token ", t,
-                    " at position ", positions[t], " past its sequence's ",
-                    cu_seqlens[b + 1] - cu_seqlens[b], " step tokens");
+        TETRA_CHECK(n <= cu_seqlens[b + 1] - cu_seqlens[b], op, ": token ", t, " at position ",
+                    positions[t], " past its sequence's ", cu_seqlens[b + 1] - cu_seqlens[b],
+                    " step tokens");
       else
-        TETRA_CHECK(n <= int64_t(keys.max_blocks_per_seq) * keys.block_size,
-                    "mla attention: token ", t, " at position ", positions[t],
-                    " past the block table");
+        TETRA_CHECK(n <= int64_t(keys.max_blocks_per_seq) * keys.block_size, op, ": token ", t,
+                    " at position ", positions[t], " past the block table");
       for (int j = 0; j < n; ++j) {
         const int64_t slot = mla_key_slot(keys, cu_seqlens, b, j);
-        TETRA_CHECK(slot >= 0 && slot < num_slots, "mla attention: key ", j, " of sequence ", b,
+        TETRA_CHECK(slot >= 0 && slot < num_slots, op, ": key ", j, " of sequence ", b,
                     " at slot ", slot, " outside the cache's ", num_slots);
       }
     }
   }
+  return seq_of;
+}
+
+void mla_attention_cpu(const uint16_t* q_abs, const uint16_t* cache, int64_t num_slots,
+                       const int32_t* cu_seqlens, int S, const int32_t* positions,
+                       const MlaKeys& keys, const MlaShape& s, uint16_t* out_lat) {
+  check_mla_shape(s);
+  const int H = s.n_heads, Dl = s.kv_lora, row = s.row();
+  const std::vector<int> seq_of =
+      check_mla_keys(keys, num_slots, cu_seqlens, S, positions, "mla attention");  // [T]
+  const int T = int(seq_of.size());
   // Token t's i-th key: position i, or with a DSA selection the i-th selected position.
   const bool sparse = keys.selected != nullptr;
   TETRA_CHECK(!sparse || keys.selected_stride > 0, "mla attention: a selection needs its stride");
