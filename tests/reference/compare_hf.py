@@ -64,23 +64,41 @@ COMMON = dict(hidden_size=128, num_hidden_layers=3, vocab_size=1024, max_positio
               rope_theta=1000000.0, norm_topk_prob=True)
 
 
-def glm4_moe(name, attention_bias, use_qk_norm, n_group, topk_group, scaling):
+def glm4_moe(name, attention_bias, use_qk_norm, n_group, topk_group, scaling, **over):
     c = dict(COMMON, architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe",
              n_routed_experts=16, n_shared_experts=1, first_k_dense_replace=1,
              n_group=n_group, topk_group=topk_group, routed_scaling_factor=scaling,
              attention_bias=attention_bias, use_qk_norm=use_qk_norm, partial_rotary_factor=0.5,
              num_nextn_predict_layers=0)
+    c.update(over)
     # Newer transformers read RoPE from rope_parameters, older ones from the top level.
-    c["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0,
-                            "partial_rotary_factor": 0.5}
+    c["rope_parameters"] = {"rope_type": "default", "rope_theta": c["rope_theta"],
+                            "partial_rotary_factor": c["partial_rotary_factor"]}
     return name, c
 
 
-def qwen3_moe(name):
+def qwen3_moe(name, **over):
     c = dict(COMMON, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
              num_experts=16, decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False)
-    c["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0}
+    c.update(over)
+    c["rope_parameters"] = {"rope_type": "default", "rope_theta": c["rope_theta"]}
     return name, c
+
+
+# Shapes and options away from the tiny defaults above, as real checkpoints of these families
+# vary them: head_dim 128 over one or two KV heads (query groups of 8 and 4), full RoPE, hidden
+# and expert widths with an odd number of 64-column chunks, 32 experts top-8 in 4 groups, two
+# shared experts, no dense layer, unnormalised top-k weights, a vocabulary that is no multiple of
+# 64, tied embeddings, dense layers between the MoE ones (mlp_only_layers), eps 1e-6, theta 1e4.
+GLM4_GENERAL = dict(hidden_size=320, num_hidden_layers=2, num_attention_heads=8,
+                    num_key_value_heads=1, head_dim=128, partial_rotary_factor=1.0,
+                    n_routed_experts=32, num_experts_per_tok=8, n_shared_experts=2,
+                    first_k_dense_replace=0, norm_topk_prob=False, moe_intermediate_size=192,
+                    intermediate_size=384, vocab_size=1000, rms_norm_eps=1e-6, rope_theta=10000.0)
+QWEN3_GENERAL = dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=8,
+                     num_key_value_heads=2, head_dim=128, num_experts=32, num_experts_per_tok=8,
+                     mlp_only_layers=[0, 2], norm_topk_prob=False, moe_intermediate_size=128,
+                     intermediate_size=320, vocab_size=1000, tie_word_embeddings=True)
 
 
 # MLA (DeepSeek-V3, GLM-5): the latent widths of tiny-deepseek-v3, 4 heads, grouped sigmoid
@@ -135,6 +153,13 @@ VARIANTS = [
     glm4_moe("glm4moe-qknorm-grouped-decisive", False, True, 4, 2, 1.0) + ({"routing": "decisive"},),
     deepseek_v3("deepseekv3-mla-yarn-confident") + ({"routing": "confident"},),
     glm_moe_dsa("glm5-mla-confident") + ({"routing": "confident"},),
+    glm4_moe("glm4moe-general-confident", True, True, 4, 2, 1.5, **GLM4_GENERAL)
+    + ({"routing": "confident"},),
+    qwen3_moe("qwen3moe-general-confident", **QWEN3_GENERAL) + ({"routing": "confident"},),
+    # prompts of 64 and 300 tokens: the prefill then runs the kernels for many rows (the dense
+    # NVFP4 linears' and most experts' wgmma GEMMs from 256 rows, multi-tile prefill attention)
+    glm4_moe("glm4moe-long-prompts-confident", True, False, 1, 1, 2.5)
+    + ({"routing": "confident", "lengths": [2, 64, 300]},),
     # DSA in play: index_topk 16 under prompts of up to 40 tokens + 64 decode steps, so most
     # positions attend to 16 of their keys, picked by the indexer (interleaved RoPE pairs, which
     # transformers 5.17's GLM-5 indexer uses whatever the config says). Reported, not required:
@@ -233,6 +258,8 @@ def make_weights(c, seed, routing="random"):
     if routing in ("confident", "decisive"):
         condition_routing(t, c, seed, decisive=routing == "decisive")
         t["lm_head.weight"] = t["model.embed_tokens.weight"][perm].clone()
+    if c.get("tie_word_embeddings", False):  # the embedding is the head (a confident one as is)
+        del t["lm_head.weight"]
     return t
 
 
@@ -494,7 +521,8 @@ def run_variant(args, vi, name, config, opts, results):
     failed = False
     req = required(opts)
     g = torch.Generator().manual_seed(100 + vi)
-    prompts = [torch.randint(0, config["vocab_size"], (n,), generator=g).tolist() for n in args.lengths]
+    lengths = opts.get("lengths", args.lengths)
+    prompts = [torch.randint(0, config["vocab_size"], (n,), generator=g).tolist() for n in lengths]
     bf16_dir = os.path.join(args.work, name + "-bf16")
     nvfp4_dir = os.path.join(args.work, name + "-nvfp4")
     deq_dir = os.path.join(args.work, name + "-nvfp4-dequant")

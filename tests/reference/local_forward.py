@@ -161,4 +161,5 @@ def forward(t, c, ids, bf16_between_ops=False, forced_ids=None, embed_noise=0.0,
             y = y + mlp(p + "mlp.shared_experts.", m)
         x = rr(x + rd(y))
     h = rms_norm(x, f("model.norm.weight"), eps)
-    return rd(h) @ f("lm_head.weight").T, routes
+    head = "lm_head.weight" if "lm_head.weight" in t else "model.embed_tokens.weight"  # tied
+    return rd(h) @ f(head).T, routes
