@@ -347,9 +347,11 @@ SelectStats compare_selection(const KeyLayout& L, const SelectInputs& in, const 
 }
 
 // Runs dsa_select on the device and on the CPU for the layout and compares. max_keys_extra
-// widens the workspace rows past the longest context.
+// widens the workspace rows past the longest context; ws_rows > 0 gives the workspace only that
+// many score rows (the tokens then go in passes).
 SelectStats run_select(const Dims& d, RopeStyle style, const std::vector<Seq>& seqs, bool paged,
-                       std::mt19937& rng, int key_rows = 0, int max_keys_extra = 0) {
+                       std::mt19937& rng, int key_rows = 0, int max_keys_extra = 0,
+                       int ws_rows = 0) {
   const DsaShape s = shape_of(d, style);
   const KeyLayout L(seqs, paged, rng);
   const SelectInputs in(L, s, rng, key_rows);
@@ -358,6 +360,7 @@ SelectStats run_select(const Dims& d, RopeStyle style, const std::vector<Seq>& s
   for (const Seq& sq : seqs)
     what += " " + (paged ? std::to_string(sq.prefix) + "+" : std::string()) + std::to_string(sq.chunk);
   if (key_rows) what += ", keys of " + std::to_string(key_rows) + " values";
+  if (ws_rows) what += ", workspace of " + std::to_string(ws_rows) + " rows";
   const int T = L.T(), max_keys = L.max_len + max_keys_extra;
 
   std::vector<int32_t> want(size_t(T) * s.topk, kUnset);  // [T, topk]
@@ -369,7 +372,8 @@ SelectStats run_select(const Dims& d, RopeStyle style, const std::vector<Seq>& s
   GuardedDeviceArray<int32_t> dtab(paged ? L.tables : std::vector<int32_t>{0});
   GuardedDeviceArray<int64_t> dslots(paged ? std::vector<int64_t>{0} : L.step_slots);
   GuardedDeviceArray<float> dfreq(in.inv_freq);
-  const size_t ws_bytes = ops::cuda::dsa_select_workspace_bytes(T, max_keys);
+  const size_t ws_bytes = ws_rows > 0 ? size_t(ws_rows) * max_keys * sizeof(float)
+                                      : ops::cuda::dsa_select_workspace_bytes(T, max_keys);
   GuardedDeviceArray<float> dws(ws_bytes / sizeof(float));
   MlaKeys dkeys;
   if (paged) {
@@ -418,6 +422,10 @@ TEST(DsaCuda, SelectStepSlotsMatchesCpuTwin) {
     run_select(kOdd, style, {{0, 1}, {0, 17}, {0, 300}}, false, rng);
     const SelectStats st = run_select(kGlm5, style, prefill, false, rng);
     EXPECT_EQ(st.sparse_rows, 3000 - 2048) << "glm-5: the rows past topk";
+    // A workspace of 1 or 7 score rows: the tokens go in passes, the last one short.
+    for (int ws_rows : {1, 7})
+      run_select(kTiny16, style, {{0, 17}, {0, 300}, {0, 40}}, false, rng, 0, 0, ws_rows);
+    run_select(kGlm5, style, {{0, 2100}, {0, 5}}, false, rng, 0, 0, 1000);
   }
 }
 
@@ -429,6 +437,7 @@ TEST(DsaCuda, SelectPagedMatchesCpuTwin) {
   for (RopeStyle style : {RopeStyle::NeoX, RopeStyle::GptJ}) {
     const SelectStats st = run_select(kGlm5, style, decode, true, rng);
     EXPECT_EQ(st.sparse_rows, 2) << "glm-5 decode: contexts 2049 and 5000 are sparse";
+    run_select(kGlm5, style, decode, true, rng, 0, 0, 2);  // passes of 2 sequences
     run_select(kGlm5, style, extend, true, rng);
     for (const Dims& d : {kTiny6, kTiny16}) {
       const SelectStats sd = run_select(d, style, decode, true, rng);
@@ -566,6 +575,12 @@ TEST(DsaCuda, HostChecksRefuseBadShapes) {
   EXPECT_THROW(select(steps, 8, 1 << 20, reinterpret_cast<const void*>(8)), Error)
       << "key_cache not 16-byte aligned";
   EXPECT_EQ(oc::dsa_select_workspace_bytes(3, 1000), size_t(3) * 1000 * sizeof(float));
+  // Long contexts x many tokens: as many rows as fit the budget, at least one.
+  const size_t row = size_t(1) << 19;  // 2^17 keys
+  EXPECT_EQ(oc::dsa_select_workspace_bytes(1 << 16, 1 << 17),
+            oc::kDsaScoreWorkspaceBudget / row * row);
+  EXPECT_EQ(oc::dsa_select_workspace_bytes(5, 1 << 30), size_t(1) << 32) << "one row at least";
+  EXPECT_EQ(oc::dsa_select_workspace_bytes(0, 1000), size_t(0));
   EXPECT_THROW(oc::dsa_index_keys(nullptr, nullptr, nullptr, 0.0f, nullptr, nullptr, 1, nullptr,
                                   good, 1, nullptr, nullptr),
                Error)

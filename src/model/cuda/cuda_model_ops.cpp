@@ -898,7 +898,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   ops::DsaShape dsa_shape_;
   int dsa_max_keys_ = 0;       // the longest context the tables hold: the score rows' stride
   DeviceMem selection_;        // [max_tokens, index_topk] int32: the keys each token reads
-  DeviceMem dsa_ws_;           // dsa_select's scores [max_tokens, dsa_max_keys_] f32
+  DeviceMem dsa_ws_;           // dsa_select's score rows, f32 [rows <= max_tokens, dsa_max_keys_]
   std::array<DeviceMem, size_t(Buf::Count)> bufs_;  // each [max_tokens, width] bf16
   DeviceMem logits_;      // [max_tokens, vocab] f32, first R rows valid
   DeviceMem logit_in_;    // [max_tokens, H] bf16: the logit rows gathered for lm_head

@@ -5,15 +5,16 @@
 //     score:  a (token, split) grid; each block turns its token's Hi query heads into shared
 //             memory (rounded to bf16 as the CPU does), then its warps walk the keys (grid
 //             stride), L lanes per key (16-byte chunks of the key row), one shuffle reduction per
-//             head: score[t, j] = sum_h relu(q_h . k_j * D^-0.5) * w_h -> workspace [T, max_keys].
+//             head: score[t, j] = sum_h relu(q_h . k_j * D^-0.5) * w_h -> workspace row of t.
 //     select: a block per token: a radix select (8-bit digits, histograms in shared memory)
 //             finds the k-th largest score's order-preserving 32-bit key, then a block-wide
 //             ordered compaction (prefix sums in position order) writes, ascending, every key
 //             above it and the lowest-position keys equal to it (ties to the lower position).
 //   Tokens whose key count n <= topk keep every key: the score kernel skips them and the select
-//   kernel writes 0 .. n - 1.
-// No allocation, no synchronisation, grids from T, the shape and the SM count only (key counts
-// are read on the device): graph capturable.
+//   kernel writes 0 .. n - 1. The two kernels run once per pass of as many tokens as the
+//   workspace has rows (a budget keeps long contexts x long prefill chunks from taking GBs).
+// No allocation, no synchronisation, grids from T, the workspace, the shape and the SM count
+// only (key counts are read on the device): graph capturable.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -159,7 +160,8 @@ struct ScoreArgs {
   bool neox;
   float scale;        // D^-0.5
   float head_weight;  // Hi^-0.5
-  float* scores;      // [T, max_keys]
+  int t0;             // this pass's first token: block x scores token t0 + x
+  float* scores;      // [tokens of the pass, max_keys]
 };
 
 // Where dim d of head h sits in the score kernel's q tile: per head, the dims of 16-byte key
@@ -178,7 +180,7 @@ __global__ void __launch_bounds__(kScoreThreads) score_kernel(ScoreArgs a) {
   float* w_s = q_s + a.Hi * a.D;                       // [Hi] weights[t, h] * Hi^-0.5
   float* sin_s = w_s + a.Hi;                           // [Dr / 2]
   float* cos_s = sin_s + a.Dr / 2;                     // [Dr / 2]
-  const int t = blockIdx.x;
+  const int t = a.t0 + int(blockIdx.x);
   const int n = key_count(a.positions, t, a.max_keys);
   if (n <= a.topk) return;  // keeps every key: nothing to rank
 
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(kScoreThreads) score_kernel(ScoreArgs a) {
   const int my_chunk = has_chunk ? chunk : 0;  // lanes without a chunk read chunk 0, times 0
   const float4* q4 = reinterpret_cast<const float4*>(q_s);
   const int b = sequence_of(a.cu_seqlens, a.S, t), first = a.cu_seqlens[b];
-  float* row = a.scores + int64_t(t) * a.max_keys;
+  float* row = a.scores + int64_t(blockIdx.x) * a.max_keys;
   const int step = gridDim.y * kScoreWarps * G;
   // j0 is uniform over the warp, so every lane takes part in the shuffles.
   for (int j0 = (blockIdx.y * kScoreWarps + warp) * G; j0 < n; j0 += step) {
@@ -261,9 +263,10 @@ static_assert(kSelectThreads >= kBins, "a thread per bin in the digit scan");
 static_assert(kSelectThreads < (1 << 16), "two 16-bit counts packed in one scan word");
 
 struct SelectArgs {
-  const float* scores;       // [T, max_keys]
+  const float* scores;       // [tokens of the pass, max_keys]
   const int32_t* positions;  // [T]
   int topk, max_keys;
+  int t0;             // this pass's first token: block x selects for token t0 + x
   int32_t* selected;  // [T, topk]
 };
 
@@ -311,7 +314,7 @@ __device__ uint32_t select_block_scan(uint32_t v, uint32_t& total) {
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectArgs a) {
   __shared__ uint32_t hist[kBins];
   __shared__ uint32_t pick_digit, pick_remaining, pick_bin;
-  const int t = blockIdx.x;
+  const int t = a.t0 + int(blockIdx.x);
   const int n = key_count(a.positions, t, a.max_keys);
   int32_t* out = a.selected + int64_t(t) * a.topk;
   if (n <= a.topk) {  // every key, in order (n <= 0 writes nothing)
@@ -319,7 +322,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(SelectArgs a) {
     return;
   }
   const uint32_t k = uint32_t(a.topk);
-  const float* row = a.scores + int64_t(t) * a.max_keys;
+  const float* row = a.scores + int64_t(blockIdx.x) * a.max_keys;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 
   uint32_t prefix = 0, mask = 0, remaining = k;
@@ -424,7 +427,10 @@ cudaError_t dsa_index_keys(const uint16_t* wk_out, const uint16_t* ln_w, const u
 size_t dsa_select_workspace_bytes(int max_tokens, int max_keys) {
   TETRA_CHECK(max_tokens >= 0 && max_keys >= 0, "dsa select workspace: ", max_tokens,
               " tokens, ", max_keys, " keys");
-  return size_t(max_tokens) * size_t(max_keys) * sizeof(float);
+  const size_t row = size_t(max_keys) * sizeof(float);
+  if (row == 0) return 0;
+  const size_t rows = std::clamp<size_t>(kDsaScoreWorkspaceBudget / row, 1, size_t(max_tokens));
+  return max_tokens == 0 ? 0 : rows * row;
 }
 
 cudaError_t dsa_select(const uint16_t* q, const uint16_t* weights, const uint16_t* key_cache,
@@ -441,10 +447,10 @@ cudaError_t dsa_select(const uint16_t* q, const uint16_t* weights, const uint16_
                    keys.max_blocks_per_seq > 0),
               "dsa select (cuda): keys need step slots or block tables");
   TETRA_CHECK(max_keys >= 1, "dsa select (cuda): max_keys ", max_keys);
-  TETRA_CHECK(workspace_bytes >= dsa_select_workspace_bytes(T, max_keys),
-              "dsa select (cuda): workspace of ", workspace_bytes, " bytes, ",
-              dsa_select_workspace_bytes(T, max_keys), " needed for ", T, " tokens x ", max_keys,
-              " keys");
+  const size_t row_bytes = size_t(max_keys) * sizeof(float);
+  TETRA_CHECK(T == 0 || workspace_bytes >= row_bytes, "dsa select (cuda): workspace of ",
+              workspace_bytes, " bytes; one token's scores over ", max_keys, " keys take ",
+              row_bytes);
   TETRA_CHECK(aligned(key_cache, 16) && aligned(workspace, 4),
               "dsa select (cuda): key_cache must be 16-byte aligned, the workspace 4-byte");
   if (T == 0) return cudaSuccess;
@@ -467,30 +473,39 @@ cudaError_t dsa_select(const uint16_t* q, const uint16_t* weights, const uint16_
   a.scale = float(1.0 / std::sqrt(double(s.head_dim)));    // as dsa_select_cpu
   a.head_weight = float(1.0 / std::sqrt(double(s.n_heads)));
   a.scores = static_cast<float*>(workspace);
-  // Enough blocks to fill the GPU a few times over when there are few tokens (decode); the
-  // split depends on T and the SM count only, never on the key counts.
-  const int64_t target = 4 * int64_t(current_device_sm_count());
-  const int split = int(std::clamp<int64_t>((target + T - 1) / T, 1, kMaxScoreSplit));
-  cudaError_t err;
-  switch (s.head_dim / 8) {  // 16-byte chunks per key row -> lanes per key
-    case 1: err = launch_score<1>(a, T, split, stream); break;
-    case 2: err = launch_score<2>(a, T, split, stream); break;
-    case 3: case 4: err = launch_score<4>(a, T, split, stream); break;
-    case 5: case 6: case 7: case 8: err = launch_score<8>(a, T, split, stream); break;
-    default:
-      err = s.head_dim / 8 <= 16 ? launch_score<16>(a, T, split, stream)
-                                 : launch_score<32>(a, T, split, stream);
-  }
-  if (err != cudaSuccess) return err;
-
   SelectArgs sa;
   sa.scores = a.scores;
   sa.positions = positions;
   sa.topk = s.topk;
   sa.max_keys = max_keys;
   sa.selected = selected;
-  select_kernel<<<unsigned(T), kSelectThreads, 0, stream>>>(sa);
-  return cudaGetLastError();
+  // The tokens in passes of as many as the workspace has score rows for (one pass unless T x
+  // max_keys floats would pass dsa_select_workspace_bytes' budget); the stream orders each
+  // pass's select before the next pass's scores overwrite the rows.
+  const int pass_tokens = int(std::min<size_t>(size_t(T), workspace_bytes / row_bytes));
+  // Enough blocks to fill the GPU a few times over when there are few tokens (decode); the
+  // split depends on T, the workspace and the SM count only, never on the key counts.
+  const int64_t target = 4 * int64_t(current_device_sm_count());
+  const int split =
+      int(std::clamp<int64_t>((target + pass_tokens - 1) / pass_tokens, 1, kMaxScoreSplit));
+  for (int t0 = 0; t0 < T; t0 += pass_tokens) {
+    const int n = std::min(pass_tokens, T - t0);
+    a.t0 = sa.t0 = t0;
+    cudaError_t err;
+    switch (s.head_dim / 8) {  // 16-byte chunks per key row -> lanes per key
+      case 1: err = launch_score<1>(a, n, split, stream); break;
+      case 2: err = launch_score<2>(a, n, split, stream); break;
+      case 3: case 4: err = launch_score<4>(a, n, split, stream); break;
+      case 5: case 6: case 7: case 8: err = launch_score<8>(a, n, split, stream); break;
+      default:
+        err = s.head_dim / 8 <= 16 ? launch_score<16>(a, n, split, stream)
+                                   : launch_score<32>(a, n, split, stream);
+    }
+    if (err != cudaSuccess) return err;
+    select_kernel<<<unsigned(n), kSelectThreads, 0, stream>>>(sa);
+    if ((err = cudaGetLastError()) != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace tetra::ops::cuda

@@ -27,14 +27,21 @@ cudaError_t dsa_index_keys(const uint16_t* wk_out, const uint16_t* ln_w, const u
                            const float* inv_freq, const DsaShape& s, int64_t num_slots,
                            uint16_t* key_cache, cudaStream_t stream);
 
-// Bytes of workspace dsa_select needs for up to max_tokens tokens of up to max_keys keys each:
-// the scores [max_tokens, max_keys] float.
+// The score workspace's budget: dsa_select_workspace_bytes gives at most this much (and never
+// less than one token's row), so that long contexts times long prefill chunks do not claim
+// gigabytes; dsa_select then takes the tokens in passes.
+inline constexpr size_t kDsaScoreWorkspaceBudget = size_t(256) << 20;
+
+// Bytes of workspace dsa_select is given for up to max_tokens tokens of up to max_keys keys
+// each: a float score row [max_keys] per token, for as many of the max_tokens as fit in
+// kDsaScoreWorkspaceBudget, at least one.
 size_t dsa_select_workspace_bytes(int max_tokens, int max_keys);
 
 // As dsa_select_cpu for the T = cu_seqlens[S] tokens. max_keys: a host-side bound on every
-// positions[t] + 1, the row stride of the score workspace (workspace_bytes must hold
-// dsa_select_workspace_bytes(T, max_keys)); a token with more keys has only its first max_keys
-// scored (memory-safe, but not the reference's answer). Scores are float sums in another order
+// positions[t] + 1, the row stride of the score workspace; a token with more keys has only its
+// first max_keys scored (memory-safe, but not the reference's answer). The workspace must hold
+// at least one row (max_keys floats); the tokens are scored and selected in passes of as many
+// as it has rows for. Scores are float sums in another order
 // than the CPU's, so where two keys' scores lie within float rounding of each other at the
 // top-k boundary the selections may differ; exact ties go to the lower position, as on the CPU.
 // key_cache must be 16-byte aligned.
