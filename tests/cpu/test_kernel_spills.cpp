@@ -93,4 +93,13 @@ TEST(KernelSpills, WgmmaGemms) {
   expect_no_spills(all);
 }
 
+// MLA decode / prefill attention on tensor cores, key tiles of 32 and 64 rows: a warp keeps
+// [16 heads, Dl / 4] latent sums (64 floats) and, at 64 keys, four score chains and P for four
+// k-steps, under the 255 registers of one 256-thread block per SM.
+TEST(KernelSpills, MlaAttention) {
+  const auto tc = matching(compile_and_read("src/ops/attention/mla.cu"), "attention_tc_kernel");
+  ASSERT_EQ(tc.size(), 2u);
+  expect_no_spills(tc);
+}
+
 }  // namespace

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
@@ -561,13 +562,14 @@ cudaError_t launch_attention(const AttnArgs& a, unsigned blocks, cudaStream_t st
 constexpr int kTcWarps = 8;
 constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kTcHeads = 32;        // query rows per block: two m-tiles of 16 heads
-constexpr int kKeyTile = 32;        // cached rows per step
+constexpr int kKeyTile = 32;        // split boundaries round to whole tiles of 32 cached rows
 constexpr int kTcMaxLatent = 512;   // Dl: a warp's [16 heads, Dl / 4] latent sums in registers
 constexpr int kTcPairs = kTcMaxLatent / 16 / 4;  // 16-column output pieces per warp
-constexpr int kScoreStride = 40;    // floats per row of the shared score tile (conflict-free)
 constexpr int kMaxSplits = 32;      // the combine kernel merges a row's splits in one warp
 constexpr int kMinSplitKeys = 64;   // fewer keys per split would cost more in partials than keys
-static_assert(kTcHeads == kKeyTile, "the query rows and both key tiles share one [96, stride] layout");
+// Floats per row of the shared score tile of KT keys: KT + 8, so that the float2 stores of a
+// half warp (rows g, pairs q) fall in distinct banks.
+constexpr int score_stride(int KT) { return KT + 8; }
 
 bool tc_attention_shape(const MlaShape& s) { return s.kv_lora <= kTcMaxLatent && s.row() % 8 == 0; }
 
@@ -576,9 +578,30 @@ int tc_kpad(int row) { return (row + 31) / 32 * 32; }
 // Elements per shared row: kpad + 8, i.e. an odd number of 16-byte pieces, so the 8 rows one
 // ldmatrix phase reads fall in distinct bank groups.
 int tc_stride(int row) { return tc_kpad(row) + 8; }
-size_t tc_smem_bytes(int row) {
-  return size_t(kTcHeads + 2 * kKeyTile) * tc_stride(row) * 2 +
-         size_t(kTcHeads) * kScoreStride * sizeof(float);
+// The queries, two key tiles of KT rows (one layout of 32 + 2 KT rows) and the score tile.
+size_t tc_smem_bytes(int row, int KT) {
+  return size_t(kTcHeads + 2 * KT) * tc_stride(row) * 2 +
+         size_t(kTcHeads) * score_stride(KT) * sizeof(float);
+}
+
+// The largest dynamic shared memory a block of the current device may opt in to.
+size_t smem_optin_bytes() {
+  int dev = 0, optin = 0;
+  TETRA_CUDA_CHECK(cudaGetDevice(&dev));
+  TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return size_t(optin);
+}
+
+// Cached rows per step: 64 where two such tiles fit beside the queries (GLM-5 and DeepSeek-V3's
+// 576-element rows: 196 KB of the H100/H200's 227), so each step has twice the bytes in flight
+// and the per-step barriers, softmax and query reads serve twice the keys; 32 otherwise.
+// TETRA_MLA_KEY_TILE=32 forces 32 (A/B measurements).
+int tc_key_tile(int row) {
+  static const bool forced_32 = [] {
+    const char* e = std::getenv("TETRA_MLA_KEY_TILE");
+    return e != nullptr && std::atoi(e) == 32;
+  }();
+  return !forced_32 && tc_smem_bytes(row, 64) <= smem_optin_bytes() ? 64 : 32;
 }
 
 int tc_groups(int H) { return (H + kTcHeads - 1) / kTcHeads; }
@@ -626,23 +649,29 @@ struct TcAttnArgs {
 };
 
 // blockIdx.x = (T - 1 - t) * groups + group (long prefill rows start first), blockIdx.y = split.
-// Warp w: m-tile mt = w / 4 (heads h0 + 16 mt ..), quarter qd = w % 4. Per key tile of 32:
-//   scores: warp (mt, qd) computes S [16 heads, keys 8 qd .. + 7] = Q K^T over the row (A: q_s by
-//           ldmatrix, B: the key rows by ldmatrix, k = row dims), masks keys past the split's end,
-//           and stores them (base 2, scaled) to s_s;
-//   softmax: every warp of m-tile mt reads its 16 rows x 32 keys in A-fragment order, updates
+// Warp w: m-tile mt = w / 4 (heads h0 + 16 mt ..), quarter qd = w % 4. Per key tile of KT (32 or
+// 64; NB = KT / 32 key groups of 8 per warp):
+//   scores: warp (mt, qd) computes S [16 heads, keys 8 NB qd .. + 8 NB - 1] = Q K^T over the row
+//           (A: q_s by ldmatrix, B: the key rows by ldmatrix, k = row dims; two mma chains per
+//           key group), masks keys past the split's end, and stores them (base 2, scaled) to s_s;
+//   softmax: every warp of m-tile mt reads its 16 rows x KT keys in A-fragment order, updates
 //           the running max / sum (all four warps compute the same numbers from the same data)
 //           and rescales its latent sums;
-//   latents: warp (mt, qd) adds P [16, 32 keys] . V [32 keys, its columns] (B: the key rows'
+//   latents: warp (mt, qd) adds P [16, KT keys] . V [KT keys, its columns] (B: the key rows'
 //           first Dl dims by ldmatrix.trans); its columns are the 16-wide pieces qd, qd + 4, ...
 // P is rounded to bf16 for the mma; the running sum adds the rounded values, so the weights
 // the latents see sum exactly to the divisor.
+template <int KT>
 __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs a) {
+  static_assert(KT == 32 || KT == 64, "key tiles of 32 or 64 rows");
+  constexpr int NB = KT / 32;               // 8-key groups per warp in the score step
+  constexpr int KS = KT / 16;               // k-steps of the P V mma per tile
+  constexpr int SS = score_stride(KT);
   extern __shared__ __align__(16) unsigned char tc_smem[];
-  // q_s [32, stride] the queries, then k_s [2, 32, stride] two key tiles: 96 rows of one layout.
+  // q_s [32, stride] the queries, then k_s [2, KT, stride] two key tiles: one layout of rows.
   __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(tc_smem);
   __nv_bfloat16* k_s = q_s + kTcHeads * a.stride;
-  float* s_s = reinterpret_cast<float*>(k_s + 2 * kKeyTile * a.stride);  // [32, kScoreStride]
+  float* s_s = reinterpret_cast<float*>(k_s + 2 * KT * a.stride);  // [32, SS]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const int mt = warp / 4, qd = warp % 4;
   const int t = a.T - 1 - int(blockIdx.x) / a.groups;
@@ -653,12 +682,12 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs 
   const int start = int(blockIdx.y) * kps;
   if (start >= n) return;  // a split past the keys (block-uniform): the combine skips it
   const int end = min(n, start + kps);
-  const int n_tiles = (end - start + kKeyTile - 1) / kKeyTile;
+  const int n_tiles = (end - start + KT - 1) / KT;
   const int chunks = a.row / 8;  // 16-byte pieces per row
 
-  // Pad columns [row, kpad) of all 96 rows: zero (cp.async never writes them).
+  // Pad columns [row, kpad) of all 32 + 2 KT rows: zero (cp.async never writes them).
   const int pad_chunks = (a.kpad - a.row) / 8;
-  for (int i = threadIdx.x; i < (kTcHeads + 2 * kKeyTile) * pad_chunks; i += kTcThreads) {
+  for (int i = threadIdx.x; i < (kTcHeads + 2 * KT) * pad_chunks; i += kTcThreads) {
     const int r = i / pad_chunks, c = chunks + i % pad_chunks;
     *reinterpret_cast<uint4*>(q_s + r * a.stride + c * 8) = make_uint4(0u, 0u, 0u, 0u);
   }
@@ -667,15 +696,19 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs 
     const __nv_bfloat16* src = a.q_abs + (int64_t(t) * a.H + min(h, a.H - 1)) * a.row + c * 8;
     cp_async_16(smem_u32(q_s + r * a.stride + c * 8), src, h < a.H);
   }
-  // Key tile it -> buffer it % 2: thread -> key row tid / 8, pieces tid % 8 + 8 i; keys past
-  // the split's end become zero rows (their scores are masked, their P is 0: no NaN meets it).
+  // Key tile it -> buffer it % 2: thread -> key rows tid / 8 + 32 r, pieces tid % 8 + 8 i; keys
+  // past the split's end become zero rows (their scores are masked, their P is 0: no NaN meets
+  // it).
   const int lr = threadIdx.x / 8, lc = threadIdx.x % 8;
   const auto load_tile = [&](int it) {
-    const int j = start + it * kKeyTile + lr;
-    const int64_t slot = j < end ? key_slot(a.keys, b, first, t, j, n) : -1;
-    const __nv_bfloat16* src = a.cache + (slot < 0 ? 0 : slot) * a.row;
-    const __nv_bfloat16* dst = k_s + ((it & 1) * kKeyTile + lr) * a.stride;
-    for (int c = lc; c < chunks; c += 8) cp_async_16(smem_u32(dst + c * 8), src + c * 8, slot >= 0);
+#pragma unroll
+    for (int r = 0; r < NB; ++r) {
+      const int j = start + it * KT + 32 * r + lr;
+      const int64_t slot = j < end ? key_slot(a.keys, b, first, t, j, n) : -1;
+      const __nv_bfloat16* src = a.cache + (slot < 0 ? 0 : slot) * a.row;
+      const __nv_bfloat16* dst = k_s + ((it & 1) * KT + 32 * r + lr) * a.stride;
+      for (int c = lc; c < chunks; c += 8) cp_async_16(smem_u32(dst + c * 8), src + c * 8, slot >= 0);
+    }
   };
   load_tile(0);
   cp_async_commit();
@@ -683,11 +716,11 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs 
   float o[kTcPairs][2][4] = {};  // latent sums: [piece][8-column half][c0..c3]
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // rows g, g + 8
   const int pieces = a.Dl / 16;
-  // ldmatrix row addresses. Scores, A (queries): rows mt*16 + l % 16, k + 8 (l / 16); B (keys):
-  // key rows 8 qd + l % 8, k + 8 (l / 8) (two k-steps per x4). Latents, B (values, trans): key
-  // rows kk*16 + l % 8 + 8 ((l / 8) % 2), columns 16 piece + 8 (l / 16).
+  // ldmatrix row addresses. Scores, A (queries): rows mt*16 + l % 16, k + 8 (l / 16); B (keys of
+  // group nb): key rows 8 (NB qd + nb) + l % 8, k + 8 (l / 8) (two k-steps per x4). Latents, B
+  // (values, trans): key rows kk*16 + l % 8 + 8 ((l / 8) % 2), columns 16 piece + 8 (l / 16).
   const uint32_t q_addr = smem_u32(q_s + (mt * 16 + lane % 16) * a.stride + lane / 16 * 8);
-  const int k_off = (qd * 8 + lane % 8) * a.stride + lane / 8 * 8;
+  const int k_off = (NB * qd * 8 + lane % 8) * a.stride + lane / 8 * 8;
   const int v_off = (lane % 8 + (lane / 8) % 2 * 8) * a.stride + lane / 16 * 8;
   const int k2_steps = a.kpad / 32;
   for (int it = 0; it < n_tiles; ++it) {
@@ -695,43 +728,52 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs 
     __syncthreads();  // tile it is in; every warp is done with tile it - 1 and the scores
     if (it + 1 < n_tiles) load_tile(it + 1);
     cp_async_commit();
-    const __nv_bfloat16* kt = k_s + (it & 1) * kKeyTile * a.stride;
+    const __nv_bfloat16* kt = k_s + (it & 1) * KT * a.stride;
 
-    float sc[2][4] = {};  // even and odd k-steps apart: two mma chains of half the length
+    // [key group][even / odd k-steps]: 2 NB independent mma chains
+    float sc[NB][2][4] = {};
     const uint32_t k_addr = smem_u32(kt + k_off);
     for (int k2 = 0; k2 < k2_steps; ++k2) {
-      uint32_t qa[4], qb[4], kb[4];
+      uint32_t qa[4], qb[4];
       ldsm_x4(qa, q_addr + k2 * 64);       // k-step 2 k2 (32 columns = 64 bytes per k2)
       ldsm_x4(qb, q_addr + k2 * 64 + 32);  // k-step 2 k2 + 1
-      ldsm_x4(kb, k_addr + k2 * 64);       // keys: b0 b1 of step 2 k2, then of step 2 k2 + 1
-      mma_bf16(sc[0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
-      mma_bf16(sc[1], qb[0], qb[1], qb[2], qb[3], kb[2], kb[3]);
-    }
-    const int j = start + it * kKeyTile + qd * 8 + 2 * q;  // key of c0, c2 (c1, c3: j + 1)
-    float s4[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s4[e] = (sc[0][e] + sc[1][e]) * a.scale_log2;
-    if (j >= end) s4[0] = s4[2] = -INFINITY;
-    if (j + 1 >= end) s4[1] = s4[3] = -INFINITY;
-    float* srow = s_s + (mt * 16 + g) * kScoreStride + qd * 8 + 2 * q;
-    *reinterpret_cast<float2*>(srow) = make_float2(s4[0], s4[1]);
-    *reinterpret_cast<float2*>(srow + 8 * kScoreStride) = make_float2(s4[2], s4[3]);
-    __syncthreads();  // all 32 x 32 scores of the tile are in
+      for (int nb = 0; nb < NB; ++nb) {
+        uint32_t kb[4];  // keys of group nb: b0 b1 of step 2 k2, then of step 2 k2 + 1
+        ldsm_x4(kb, k_addr + nb * 8 * a.stride * 2 + k2 * 64);
+        mma_bf16(sc[nb][0], qa[0], qa[1], qa[2], qa[3], kb[0], kb[1]);
+        mma_bf16(sc[nb][1], qb[0], qb[1], qb[2], qb[3], kb[2], kb[3]);
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const int col = (NB * qd + nb) * 8 + 2 * q;  // tile key of c0, c2 (c1, c3: col + 1)
+      const int j = start + it * KT + col;
+      float s4[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s4[e] = (sc[nb][0][e] + sc[nb][1][e]) * a.scale_log2;
+      if (j >= end) s4[0] = s4[2] = -INFINITY;
+      if (j + 1 >= end) s4[1] = s4[3] = -INFINITY;
+      float* srow = s_s + (mt * 16 + g) * SS + col;
+      *reinterpret_cast<float2*>(srow) = make_float2(s4[0], s4[1]);
+      *reinterpret_cast<float2*>(srow + 8 * SS) = make_float2(s4[2], s4[3]);
+    }
+    __syncthreads();  // all 32 x KT scores of the tile are in
 
     // sv[rr][kk][hh]: scores of row g + 8 rr at keys 16 kk + 8 hh + 2q, + 1 (A-fragment order).
-    float2 sv[2][2][2];
+    float2 sv[2][KS][2];
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
-      for (int kk = 0; kk < 2; ++kk)
+      for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           sv[rr][kk][hh] = *reinterpret_cast<const float2*>(
-              s_s + (mt * 16 + g + 8 * rr) * kScoreStride + kk * 16 + hh * 8 + 2 * q);
+              s_s + (mt * 16 + g + 8 * rr) * SS + kk * 16 + hh * 8 + 2 * q);
           mx[rr] = fmaxf(mx[rr], fmaxf(sv[rr][kk][hh].x, sv[rr][kk][hh].y));
         }
-    uint32_t pa[2][4];  // P as the A fragments of the tile's two k-steps (16 keys each)
+    uint32_t pa[KS][4];  // P as the A fragments of the tile's k-steps (16 keys each)
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       // Finite: every tile holds a key below `end` (rows past H score 0 there).
@@ -747,7 +789,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs 
           o[i][hf][2 * rr + 1] *= corr;
         }
 #pragma unroll
-      for (int kk = 0; kk < 2; ++kk)
+      for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const __nv_bfloat162 p = __floats2bfloat162_rn(exp2f(sv[rr][kk][hh].x - m_new),
@@ -757,7 +799,7 @@ __global__ void __launch_bounds__(kTcThreads, 1) attention_tc_kernel(TcAttnArgs 
         }
     }
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
+    for (int kk = 0; kk < KS; ++kk) {
       const uint32_t v_addr = smem_u32(kt + kk * 16 * a.stride + v_off);
 #pragma unroll
       for (int i = 0; i < kTcPairs; ++i) {
@@ -1126,11 +1168,19 @@ cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t 
       a.part_o = static_cast<float*>(workspace);
       a.part_ml = reinterpret_cast<float2*>(a.part_o + size_t(a.splits) * T * a.H * a.Dl);
     }
-    const cudaError_t e = ensure_max_dynamic_smem<attention_tc_kernel>(int(tc_smem_bytes(kMaxRow)));
-    if (e != cudaSuccess) return e;
     const int64_t blocks = int64_t(T) * a.groups;  // <= T * H < 2^31
-    attention_tc_kernel<<<dim3(unsigned(blocks), unsigned(a.splits)), kTcThreads,
-                          tc_smem_bytes(s.row()), stream>>>(a);
+    const dim3 grid(unsigned(blocks), unsigned(a.splits));
+    const auto go = [&]<int KT>() {
+      // Opted in once per GPU for the largest row that takes this tile (tc_key_tile).
+      const size_t most = KT == 64 ? smem_optin_bytes() : tc_smem_bytes(kMaxRow, 32);
+      const cudaError_t e = ensure_max_dynamic_smem<attention_tc_kernel<KT>>(int(most));
+      if (e != cudaSuccess) return e;
+      attention_tc_kernel<KT><<<grid, kTcThreads, tc_smem_bytes(s.row(), KT), stream>>>(a);
+      return cudaGetLastError();
+    };
+    const cudaError_t e = tc_key_tile(s.row()) == 64 ? go.template operator()<64>()
+                                                     : go.template operator()<32>();
+    if (e != cudaSuccess) return e;
     if (a.splits > 1)
       attention_combine_kernel<<<dim3(unsigned(int64_t(T) * a.H), unsigned((a.Dl + 63) / 64)), 32,
                                  0, stream>>>(a);
