@@ -14,8 +14,9 @@
 //                    strided-batched GEMM over heads (mla_gemm.h) and a small RoPE kernel.
 //   mla_attention:   rows 16-byte aligned and Dl <= 512 (every real model): a flash-attention
 //                    style tensor-core kernel. A block per (token, 32 heads, key split): the
-//                    token's 32 absorbed query rows and tiles of 32 cached rows in shared memory
-//                    (cp.async, double buffered), so each cached row is read once per 32 heads;
+//                    token's 32 absorbed query rows and tiles of 64 cached rows (32 where two
+//                    tiles of 64 do not fit) in shared memory (cp.async, double buffered), so
+//                    each cached row is read once per 32 heads;
 //                    scores Q K^T and the latent sum P V on mma.sync, an online softmax in base 2
 //                    between them. When T * H is small (decode) the keys are split over up to 32
 //                    blocks per row group, whose partials (max, sum, latent sum) a combine kernel
