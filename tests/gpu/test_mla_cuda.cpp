@@ -29,6 +29,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "guarded_device_array.h"
+#include "scattered_slots.h"
 #include "ops/attention/mla.h"
 #include "ops/attention/mla_cuda.h"
 #include "ops/rope/rope.h"
@@ -147,19 +148,10 @@ void run_cache_write(const Dims& d, RopeStyle style, int T, std::mt19937& rng) {
   const std::vector<uint16_t> norm_w = random_bf16(size_t(d.Dl), rng, 1.5f);   // [Dl]
   const std::vector<int32_t> pos = random_positions(T, rng);
   const std::vector<float> inv_freq = ops::rope_inv_freq(10000.0, d.Dr);  // [Dr / 2]
-  std::vector<int64_t> perm(static_cast<size_t>(num_slots));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int64_t> slots(perm.begin(), perm.begin() + T);  // [T]
-  for (int t = 3; t < T; t += 4) slots[size_t(t)] = -1;      // these tokens write nothing
+  const std::vector<int64_t> slots = test::scattered_slots(T, num_slots, rng);  // [T]
   // [num_slots, Dl + Dr]: random rows, the ones to be written poisoned (NaN).
   std::vector<uint16_t> init = random_bf16(size_t(num_slots) * row, rng, 1.0f);
-  std::vector<bool> written(static_cast<size_t>(num_slots), false);
-  for (int64_t sl : slots)
-    if (sl >= 0) {
-      written[size_t(sl)] = true;
-      std::fill_n(init.begin() + sl * int64_t(row), row, uint16_t(0xFFFF));
-    }
+  const std::vector<bool> written = test::poison_written_rows(slots, row, init);
   std::vector<uint16_t> want = init;
   ops::mla_cache_write_cpu(kv_a.data(), norm_w.data(), eps, pos.data(), slots.data(), T,
                            inv_freq.data(), s, num_slots, want.data());

@@ -371,6 +371,7 @@ __global__ void __launch_bounds__(128) absorb_rope_kernel(AbsorbArgs a) {
 // so a key's latent sits in the registers that scored it; the warps' (max, sum, latent sum)
 // merge in shared memory at the end.
 
+// What both attention kernels read (the tensor-core kernel's TcAttnArgs adds its tiling).
 struct AttnArgs {
   const __nv_bfloat16* q_abs;  // [T, H, row]
   const __nv_bfloat16* cache;  // [num_slots, row]
@@ -379,7 +380,7 @@ struct AttnArgs {
   MlaKeys keys;
   int S, H, Dl, row;
   float scale_log2;        // scale * log2(e): the softmax runs in base 2
-  __nv_bfloat16* out_lat;  // [T, H, Dl]
+  __nv_bfloat16* out_lat;  // [T, H, Dl] (TcAttnArgs: when splits == 1)
 };
 
 // N bf16 at p (N = 8: one 16-byte load; N = 2: one 4-byte load) as N / 2 packed pairs.
@@ -636,17 +637,10 @@ __device__ __forceinline__ int sequence_of(const int32_t* cu_seqlens, int S, int
   return lo;
 }
 
-struct TcAttnArgs {
-  const __nv_bfloat16* q_abs;  // [T, H, row]
-  const __nv_bfloat16* cache;  // [num_slots, row]
-  const int32_t* cu_seqlens;   // [S + 1]
-  const int32_t* positions;    // [T]
-  MlaKeys keys;
-  int S, T, H, Dl, row, kpad, stride, groups, splits;
-  float scale_log2;        // scale * log2(e): the softmax runs in base 2
-  __nv_bfloat16* out_lat;  // [T, H, Dl] (splits == 1)
-  float* part_o;           // [splits, T, H, Dl] unnormalised latent sums (splits > 1)
-  float2* part_ml;         // [splits, T, H] (max, sum) in base 2 (splits > 1)
+struct TcAttnArgs : AttnArgs {
+  int T, kpad, stride, groups, splits;
+  float* part_o;    // [splits, T, H, Dl] unnormalised latent sums (splits > 1)
+  float2* part_ml;  // [splits, T, H] (max, sum) in base 2 (splits > 1)
 };
 
 // blockIdx.x = (T - 1 - t) * groups + group (long prefill rows start first), blockIdx.y = split.
@@ -1141,24 +1135,26 @@ cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t 
   TETRA_CHECK(aligned(q_abs, 4) && aligned(cache, 4) && aligned(out_lat, 4),
               "mla attention (cuda): q_abs, cache and out_lat must be 4-byte aligned");
   if (T == 0) return cudaSuccess;
+  AttnArgs base;
+  base.q_abs = reinterpret_cast<const __nv_bfloat16*>(q_abs);
+  base.cache = reinterpret_cast<const __nv_bfloat16*>(cache);
+  base.cu_seqlens = cu_seqlens;
+  base.positions = positions;
+  base.keys = keys;
+  base.S = S;
+  base.H = s.n_heads;
+  base.Dl = s.kv_lora;
+  base.row = s.row();
+  base.scale_log2 = s.scale * 1.4426950408889634f;
+  base.out_lat = reinterpret_cast<__nv_bfloat16*>(out_lat);
   if (tc_attention_shape(s) && aligned(q_abs, 16) && aligned(cache, 16)) {
     TcAttnArgs a;
-    a.q_abs = reinterpret_cast<const __nv_bfloat16*>(q_abs);
-    a.cache = reinterpret_cast<const __nv_bfloat16*>(cache);
-    a.cu_seqlens = cu_seqlens;
-    a.positions = positions;
-    a.keys = keys;
-    a.S = S;
+    static_cast<AttnArgs&>(a) = base;
     a.T = T;
-    a.H = s.n_heads;
-    a.Dl = s.kv_lora;
-    a.row = s.row();
     a.kpad = tc_kpad(s.row());
     a.stride = tc_stride(s.row());
     a.groups = tc_groups(s.n_heads);
     a.splits = workspace != nullptr ? tc_splits(T, s.n_heads) : 1;
-    a.scale_log2 = s.scale * 1.4426950408889634f;
-    a.out_lat = reinterpret_cast<__nv_bfloat16*>(out_lat);
     a.part_o = nullptr;
     a.part_ml = nullptr;
     if (a.splits > 1) {
@@ -1188,18 +1184,6 @@ cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t 
     return cudaGetLastError();
   }
 
-  AttnArgs a;
-  a.q_abs = reinterpret_cast<const __nv_bfloat16*>(q_abs);
-  a.cache = reinterpret_cast<const __nv_bfloat16*>(cache);
-  a.cu_seqlens = cu_seqlens;
-  a.positions = positions;
-  a.keys = keys;
-  a.S = S;
-  a.H = s.n_heads;
-  a.Dl = s.kv_lora;
-  a.row = s.row();
-  a.scale_log2 = s.scale * 1.4426950408889634f;
-  a.out_lat = reinterpret_cast<__nv_bfloat16*>(out_lat);
   const unsigned blocks = unsigned(int64_t(T) * s.n_heads);
   // 16-byte chunks where rows and pointers allow.
   if (s.row() % 8 == 0 && aligned(q_abs, 16) && aligned(cache, 16)) {
@@ -1210,16 +1194,16 @@ cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t 
     const bool wide = int64_t(blocks) < 2 * int64_t(current_device_sm_count()) && K <= 3 &&
                       s.kv_lora <= 512;
     switch (K) {
-      case 1: return wide ? launch_attention<8, 1, 16, 2>(a, blocks, stream)
-                          : launch_attention<8, 1, 8, 4>(a, blocks, stream);
-      case 2: return wide ? launch_attention<8, 2, 16, 2>(a, blocks, stream)
-                          : launch_attention<8, 2, 8, 4>(a, blocks, stream);
-      case 3: return wide ? launch_attention<8, 3, 16, 2>(a, blocks, stream)
-                          : launch_attention<8, 3, 8, 4>(a, blocks, stream);
-      default: return launch_attention<8, 4, 8, 4>(a, blocks, stream);
+      case 1: return wide ? launch_attention<8, 1, 16, 2>(base, blocks, stream)
+                          : launch_attention<8, 1, 8, 4>(base, blocks, stream);
+      case 2: return wide ? launch_attention<8, 2, 16, 2>(base, blocks, stream)
+                          : launch_attention<8, 2, 8, 4>(base, blocks, stream);
+      case 3: return wide ? launch_attention<8, 3, 16, 2>(base, blocks, stream)
+                          : launch_attention<8, 3, 8, 4>(base, blocks, stream);
+      default: return launch_attention<8, 4, 8, 4>(base, blocks, stream);
     }
   }
-  return launch_attention<2, kMaxRow / 2 / 32, 8, 4>(a, blocks, stream);  // 4-byte chunks
+  return launch_attention<2, kMaxRow / 2 / 32, 8, 4>(base, blocks, stream);  // 4-byte chunks
 }
 
 cudaError_t mla_up_v(const uint16_t* out_lat, const uint16_t* kv_b, int T, const MlaShape& s,
