@@ -486,7 +486,10 @@ const Variant kVariants[] = {
     {"stream KS 4 W 4 SB 2 R 8", launch_f8_stream<4, 4, 2, 8>, 4, 8},
     {"stream KS 4 W 2 SB 4 R 16", launch_f8_stream<4, 2, 4, 16>, 4, 8},
     {"stream KS 1 W 4 SB 2 R 12", launch_f8_stream<1, 4, 2, 12>, 1, 8},
-    {"stream KS 2 W 2 SB 2 R 24", launch_f8_stream<2, 2, 2, 24>, 2, 4}};
+    {"stream KS 2 W 2 SB 2 R 24", launch_f8_stream<2, 2, 2, 24>, 2, 4},
+    {"stream KS 2 W 6 SB 2 R 8", launch_f8_stream<2, 6, 2, 8>, 2, 12},
+    {"stream KS 2 W 6 SB 4 R 8", launch_f8_stream<2, 6, 4, 8>, 2, 24},
+    {"stream KS 2 W 6 SB 2 R 10", launch_f8_stream<2, 6, 2, 10>, 2, 12}};
 
 // Stands in for the decode attention in a step: waits for the previous kernel, lets the next
 // one launch, then keeps 64 SMs busy for `cycles` without touching HBM (the attention at batch 1
