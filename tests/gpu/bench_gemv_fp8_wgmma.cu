@@ -799,6 +799,26 @@ TEST(BenchGemvFp8Wgmma, StepEmulation) {
       TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, dx.x.as<uint16_t>(), 1, s));
     });
     std::printf("| production (auto) | %.2f | %.2f |\n", prod, prod - spin);
+    // The production streaming kernel at other ring depths (16 consumer warps, 2 blocks per SM),
+    // and its copy-only mode (8 warps x 2 chunks, no math: the bytes' own bound).
+    struct Ring {
+      const char* name;
+      oc::Nvfp4GemvStreamConfig cfg;
+    };
+    const Ring rings[] = {{"stream 16 warps, 3 stages", {16, 3, 2, 1, 0}},
+                          {"stream 16 warps, 6 stages", {16, 6, 2, 1, 0}},
+                          {"stream 16 warps, 8 stages", {16, 8, 2, 1, 0}},
+                          {"stream 16 warps, 10 stages", {16, 10, 2, 1, 0}},
+                          {"stream copy-only 8 x 2, 4 stages", {8, 4, 2, 2, 1}},
+                          {"stream copy-only 8 x 2, 8 stages", {8, 8, 2, 2, 1}}};
+    for (const Ring& r : rings) {
+      const double us = test::graph_us_per_launch(16, [&](int i, cudaStream_t s) {
+        TETRA_CUDA_CHECK(launch_spin(cycles, sink.as<int>(), s));
+        const oc::Nvfp4GemvOutput out{&copies[size_t(i % n_copies)].view(), nullptr, dy.as<uint16_t>()};
+        TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, dx.x.as<uint16_t>(), 1, s, oc::Nvfp4GemvKernel::Stream, &r.cfg));
+      });
+      std::printf("| production %s | %.2f | %.2f |\n", r.name, us, us - spin);
+    }
     for (const Variant& v : kVariants) {
       if (!runnable(v, k / 64) || std::string(v.name).rfind("stream", 0) != 0) continue;
       for (int with_prep = 0; with_prep < 2; ++with_prep) {
