@@ -15,14 +15,19 @@
 // (hi, lo) of block t = lane % 4. After each pair a thread adds hi + lo and multiplies in its two
 // block scales (fp32 FFMA): ~1.2 instructions per weight per thread against ~2.75.
 //
-// Kernel: one warpgroup per block owns 64 weight rows over 1/SPLIT of k; the SPLIT blocks of a
+// Kernels: one warpgroup per block owns 64 weight rows over 1/SPLIT of k; the SPLIT blocks of a
 // cluster sum their partial rows over distributed shared memory (rank order: the same bits every
-// run). Each thread keeps S pairs of weights (16 bytes each) in flight in registers, reloading a
-// slot as soon as it is decoded (the production Rolling kernel's scheme). The B tiles (512 bytes
-// per pair) and the block factors 2^(6 - E) are copied into shared memory once per block.
+// run). f8_gemv keeps S pairs of weights (16 bytes per thread each) in flight in registers,
+// reloading a slot once it is decoded (the production Rolling kernel's scheme); f8_stream_gemv
+// streams them through a shared-memory ring (the production o_proj kernel's scheme). The B tiles
+// (512 bytes per pair) and the block factors 2^(6 - E) sit in shared memory.
 // `*Matches*` checks every variant against a double-precision CPU reference next to the
-// production kernel; `*Timing*` (TETRA_BENCH_FULL=1) times them as CUDA graphs of 32 launches
-// over 4 weight copies. Not used by the model.
+// production kernel; with TETRA_BENCH_FULL=1, `*Timing*` times them as CUDA graphs of 32 launches
+// over 4 weight copies, `*StepEmulation*` times o_proj after a 10 us stand-in for the attention
+// (what it adds to the chain with its weights streaming meanwhile, production ring depths and
+// copy-only mode included), `*WgmmaRate*` the wgmma alone. Not used by the model: every variant
+// was as accurate as the production kernel and none faster where it matters (o_proj);
+// bench/results/2026-12-03-gemv-fp8-wgmma-h200-s43.md has the figures and the reading.
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
@@ -184,7 +189,7 @@ __device__ __forceinline__ float scale_f32(uint32_t byte) {
   return __uint_as_float(byte << 20) * 0x1p120f;
 }
 
-template <int SPLIT, int S, bool kBatch>
+template <int SPLIT, int S>
 __global__ void __cluster_dims__(SPLIT, 1, 1) __launch_bounds__(128)
     f8_gemv(const F8GemvArgs a) {
 #ifndef TETRA_NO_WGMMA
@@ -217,75 +222,41 @@ __global__ void __cluster_dims__(SPLIT, 1, 1) __launch_bounds__(128)
   const uint32_t b0 = moe_detail::smem_u32(sm);
 
   float acc0 = 0.0f, acc1 = 0.0f;  // rows g, g+8 (block t of every pair)
-  static_assert(S % 2 == 0, "pairs alternate two register sets: S even");
-  float d[2][4] = {};
-  uint32_t A[2][8];
-  uint32_t sc_prev = 0;
-  float xf_prev = 0.0f;
-  auto finish = [&](const float (&dd)[4], uint32_t sc, float xf) {
-    acc0 = fmaf(scale_f32(sc & 0xffu) * xf, dd[0] + dd[1], acc0);
-    acc1 = fmaf(scale_f32(sc >> 8) * xf, dd[2] + dd[3], acc1);
-  };
-  if constexpr (kBatch) {
-    // All S pairs decoded before the stage's first wgmma (ptxas serializes wgmmas whose register
-    // inputs are defined while earlier ones are in flight), one wait per S pairs.
-    for (int i0 = 0; i0 < np; i0 += S) {
-      uint32_t AB[S][8];
-      float DB[S][4];
-      uint32_t scb[S];
-#pragma unroll
-      for (int s = 0; s < S; ++s) {
-        f8_word_decode(wv[s].x, AB[s][0], AB[s][1]);
-        f8_word_decode(wv[s].y, AB[s][2], AB[s][3]);
-        f8_word_decode(wv[s].z, AB[s][4], AB[s][5]);
-        f8_word_decode(wv[s].w, AB[s][6], AB[s][7]);
-        scb[s] = sv[s];
-        if (i0 + S + s < np) {
-          wv[s] = moe_detail::ld_stream_u4(wp + size_t(i0 + S + s) * 128);
-          sv[s] = moe_detail::ld_stream_u16(sp + size_t(i0 + S + s) * 128);
-        }
-      }
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-      for (int s = 0; s < S; ++s) {
-        const uint32_t bt = b0 + uint32_t(i0 + s) * 512;
-        wgmma_f8_k32(DB[s], AB[s][0], AB[s][1], AB[s][2], AB[s][3], b_desc(bt), 0);
-        wgmma_f8_k32(DB[s], AB[s][4], AB[s][5], AB[s][6], AB[s][7], b_desc(bt + 256), 1);
-      }
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-#pragma unroll
-      for (int s = 0; s < S; ++s) finish(DB[s], scb[s], xs[4 * (i0 + s) + t]);
-    }
-  } else {
+  // All S pairs are decoded before the batch's first wgmma: ptxas serializes register-A wgmmas
+  // whose inputs (or whose accumulators' readers) fall between an earlier wgmma and its wait, so
+  // the decode of the next pairs cannot overlap the current ones (session 43 timed that variant
+  // too: no faster, bench/results/2026-12-03-gemv-fp8-wgmma-h200-s43.md). One wait per S pairs.
   for (int i0 = 0; i0 < np; i0 += S) {
+    uint32_t A[S][8];
+    float d[S][4];
+    uint32_t sc[S];
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      const int i = i0 + s, par = s & 1;
-      f8_word_decode(wv[s].x, A[par][0], A[par][1]);
-      f8_word_decode(wv[s].y, A[par][2], A[par][3]);
-      f8_word_decode(wv[s].z, A[par][4], A[par][5]);
-      f8_word_decode(wv[s].w, A[par][6], A[par][7]);
-      const uint32_t sc = sv[s];
-      if (i + S < np) {
-        wv[s] = moe_detail::ld_stream_u4(wp + size_t(i + S) * 128);
-        sv[s] = moe_detail::ld_stream_u16(sp + size_t(i + S) * 128);
+      f8_word_decode(wv[s].x, A[s][0], A[s][1]);
+      f8_word_decode(wv[s].y, A[s][2], A[s][3]);
+      f8_word_decode(wv[s].z, A[s][4], A[s][5]);
+      f8_word_decode(wv[s].w, A[s][6], A[s][7]);
+      sc[s] = sv[s];
+      if (i0 + S + s < np) {
+        wv[s] = moe_detail::ld_stream_u4(wp + size_t(i0 + S + s) * 128);
+        sv[s] = moe_detail::ld_stream_u16(sp + size_t(i0 + S + s) * 128);
       }
-      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-      const uint32_t bt = b0 + uint32_t(i) * 512;
-      wgmma_f8_k32(d[par], A[par][0], A[par][1], A[par][2], A[par][3], b_desc(bt), 0);
-      wgmma_f8_k32(d[par], A[par][4], A[par][5], A[par][6], A[par][7], b_desc(bt + 256), 1);
-      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-      if (i > 0) {
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-        finish(d[par ^ 1], sc_prev, xf_prev);
-      }
-      sc_prev = sc;
-      xf_prev = xs[4 * i + t];
     }
-  }
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-  finish(d[1], sc_prev, xf_prev);  // np is a multiple of S: the last pair is odd
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const uint32_t bt = b0 + uint32_t(i0 + s) * 512;
+      wgmma_f8_k32(d[s], A[s][0], A[s][1], A[s][2], A[s][3], b_desc(bt), 0);
+      wgmma_f8_k32(d[s], A[s][4], A[s][5], A[s][6], A[s][7], b_desc(bt + 256), 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const float xf = xs[4 * (i0 + s) + t];
+      acc0 = fmaf(scale_f32(sc[s] & 0xffu) * xf, d[s][0] + d[s][1], acc0);
+      acc1 = fmaf(scale_f32(sc[s] >> 8) * xf, d[s][2] + d[s][3], acc1);
+    }
   }
   // Rows g, g+8 over the quad's four blocks, then over the cluster's k splits in rank order.
   acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
@@ -304,11 +275,11 @@ __global__ void __cluster_dims__(SPLIT, 1, 1) __launch_bounds__(128)
 #endif
 }
 
-template <int SPLIT, int S, bool kBatch = false>
+template <int SPLIT, int S>
 cudaError_t launch_f8(const F8GemvArgs& a, cudaStream_t stream) {
   const int np = a.pairs / SPLIT;
   const size_t smem = size_t(np) * 512 + size_t(np) * 16;
-  auto kernel = f8_gemv<SPLIT, S, kBatch>;
+  auto kernel = f8_gemv<SPLIT, S>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
   cudaLaunchAttribute attr[1] = {};
@@ -472,13 +443,10 @@ struct Variant {
   int split, slots;  // pairs must be a multiple of split * slots
 };
 const Variant kVariants[] = {
-    {"split 2 S 4", launch_f8<2, 4>, 2, 4},  {"split 4 S 4", launch_f8<4, 4>, 4, 4},
-    {"split 8 S 4", launch_f8<8, 4>, 8, 4},  {"split 4 S 2", launch_f8<4, 2>, 4, 2},
-    {"split 8 S 2", launch_f8<8, 2>, 8, 2},  {"split 2 S 8", launch_f8<2, 8>, 2, 8},
-    {"split 4 S 8", launch_f8<4, 8>, 4, 8},  {"split 8 S 6", launch_f8<8, 6>, 8, 6},
-    {"batch split 4 S 2", launch_f8<4, 2, true>, 4, 2}, {"batch split 8 S 2", launch_f8<8, 2, true>, 8, 2},
-    {"batch split 4 S 4", launch_f8<4, 4, true>, 4, 4}, {"batch split 8 S 4", launch_f8<8, 4, true>, 8, 4},
-    {"batch split 2 S 4", launch_f8<2, 4, true>, 2, 4},
+    // register loads: split k over a cluster of `split` blocks, S pairs in flight per thread
+    {"batch split 4 S 2", launch_f8<4, 2>, 4, 2}, {"batch split 8 S 2", launch_f8<8, 2>, 8, 2},
+    {"batch split 4 S 4", launch_f8<4, 4>, 4, 4}, {"batch split 8 S 4", launch_f8<8, 4>, 8, 4},
+    {"batch split 2 S 4", launch_f8<2, 4>, 2, 4},
     // stream: split KS, W consumer warpgroups, SB stages per batch, ring stages
     {"stream KS 2 W 4 SB 2 R 16", launch_f8_stream<2, 4, 2, 16>, 2, 8},
     {"stream KS 2 W 4 SB 1 R 16", launch_f8_stream<2, 4, 1, 16>, 2, 4},
@@ -870,7 +838,7 @@ TEST(BenchGemvFp8Wgmma, Profile) {
     const oc::Nvfp4GemvOutput out{&d.view(), nullptr, dy.as<uint16_t>()};
     TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, dx.x.as<uint16_t>(), 1, nullptr));
     TETRA_CUDA_CHECK((launch_f8_stream<2, 4, 2, 16>(f8_args(f8, dx, dy.as<uint16_t>()), nullptr)));
-    TETRA_CUDA_CHECK((launch_f8<8, 4, true>(f8_args(f8, dx, dy.as<uint16_t>()), nullptr)));
+    TETRA_CUDA_CHECK((launch_f8<8, 4>(f8_args(f8, dx, dy.as<uint16_t>()), nullptr)));
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());
   }
 }
