@@ -777,6 +777,10 @@ TEST(BenchGemvFp8Wgmma, StepEmulation) {
                           {"stream 16 warps, 6 stages", {16, 6, 2, 1, 0}},
                           {"stream 16 warps, 8 stages", {16, 8, 2, 1, 0}},
                           {"stream 16 warps, 10 stages", {16, 10, 2, 1, 0}},
+                          {"stream 8 warps x 2 chunks, 4 stages", {8, 4, 2, 2, 0}},
+                          {"stream 8 warps x 2 chunks, 8 stages", {8, 8, 2, 2, 0}},
+                          {"stream 4 warps x 2 chunks, 8 stages", {4, 8, 2, 2, 0}},
+                          {"stream no-x (math on constant x) 8 x 2, 8 stages", {8, 8, 2, 2, 2}},
                           {"stream copy-only 8 x 2, 4 stages", {8, 4, 2, 2, 1}},
                           {"stream copy-only 8 x 2, 8 stages", {8, 8, 2, 2, 1}}};
     for (const Ring& r : rings) {
