@@ -31,6 +31,7 @@
 #include "core/kernel_launch.h"
 #include "format/nvfp4.h"
 #include "graph_timing.h"
+#include "nvfp4_gemv_bench_data.h"
 #include "moe/expert_weights.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/w4a16_fragment.cuh"
@@ -39,6 +40,7 @@ namespace tetra {
 namespace {
 
 namespace oc = ops::cuda;
+using namespace gemv_bench;
 constexpr int kWarps = 8;
 // ---- the kernels ----
 struct ColGemvArgs {
@@ -224,41 +226,6 @@ const Shape kShapes[] = {
     {"unscaled x S4 B4 prefetch 1", launch_col<4, 4, 1, false, true>, 4}};
 
 // ---- host data ----
-struct HostMatrix {
-  int n, k;
-  std::vector<uint8_t> codes, scales;  // ModelOpt [n, k/2], [n, k/16] e4m3
-  float scale_2;
-};
-
-HostMatrix random_matrix(int n, int k, uint32_t seed) {
-  std::mt19937 rng(seed);
-  HostMatrix m{n, k, std::vector<uint8_t>(size_t(n) * k / 2), std::vector<uint8_t>(size_t(n) * k / 16),
-               0.0f};
-  for (auto& b : m.codes) b = uint8_t(rng());
-  // e4m3 scales 2^-3 .. 2^1 with random mantissas, some subnormal, some zero blocks.
-  for (auto& s : m.scales) {
-    const uint32_t r = rng() % 64;
-    s = r == 0 ? 0 : r == 1 ? uint8_t(1 + rng() % 7) : uint8_t(((4 + rng() % 5) << 3) | (rng() % 8));
-  }
-  m.scale_2 = 2.0f / std::sqrt(float(k));
-  return m;
-}
-
-// y = x . W^T in double over the dequantized weights, then * scale_2.
-std::vector<double> reference(const HostMatrix& m, const std::vector<uint16_t>& x) {
-  std::vector<double> y(m.n);
-  for (int r = 0; r < m.n; ++r) {
-    double acc = 0.0;
-    for (int c = 0; c < m.k; ++c) {
-      const uint8_t b = m.codes[size_t(r) * (m.k / 2) + c / 2];
-      const double w = nvfp4::e2m1_to_float(uint8_t(c % 2 ? b >> 4 : b & 15)) *
-                       double(nvfp4::e4m3_to_float(m.scales[size_t(r) * (m.k / 16) + c / 16]));
-      acc += w * double(bf16_to_float(x[c]));
-    }
-    y[r] = acc * m.scale_2;
-  }
-  return y;
-}
 
 // x on the device: as given (the production kernel) and scaled (scale_x, the column kernel).
 struct DevX {
@@ -284,41 +251,7 @@ ColGemvArgs col_args(const oc::Nvfp4LinearBuffer& w, const DevX& x, uint16_t* y)
           x.zeros.as<uint16_t>(), y, v.n, v.k};
 }
 
-oc::Nvfp4LinearBuffer upload(const HostMatrix& m) {
-  Nvfp4MatrixView view;
-  view.weight = m.codes.data();
-  view.scale = m.scales.data();
-  view.scale_2 = m.scale_2;
-  view.n = m.n;
-  view.k = m.k;
-  view.name = "bench";
-  return oc::Nvfp4LinearBuffer(view);
-}
 
-std::vector<uint16_t> random_x(int k, uint32_t seed, float outlier) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<uint16_t> x(k);
-  for (auto& v : x) v = float_to_bf16(nd(rng));
-  if (outlier != 0.0f) x[size_t(k / 3)] = float_to_bf16(outlier), x[7] = float_to_bf16(-outlier / 3);
-  return x;
-}
-
-struct Errors {
-  double nmse, max_rel;
-};
-Errors compare(const std::vector<uint16_t>& got, const std::vector<double>& want) {
-  double num = 0, den = 0, mx = 0, scale = 0;
-  for (double w : want) scale = std::max(scale, std::fabs(w));
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = bf16_to_float(got[i]);
-    if (!std::isfinite(g)) return {INFINITY, INFINITY};
-    num += (g - want[i]) * (g - want[i]);
-    den += want[i] * want[i];
-    mx = std::max(mx, std::fabs(g - want[i]) / std::max(scale, 1e-30));
-  }
-  return {den > 0 ? num / den : num, mx};
-}
 
 TEST(BenchGemvBlockColumns, MatchesReferenceAndBf16Kernel) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";

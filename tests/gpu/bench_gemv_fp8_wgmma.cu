@@ -45,8 +45,10 @@
 
 #include "core/cuda_check.h"
 #include "core/half.h"
+#include "core/kernel_launch.h"
 #include "format/nvfp4.h"
 #include "graph_timing.h"
+#include "nvfp4_gemv_bench_data.h"
 #include "ops/linear/linear_cuda.h"
 #include "ops/moe/mbarrier.cuh"
 #include "ops/moe/w4a16_fragment.cuh"
@@ -60,6 +62,7 @@ namespace tetra {
 namespace {
 
 namespace oc = ops::cuda;
+using namespace gemv_bench;
 namespace cg = cooperative_groups;
 
 // ---- the stored word code ----
@@ -189,6 +192,34 @@ __device__ __forceinline__ float scale_f32(uint32_t byte) {
   return __uint_as_float(byte << 20) * 0x1p120f;
 }
 
+#ifndef TETRA_NO_WGMMA
+// A thread's 16 stored bytes of a pair -> the A registers of its two k-steps (a[0..3], a[4..7]).
+__device__ __forceinline__ void decode_pair(const uint4& w, uint32_t (&a)[8]) {
+  f8_word_decode(w.x, a[0], a[1]);
+  f8_word_decode(w.y, a[2], a[3]);
+  f8_word_decode(w.z, a[4], a[5]);
+  f8_word_decode(w.w, a[6], a[7]);
+}
+// d = the pair's (block, hi/lo) partial sums: two k-steps over the pair's 512-byte B tile.
+__device__ __forceinline__ void mma_pair(float (&d)[4], const uint32_t (&a)[8], uint32_t b_tile) {
+  wgmma_f8_k32(d, a[0], a[1], a[2], a[3], b_desc(b_tile), 0);
+  wgmma_f8_k32(d, a[4], a[5], a[6], a[7], b_desc(b_tile + 256), 1);
+}
+#endif
+// acc (rows g, g+8) += block t's scale * x factor * (hi + lo).
+__device__ __forceinline__ void apply_pair(float& acc0, float& acc1, const float (&d)[4], uint32_t sc,
+                                           float xf) {
+  acc0 = fmaf(scale_f32(sc & 0xffu) * xf, d[0] + d[1], acc0);
+  acc1 = fmaf(scale_f32(sc >> 8) * xf, d[2] + d[3], acc1);
+}
+// Rows g, g+8 summed over the quad's four blocks (lanes t = 0..3).
+__device__ __forceinline__ void quad_sum(float& acc0, float& acc1) {
+  acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+  acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+  acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+  acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+}
+
 template <int SPLIT, int S>
 __global__ void __cluster_dims__(SPLIT, 1, 1) __launch_bounds__(128)
     f8_gemv(const F8GemvArgs a) {
@@ -232,10 +263,7 @@ __global__ void __cluster_dims__(SPLIT, 1, 1) __launch_bounds__(128)
     uint32_t sc[S];
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      f8_word_decode(wv[s].x, A[s][0], A[s][1]);
-      f8_word_decode(wv[s].y, A[s][2], A[s][3]);
-      f8_word_decode(wv[s].z, A[s][4], A[s][5]);
-      f8_word_decode(wv[s].w, A[s][6], A[s][7]);
+      decode_pair(wv[s], A[s]);
       sc[s] = sv[s];
       if (i0 + S + s < np) {
         wv[s] = moe_detail::ld_stream_u4(wp + size_t(i0 + S + s) * 128);
@@ -244,25 +272,14 @@ __global__ void __cluster_dims__(SPLIT, 1, 1) __launch_bounds__(128)
     }
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-    for (int s = 0; s < S; ++s) {
-      const uint32_t bt = b0 + uint32_t(i0 + s) * 512;
-      wgmma_f8_k32(d[s], A[s][0], A[s][1], A[s][2], A[s][3], b_desc(bt), 0);
-      wgmma_f8_k32(d[s], A[s][4], A[s][5], A[s][6], A[s][7], b_desc(bt + 256), 1);
-    }
+    for (int s = 0; s < S; ++s) mma_pair(d[s], A[s], b0 + uint32_t(i0 + s) * 512);
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-    for (int s = 0; s < S; ++s) {
-      const float xf = xs[4 * (i0 + s) + t];
-      acc0 = fmaf(scale_f32(sc[s] & 0xffu) * xf, d[s][0] + d[s][1], acc0);
-      acc1 = fmaf(scale_f32(sc[s] >> 8) * xf, d[s][2] + d[s][3], acc1);
-    }
+    for (int s = 0; s < S; ++s) apply_pair(acc0, acc1, d[s], sc[s], xs[4 * (i0 + s) + t]);
   }
   // Rows g, g+8 over the quad's four blocks, then over the cluster's k splits in rank order.
-  acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-  acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-  acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
-  acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+  quad_sum(acc0, acc1);
   if (t == 0) red[16 * warp + g] = acc0, red[16 * warp + g + 8] = acc1;
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
@@ -280,19 +297,10 @@ cudaError_t launch_f8(const F8GemvArgs& a, cudaStream_t stream) {
   const int np = a.pairs / SPLIT;
   const size_t smem = size_t(np) * 512 + size_t(np) * 16;
   auto kernel = f8_gemv<SPLIT, S>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(SPLIT), unsigned(a.n / 64));
-  cfg.blockDim = dim3(128);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, a);
+  const KernelLaunch launch(dim3(unsigned(SPLIT), unsigned(a.n / 64)), dim3(128), stream, true, smem);
+  return launch(kernel, a);
 }
 
 // Weight-streaming variant (the production o_proj kernel's scheme, ops/moe/w4a16_stream.cuh):
@@ -371,31 +379,18 @@ __global__ void __cluster_dims__(KS, 1, 1) __launch_bounds__((4 * W + 1) * 32, 1
         const uint4 w = moe_detail::lds_u4(wl + uint32_t(st) * W * kPairWordBytes);
         scb[s] = moe_detail::lds_u16(sl + uint32_t(st) * W * kPairScaleBytes);
         moe_detail::mbar_arrive(&empty[st]);
-        f8_word_decode(w.x, AB[s][0], AB[s][1]);
-        f8_word_decode(w.y, AB[s][2], AB[s][3]);
-        f8_word_decode(w.z, AB[s][4], AB[s][5]);
-        f8_word_decode(w.w, AB[s][6], AB[s][7]);
+        decode_pair(w, AB[s]);
         xfv[s] = __ldg(xfb + 4 * (i * W + c) + t);
       }
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-      for (int s = 0; s < SB; ++s) {
-        const uint32_t bt = b0 + uint32_t((i0 + s) * W + c) * 512;
-        wgmma_f8_k32(DB[s], AB[s][0], AB[s][1], AB[s][2], AB[s][3], b_desc(bt), 0);
-        wgmma_f8_k32(DB[s], AB[s][4], AB[s][5], AB[s][6], AB[s][7], b_desc(bt + 256), 1);
-      }
+      for (int s = 0; s < SB; ++s) mma_pair(DB[s], AB[s], b0 + uint32_t((i0 + s) * W + c) * 512);
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
 #pragma unroll
-      for (int s = 0; s < SB; ++s) {
-        acc0 = fmaf(scale_f32(scb[s] & 0xffu) * xfv[s], DB[s][0] + DB[s][1], acc0);
-        acc1 = fmaf(scale_f32(scb[s] >> 8) * xfv[s], DB[s][2] + DB[s][3], acc1);
-      }
+      for (int s = 0; s < SB; ++s) apply_pair(acc0, acc1, DB[s], scb[s], xfv[s]);
     }
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
-    acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
-    acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+    quad_sum(acc0, acc1);
     if (t == 0) red[c][16 * wq + g] = acc0, red[c][16 * wq + g + 8] = acc1;
   }
   __syncthreads();
@@ -421,19 +416,11 @@ cudaError_t launch_f8_stream(const F8GemvArgs& a, cudaStream_t stream) {
   const int stages = std::min(STAGES, np / W);
   const size_t smem = f8_stream_smem<KS, W, SB>(stages, np);
   auto kernel = f8_stream_gemv<KS, W, SB>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(KS), unsigned(a.n / 64));
-  cfg.blockDim = dim3(unsigned((4 * W + 1) * 32));
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, a, stages);
+  const KernelLaunch launch(dim3(unsigned(KS), unsigned(a.n / 64)), dim3(unsigned((4 * W + 1) * 32)), stream, true,
+                            smem);
+  return launch(kernel, a, stages);
 }
 
 using LaunchFn = cudaError_t (*)(const F8GemvArgs&, cudaStream_t);
@@ -472,16 +459,8 @@ __global__ void spin_kernel(long long cycles, int* sink) {
 }
 
 cudaError_t launch_spin(long long cycles, int* sink, cudaStream_t s) {
-  cudaLaunchAttribute attr[1] = {};
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(64);
-  cfg.blockDim = dim3(128);
-  cfg.stream = s;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, spin_kernel, cycles, sink);
+  const KernelLaunch launch(dim3(64), dim3(128), s);
+  return launch(spin_kernel, cycles, sink);
 }
 
 // wgmma m64n8k32 (E4M3, A in registers) alone: cycles per group of G wgmmas (fence, G wgmmas,
@@ -515,40 +494,6 @@ __global__ void __launch_bounds__(128) wgmma_rate(int iters, float* sink, long l
 }
 
 // ---- host data ----
-struct HostMatrix {
-  int n, k;
-  std::vector<uint8_t> codes, scales;  // ModelOpt [n, k/2], [n, k/16] e4m3
-  float scale_2;
-  uint8_t code(int r, int c) const {
-    const uint8_t b = codes[size_t(r) * (k / 2) + c / 2];
-    return uint8_t(c % 2 ? b >> 4 : b & 15);
-  }
-};
-
-HostMatrix random_matrix(int n, int k, uint32_t seed) {
-  std::mt19937 rng(seed);
-  HostMatrix m{n, k, std::vector<uint8_t>(size_t(n) * k / 2), std::vector<uint8_t>(size_t(n) * k / 16), 0.0f};
-  for (auto& b : m.codes) b = uint8_t(rng());
-  // e4m3 scales 2^-3 .. 2^1 with random mantissas, some subnormal, some zero blocks.
-  for (auto& s : m.scales) {
-    const uint32_t r = rng() % 64;
-    s = r == 0 ? 0 : r == 1 ? uint8_t(1 + rng() % 7) : uint8_t(((4 + rng() % 5) << 3) | (rng() % 8));
-  }
-  m.scale_2 = 2.0f / std::sqrt(float(k));
-  return m;
-}
-
-std::vector<double> reference(const HostMatrix& m, const std::vector<uint16_t>& x) {
-  std::vector<double> y(m.n);
-  for (int r = 0; r < m.n; ++r) {
-    double acc = 0.0;
-    for (int c = 0; c < m.k; ++c)
-      acc += double(nvfp4::e2m1_to_float(m.code(r, c))) *
-             double(nvfp4::e4m3_to_float(m.scales[size_t(r) * (m.k / 16) + c / 16])) * double(bf16_to_float(x[c]));
-    y[r] = acc * m.scale_2;
-  }
-  return y;
-}
 
 // The f8 kernel's packing of one matrix (see F8GemvArgs).
 struct F8Weights {
@@ -595,17 +540,9 @@ struct F8X {
   void prepare(cudaStream_t s) {
     const int blocks = k / 16;
     // A programmatic dependent (it waits before reading x), so a GEMV after it can start early.
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned((blocks + 127) / 128));
-    cfg.blockDim = dim3(128);
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    TETRA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, prep_x, static_cast<const uint16_t*>(x.as<uint16_t>()), k,
-                                        b.as<uint8_t>(), xf.as<float>()));
+    const KernelLaunch launch(dim3(unsigned((blocks + 127) / 128)), dim3(128), s);
+    TETRA_CUDA_CHECK(launch(prep_x, static_cast<const uint16_t*>(x.as<uint16_t>()), k, b.as<uint8_t>(),
+                            xf.as<float>()));
   }
 };
 
@@ -613,41 +550,7 @@ F8GemvArgs f8_args(const F8Weights& w, const F8X& x, uint16_t* y) {
   return {w.w.as<uint4>(), w.s.as<uint16_t>(), x.b.as<uint8_t>(), x.xf.as<float>(), w.alpha, y, w.n, w.pairs};
 }
 
-oc::Nvfp4LinearBuffer upload(const HostMatrix& m) {
-  Nvfp4MatrixView view;
-  view.weight = m.codes.data();
-  view.scale = m.scales.data();
-  view.scale_2 = m.scale_2;
-  view.n = m.n;
-  view.k = m.k;
-  view.name = "bench";
-  return oc::Nvfp4LinearBuffer(view);
-}
 
-std::vector<uint16_t> random_x(int k, uint32_t seed, float outlier) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<uint16_t> x(k);
-  for (auto& v : x) v = float_to_bf16(nd(rng));
-  if (outlier != 0.0f) x[size_t(k / 3)] = float_to_bf16(outlier), x[7] = float_to_bf16(-outlier / 3);
-  return x;
-}
-
-struct Errors {
-  double nmse, max_rel;
-};
-Errors compare(const std::vector<uint16_t>& got, const std::vector<double>& want) {
-  double num = 0, den = 0, mx = 0, scale = 0;
-  for (double w : want) scale = std::max(scale, std::fabs(w));
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double g = bf16_to_float(got[i]);
-    if (!std::isfinite(g)) return {INFINITY, INFINITY};
-    num += (g - want[i]) * (g - want[i]);
-    den += want[i] * want[i];
-    mx = std::max(mx, std::fabs(g - want[i]) / std::max(scale, 1e-30));
-  }
-  return {den > 0 ? num / den : num, mx};
-}
 
 bool runnable(const Variant& v, int pairs) { return pairs % (v.split * v.slots) == 0; }
 
