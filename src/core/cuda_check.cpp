@@ -53,6 +53,10 @@ int current_device_smem_per_sm() {
   return current_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>();
 }
 
+int current_device_smem_optin_per_block() {
+  return current_device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>();
+}
+
 int current_device_compute_capability() {
   static std::atomic<int> cache[64] = {};  // per device ordinal
   int dev = 0;

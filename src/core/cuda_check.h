@@ -22,6 +22,9 @@ int current_device_sm_count();
 // Shared memory per multiprocessor of the current device in bytes (228 KB on the H100/H200), read
 // once per device; throws tetra::Error when CUDA cannot say.
 int current_device_smem_per_sm();
+// The most dynamic shared memory one block of the current device may opt in to, in bytes (227 KB
+// on the H100/H200), read once per device; throws tetra::Error when CUDA cannot say.
+int current_device_smem_optin_per_block();
 // Compute capability of the current device as major * 10 + minor (90 = SM 9.0), read once per
 // device (kernel choices ask on every launch); 0 when there is no usable device. Never throws.
 int current_device_compute_capability();

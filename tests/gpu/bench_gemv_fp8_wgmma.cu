@@ -78,14 +78,15 @@ __host__ __device__ inline void f8_word_decode(uint32_t w, uint32_t& lo, uint32_
 // (row & live vector), the live vector being lo's 16 live bits then hi's.
 struct F8Encoder {
   std::array<uint32_t, 32> row{};
+  // lo's 16 live bits, then hi's, as one 32-bit vector.
+  static uint32_t live_vector(uint32_t lo, uint32_t hi) {
+    uint32_t v = 0;
+    int j = 0;
+    for (int i = 0; i < 32; ++i)
+      if ((kF8Live >> i) & 1u) v |= ((lo >> i) & 1u) << j, v |= ((hi >> i) & 1u) << (16 + j), ++j;
+    return v;
+  }
   F8Encoder() {
-    auto live_vector = [](uint32_t lo, uint32_t hi) {
-      uint32_t v = 0;
-      int j = 0;
-      for (int i = 0; i < 32; ++i)
-        if ((kF8Live >> i) & 1u) v |= ((lo >> i) & 1u) << j, v |= ((hi >> i) & 1u) << (16 + j), ++j;
-      return v;
-    };
     std::array<uint32_t, 32> a{}, inv{};
     for (int i = 0; i < 32; ++i) {
       for (int j = 0; j < 32; ++j) {
@@ -105,15 +106,13 @@ struct F8Encoder {
         if (i != col && ((a[i] >> col) & 1u)) a[i] ^= a[col], inv[i] ^= inv[col];
     }
     row = inv;
-    live = live_vector;
   }
   uint32_t encode(uint32_t lo, uint32_t hi) const {
-    const uint32_t v = live(lo, hi);
+    const uint32_t v = live_vector(lo, hi);
     uint32_t w = 0;
     for (int j = 0; j < 32; ++j) w |= uint32_t(__builtin_popcount(row[j] & v) & 1) << j;
     return w;
   }
-  uint32_t (*live)(uint32_t, uint32_t);
 };
 
 // E2M1 code (sign bit 3) -> E4M3 byte of value * 2^-6.

@@ -586,14 +586,6 @@ size_t tc_smem_bytes(int row, int KT) {
          size_t(kTcHeads) * score_stride(KT) * sizeof(float);
 }
 
-// The largest dynamic shared memory a block of the current device may opt in to.
-size_t smem_optin_bytes() {
-  int dev = 0, optin = 0;
-  TETRA_CUDA_CHECK(cudaGetDevice(&dev));
-  TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return size_t(optin);
-}
-
 // Cached rows per step: 64 where two such tiles fit beside the queries (GLM-5 and DeepSeek-V3's
 // 576-element rows: 196 KB of the H100/H200's 227), so each step has twice the bytes in flight
 // and the per-step barriers, softmax and query reads serve twice the keys; 32 otherwise.
@@ -603,7 +595,7 @@ int tc_key_tile(int row) {
     const char* e = std::getenv("TETRA_MLA_KEY_TILE");
     return e != nullptr && std::atoi(e) == 32;
   }();
-  return !forced_32 && tc_smem_bytes(row, 64) <= smem_optin_bytes() ? 64 : 32;
+  return !forced_32 && tc_smem_bytes(row, 64) <= size_t(current_device_smem_optin_per_block()) ? 64 : 32;
 }
 
 int tc_groups(int H) { return (H + kTcHeads - 1) / kTcHeads; }
@@ -1169,7 +1161,8 @@ cudaError_t mla_attention(const uint16_t* q_abs, const uint16_t* cache, int64_t 
     const dim3 grid(unsigned(blocks), unsigned(a.splits));
     const auto go = [&]<int KT>() {
       // Opted in once per GPU for the largest row that takes this tile (tc_key_tile).
-      const size_t most = KT == 64 ? smem_optin_bytes() : tc_smem_bytes(kMaxRow, 32);
+      const size_t most =
+          KT == 64 ? size_t(current_device_smem_optin_per_block()) : tc_smem_bytes(kMaxRow, 32);
       const cudaError_t e = ensure_max_dynamic_smem<attention_tc_kernel<KT>>(int(most));
       if (e != cudaSuccess) return e;
       attention_tc_kernel<KT><<<grid, kTcThreads, tc_smem_bytes(s.row(), KT), stream>>>(a);

@@ -399,9 +399,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }  // namespace
 
 void tiny_token_path_setup() {
-  int dev = 0, optin = 0;
-  TETRA_CUDA_CHECK(cudaGetDevice(&dev));
-  TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int optin = current_device_smem_optin_per_block();
   const int st = std::max({static_smem<false, 8>(), static_smem<false, 32>(),
                            static_smem<true, 8>(), static_smem<true, 32>()});
   const int limit = optin - st;
