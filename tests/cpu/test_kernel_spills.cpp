@@ -75,6 +75,17 @@ TEST(KernelSpills, DenseAndLatencyBoundDecodeKernels) {
     SCOPED_TRACE(source);
     if (source != "src/ops/moe/token_path_tiny.cu") expect_no_spills(kernels);
   }
+  // o_proj's streaming GEMV at one row (16 consumer warps + a producer, two blocks per SM) holds
+  // 48 registers. A build that took it to 51 (56 allocated) ran GLM-4.5-Air batch 1 1.2-2.3%
+  // slower on the H200 (two calls of session 44, the kernel otherwise the same): the tiny token
+  // path launched behind it started ~6 us later in the step's timeline. By the arithmetic of an
+  // SM sub-partition's 16K registers, its 512-thread block (4 warps x 2048 registers there) fits
+  // beside one o_proj block's 5 warps at 48 registers (15.9K) and not at 56 (17.2K), so it had
+  // to wait for both o_proj blocks to leave. The register count is a budget, not a detail.
+  const auto o_proj = matching(all.at("src/ops/linear/nvfp4_gemv.cu"),
+                               R"(stream_gemv_kernel.*DenseStreamWorkELi16ELi1ELi0E)");
+  ASSERT_EQ(o_proj.size(), 1u);
+  EXPECT_LE(o_proj[0].registers, 48) << o_proj[0].name;
   // The tiny token path with 8 scores per routing lane (up to 256 experts: every preset).
   const auto tiny = matching(all.at("src/ops/moe/token_path_tiny.cu"),
                              R"(tiny_token_path_kernelILb[01]ELi8E)");
