@@ -67,6 +67,11 @@ def layer_figures(qkv, attn, oproj):
             median([(b["t"][3] - max(b["t"][1], b["t"][2])) / 1e3 for b in oproj]),
         "o_proj: last block end": us(max(b["t"][3] for b in oproj)),
     }
+    # Blocks that found no room until the attention's blocks left start late: do they end last?
+    early = [b["t"][3] for b in oproj if b["t"][0] < attn_end]
+    late = [b["t"][3] for b in oproj if b["t"][0] >= attn_end]
+    f["o_proj: last end, blocks started before attn end"] = us(max(early)) if early else -1.0
+    f["o_proj: last end, blocks started after attn end"] = us(max(late)) if late else -1.0
     return f
 
 

@@ -135,8 +135,10 @@ TEST(BlockStampsReport, AttentionChainNeedsAllThreeKernels) {
     all.push_back({kStampAttention, 1, b, b / 2,
                    {t0 + 9000, t0 + 11000, t0 + 13000, t0 + 13500, t0 + 14000, t0 + 16000,
                     t0 + 17000}});
-  for (uint32_t b = 0; b < 5; ++b)
-    all.push_back({kStampStreamGemv, 2, b, b, {t0 + 12000, t0 + 17500, t0 + 17600, t0 + 24000}});
+  for (uint32_t b = 0; b < 5; ++b)  // blocks 3 and 4 start after the attention's last block ends
+    all.push_back({kStampStreamGemv, 2, b, b,
+                   {b < 3 ? t0 + 12000 : t0 + 17200, t0 + 17500, t0 + 17600,
+                    b < 3 ? t0 + 22000 : t0 + 24000}});
   const std::string path = temp_path("attn_stamps.bin");
   write_records(path, all);
   ReportRun r = report(path);
@@ -144,6 +146,11 @@ TEST(BlockStampsReport, AttentionChainNeedsAllThreeKernels) {
   EXPECT_DOUBLE_EQ(figure(r.out, "attn: SMs"), 2.0) << r.out;
   EXPECT_DOUBLE_EQ(figure(r.out, "attn: blocks started before q/k/v end"), 4.0) << r.out;
   EXPECT_DOUBLE_EQ(figure(r.out, "o_proj: last block end"), 24.0) << r.out;
+  EXPECT_DOUBLE_EQ(figure(r.out, "o_proj: blocks started before attn end"), 3.0) << r.out;
+  EXPECT_DOUBLE_EQ(figure(r.out, "o_proj: last end, blocks started before attn end"), 22.0)
+      << r.out;
+  EXPECT_DOUBLE_EQ(figure(r.out, "o_proj: last end, blocks started after attn end"), 24.0)
+      << r.out;
 
   // Without the o_proj launch the chain is incomplete: nothing to report, non-zero exit.
   all.resize(all.size() - 5);
