@@ -72,8 +72,9 @@ struct CudaTokenPath {
   // moe_gemm_pair_preferred says it pays, 2 whenever it fits.
   int gemm_pair = 1;
   // The routed W4A16 GEMM1 (or the GEMM pair) on the decode kernel as a programmatic dependent of
-  // the one-launch token path, which never triggers early: the grid is staged while routing ends
-  // and its blocks wait for it before reading the row mapping (MoeGemmProblem::gemm1_pdl).
+  // the one-launch token path, which triggers only at its end (routing blocks: when they exit;
+  // logits-only blocks: after their logits stores): the grid is staged while the token path
+  // ends and its blocks wait for it before reading the row mapping (MoeGemmProblem::gemm1_pdl).
   bool gemm1_pdl = true;
   // One token (the one-launch token path, contiguous layout, no expert parallelism, the shared
   // expert absent or a slot, no GEMM pair): the token path computes the router logits only and
