@@ -28,6 +28,10 @@
 // copy-only mode included), `*WgmmaRate*` the wgmma alone. Not used by the model: every variant
 // was as accurate as the production kernel and none faster where it matters (o_proj);
 // bench/results/2026-12-03-gemv-fp8-wgmma-h200-s43.md has the figures and the reading.
+// Session 45 added the production stream kernel's scheme on mma.sync m16n8k32 E4M3 (independent
+// warps, no warpgroup lockstep; f8_mma_stream_gemv): as accurate, but slower (o_proj 11.2 vs 8.7
+// us exposed in the step emulation), because sm_90 has no FP8 path for mma.sync: ptxas lowers it
+// to F2FP conversions and HMMA.16816.F32 (bench/results/2026-12-03-session45-h200.md).
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
 #include <gtest/gtest.h>
@@ -422,6 +426,185 @@ cudaError_t launch_f8_stream(const F8GemvArgs& a, cudaStream_t stream) {
   return launch(kernel, a, stages);
 }
 
+// ---- the same weights on mma.sync (session 45) ----
+// wgmma's warpgroup lockstep cost the variants above their gain; mma.sync m16n8k32 (E4M3 since
+// sm_89) keeps the production stream kernel's independent warps and still multiplies E4M3
+// natively. A warp's A fragment of one 32-k step is the wgmma one (rows g, g+8; k 4t..4t+3 and
+// 16 + 4t..), so the stored word code is the same; only the memory order differs: one block
+// streams one 16-row tile, so a tile's pairs are contiguous ([tile][pair][lane] x 16 bytes).
+// B per pair (two k-steps, blocks 4p..4p+3): column 2q holds hi and 2q + 1 lo of block q, block q
+// in k-step q / 2, so lane (g, t) has one live B register, (k-step g / 4, half (g % 4) / 2) =
+// hi (g even) or lo (g odd) of block g / 2 at k 4t..4t+3: prep_x_mma writes a 512-byte image per
+// pair, 16 bytes per lane. D then holds block t's (hi, lo) for rows g and g + 8, as above.
+struct F8MmaArgs {
+  const uint8_t* w;   // [n/16][pairs][32 lanes][16] stored words
+  const uint8_t* s;   // [n/16][pairs][32 lanes][2] E4M3 scales (row g, row g+8) of block 4p + t
+  const uint4* b;     // [pairs][32 lanes] B registers (see above)
+  const float* xf;    // [k/16] 2^(6 - E) per block
+  float alpha;
+  uint16_t* y;        // [n] bf16
+  int n, pairs;
+};
+
+// x -> the pairs' B images and block factors; thread per 16-element block b = 4p + q.
+__global__ void prep_x_mma(const uint16_t* x, int k, uint32_t* image, float* xf) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  asm volatile("griddepcontrol.launch_dependents;");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (b >= k / 16) return;
+  float v[16];
+  float amax = 0.0f;
+  const uint4* src = reinterpret_cast<const uint4*>(x + size_t(b) * 16);
+  const uint4 u[2] = {src[0], src[1]};
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(u);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    v[i] = __bfloat162float(__ushort_as_bfloat16(h[i]));
+    amax = fmaxf(amax, fabsf(v[i]));
+  }
+  const int e = amax > 0.0f && amax < INFINITY ? 7 - (int((__float_as_uint(amax) >> 23) & 255u) - 127) : 0;
+  const float f = exp2f(float(e));
+  uint32_t hi[4] = {}, lo[4] = {};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float s = v[i] * f;
+    const __nv_fp8_e4m3 H(s);
+    const __nv_fp8_e4m3 L(s - float(H));
+    hi[i / 4] |= uint32_t(H.__x) << (8 * (i % 4));
+    lo[i / 4] |= uint32_t(L.__x) << (8 * (i % 4));
+  }
+  const int p = b / 4, q = b % 4;
+  uint32_t* pair = image + size_t(p) * 128;  // [lane][4 registers]
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    pair[((2 * q) * 4 + t) * 4 + q] = hi[t];
+    pair[((2 * q + 1) * 4 + t) * 4 + q] = lo[t];
+  }
+  xf[b] = exp2f(float(6 - e));
+}
+
+// d (rows g, g+8 x columns 2t, 2t+1) = A * B (+ c).
+__device__ __forceinline__ void mma_f8_16832(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1, const float (&c)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%10,%11,%12,%13};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+}
+
+// One pair: rows g, g+8 += the four blocks' scaled sums (block t per lane).
+__device__ __forceinline__ void mma_pair_sync(float& acc0, float& acc1, const uint4& w, const uint4& bx,
+                                              uint32_t sc, float xf) {
+  uint32_t a[8];
+  f8_word_decode(w.x, a[0], a[1]);
+  f8_word_decode(w.y, a[2], a[3]);
+  f8_word_decode(w.z, a[4], a[5]);
+  f8_word_decode(w.w, a[6], a[7]);
+  const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float d0[4], d[4];
+  mma_f8_16832(d0, a[0], a[1], a[2], a[3], bx.x, bx.y, zero);
+  mma_f8_16832(d, a[4], a[5], a[6], a[7], bx.z, bx.w, d0);
+  apply_pair(acc0, acc1, d, sc, xf);
+}
+
+// The production stream kernel's scheme (ops/moe/w4a16_stream.cuh) with these weights: C consumer
+// warps + 1 producer lane, a stage = C pairs of the block's tile, one per warp; two blocks per SM.
+template <int C>
+constexpr size_t f8_mma_smem(int stages) { return size_t(stages) * C * (512 + 64) + 16 * size_t(stages) * 2; }
+
+template <int C, bool NO_MATH>
+__global__ void __launch_bounds__((C + 1) * 32, 2) f8_mma_stream_gemv(const F8MmaArgs a, int stages) {
+  extern __shared__ __align__(128) uint8_t sm[];
+  __shared__ float red[C][16];
+  uint8_t* ring_w = sm;                                           // [stages][C][512]
+  uint8_t* ring_s = ring_w + size_t(stages) * C * 512;            // [stages][C][64]
+  uint64_t* full = reinterpret_cast<uint64_t*>(ring_s + size_t(stages) * C * 64);
+  uint64_t* empty = full + stages;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < stages; ++i) moe_detail::mbar_init(&full[i], 1), moe_detail::mbar_init(&empty[i], C * 32);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int tiles = a.n / 16, nst = a.pairs / C;  // pairs % C == 0
+  if (warp == C) {
+    if (lane != 0) return;
+    const uint64_t policy = moe_detail::l2_evict_first_policy();
+    int i = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x)
+      for (int j = 0; j < nst; ++j, ++i) {
+        const int st = i % stages;
+        const size_t p0 = size_t(tile) * a.pairs + size_t(j) * C;
+        moe_detail::mbar_wait(&empty[st], ((i / stages) & 1) ^ 1);
+        moe_detail::mbar_arrive_expect_tx(&full[st], C * (512 + 64));
+        moe_detail::bulk_copy_g2s(ring_w + size_t(st) * C * 512, a.w + p0 * 512, C * 512, &full[st], policy);
+        moe_detail::bulk_copy_g2s(ring_s + size_t(st) * C * 64, a.s + p0 * 64, C * 64, &full[st], policy);
+      }
+    return;
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const uint32_t wl = moe_detail::smem_u32(ring_w) + uint32_t(warp * 512 + lane * 16);
+  const uint32_t sl = moe_detail::smem_u32(ring_s) + uint32_t(warp * 64 + lane * 2);
+  int i = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    float acc0 = 0.0f, acc1 = 0.0f;
+    const uint4* bx = a.b + size_t(warp) * 32 + lane;  // pair j * C + warp
+    const float* xfp = a.xf + size_t(warp) * 4 + t;
+    for (int j = 0; j < nst; ++j, ++i) {
+      const int st = i % stages;
+      const uint4 xb = moe_detail::ld_cached_u4(bx + size_t(j) * C * 32);
+      const float xfv = __ldg(xfp + size_t(j) * C * 4);
+      moe_detail::mbar_wait(&full[st], (i / stages) & 1);
+      const uint4 w = moe_detail::lds_u4(wl + uint32_t(st) * C * 512);
+      const uint32_t sc = moe_detail::lds_u16(sl + uint32_t(st) * C * 64);
+      moe_detail::mbar_arrive(&empty[st]);
+      if constexpr (NO_MATH)
+        acc0 += __uint_as_float(w.x ^ w.y ^ w.z ^ w.w ^ sc ^ xb.x) * 0.0f * xfv;
+      else
+        mma_pair_sync(acc0, acc1, w, xb, sc, xfv);
+    }
+    quad_sum(acc0, acc1);
+    if (t == 0) red[warp][g] = acc0, red[warp][g + 8] = acc1;
+    asm volatile("bar.sync 1, %0;" ::"n"(C * 32) : "memory");
+    if (threadIdx.x < 16) {
+      float v = 0.0f;
+#pragma unroll
+      for (int w = 0; w < C; ++w) v += red[w][threadIdx.x];
+      a.y[size_t(tile) * 16 + threadIdx.x] = moe_detail::f32_to_bf16_bits(v * a.alpha);
+    }
+    asm volatile("bar.sync 1, %0;" ::"n"(C * 32) : "memory");  // red is rewritten by the next tile
+  }
+}
+
+template <int C, int STAGES, bool NO_MATH = false>
+cudaError_t launch_f8_mma_stream(const F8MmaArgs& a, cudaStream_t stream) {
+  if (a.pairs % C != 0) return cudaErrorInvalidValue;
+  const size_t smem = f8_mma_smem<C>(STAGES);
+  auto kernel = f8_mma_stream_gemv<C, NO_MATH>;
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e != cudaSuccess) return e;
+  int sms = 0;
+  TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int grid = std::min(a.n / 16, 2 * sms);
+  const KernelLaunch launch(dim3(unsigned(grid)), dim3(unsigned((C + 1) * 32)), stream, true, smem);
+  return launch(kernel, a, STAGES);
+}
+
+using MmaLaunchFn = cudaError_t (*)(const F8MmaArgs&, cudaStream_t);
+struct MmaVariant {
+  const char* name;
+  MmaLaunchFn fn;
+};
+const MmaVariant kMmaVariants[] = {
+    {"mma.sync stream 16 warps, 4 stages", launch_f8_mma_stream<16, 4>},
+    {"mma.sync stream 16 warps, 8 stages", launch_f8_mma_stream<16, 8>},
+    {"mma.sync stream 8 warps, 8 stages", launch_f8_mma_stream<8, 8>},
+    {"mma.sync stream 16 warps, 4 stages, no math", launch_f8_mma_stream<16, 4, true>},
+    {"mma.sync stream 16 warps, 8 stages, no math", launch_f8_mma_stream<16, 8, true>}};
+
 using LaunchFn = cudaError_t (*)(const F8GemvArgs&, cudaStream_t);
 struct Variant {
   const char* name;
@@ -551,7 +734,61 @@ F8GemvArgs f8_args(const F8Weights& w, const F8X& x, uint16_t* y) {
 
 
 
+// The mma.sync kernel's packing (F8MmaArgs): tile-major, the word code of F8Weights.
+struct F8MmaWeights {
+  test::DeviceScratch w, s;
+  int n, pairs;
+  float alpha;
+  explicit F8MmaWeights(const HostMatrix& m)
+      : w(size_t(m.n) * m.k / 2), s(size_t(m.n) * m.k / 16), n(m.n), pairs(m.k / 64), alpha(m.scale_2) {
+    static const F8Encoder enc;
+    std::vector<uint32_t> words(size_t(m.n) * m.k / 8);
+    std::vector<uint16_t> sc(size_t(m.n / 16) * pairs * 32);
+    for (int tile = 0; tile < m.n / 16; ++tile)
+      for (int p = 0; p < pairs; ++p)
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, t = lane % 4, r0 = 16 * tile + g, r1 = r0 + 8;
+          const size_t at = (size_t(tile) * pairs + p) * 32 + lane;
+          for (int j = 0; j < 4; ++j) {  // word j: k-step j / 2, k half j % 2
+            const int kb = 64 * p + 32 * (j / 2) + 16 * (j % 2) + 4 * t;
+            uint32_t lo = 0, hi = 0;
+            for (int i = 0; i < 4; ++i) {
+              lo |= uint32_t(e2m1_as_e4m3(m.code(r0, kb + i))) << (8 * i);
+              hi |= uint32_t(e2m1_as_e4m3(m.code(r1, kb + i))) << (8 * i);
+            }
+            words[at * 4 + j] = enc.encode(lo, hi);
+          }
+          const int blk = 4 * p + t;
+          sc[at] = uint16_t(m.scales[size_t(r0) * (m.k / 16) + blk] | (m.scales[size_t(r1) * (m.k / 16) + blk] << 8));
+        }
+    TETRA_CUDA_CHECK(cudaMemcpy(w.p, words.data(), words.size() * 4, cudaMemcpyHostToDevice));
+    TETRA_CUDA_CHECK(cudaMemcpy(s.p, sc.data(), sc.size() * 2, cudaMemcpyHostToDevice));
+  }
+};
+
+// x in the mma.sync kernel's B images (zeros where no block lives, set once).
+struct F8MmaX {
+  test::DeviceScratch b, xf;
+  const uint16_t* x;
+  int k;
+  F8MmaX(const uint16_t* device_x, int k_) : b(size_t(k_) * 8), xf(size_t(k_) / 4), x(device_x), k(k_) {
+    TETRA_CUDA_CHECK(cudaMemset(b.p, 0, size_t(k) * 8));
+    prepare(nullptr);
+    TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  void prepare(cudaStream_t s) {
+    const int blocks = k / 16;
+    const KernelLaunch launch(dim3(unsigned((blocks + 127) / 128)), dim3(128), s);
+    TETRA_CUDA_CHECK(launch(prep_x_mma, x, k, b.as<uint32_t>(), xf.as<float>()));
+  }
+};
+
+F8MmaArgs f8_mma_args(const F8MmaWeights& w, const F8MmaX& x, uint16_t* y) {
+  return {w.w.as<uint8_t>(), w.s.as<uint8_t>(), x.b.as<uint4>(), x.xf.as<float>(), w.alpha, y, w.n, w.pairs};
+}
+
 bool runnable(const Variant& v, int pairs) { return pairs % (v.split * v.slots) == 0; }
+bool is_diagnostic(const MmaVariant& v) { return std::string(v.name).find("no math") != std::string::npos; }
 
 TEST(BenchGemvFp8Wgmma, EncoderRoundTrips) {
   const F8Encoder enc;
@@ -600,6 +837,20 @@ TEST(BenchGemvFp8Wgmma, MatchesReferenceAndBf16Kernel) {
       EXPECT_LT(ef.nmse, 1e-5) << v.name << " n " << cs.n << " k " << cs.k;
       EXPECT_LT(ef.nmse, 4.0 * eb.nmse + 1e-7) << v.name << " n " << cs.n << " k " << cs.k;
     }
+    const F8MmaWeights fm(m);
+    const F8MmaX mx(dx.x.as<uint16_t>(), cs.k);
+    for (const MmaVariant& v : kMmaVariants) {
+      if (is_diagnostic(v)) continue;
+      TETRA_CUDA_CHECK(cudaMemset(dy.p, 0xff, y.size() * 2));
+      TETRA_CUDA_CHECK(v.fn(f8_mma_args(fm, mx, dy.as<uint16_t>()), nullptr));
+      TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+      TETRA_CUDA_CHECK(cudaMemcpy(y.data(), dy.p, y.size() * 2, cudaMemcpyDeviceToHost));
+      const Errors ef = compare(y, want);
+      std::printf("n %5d k %5d outlier %7g | bf16 kernel nmse %.3g max %.3g | %s nmse %.3g max %.3g\n", cs.n,
+                  cs.k, cs.outlier, eb.nmse, eb.max_rel, v.name, ef.nmse, ef.max_rel);
+      EXPECT_LT(ef.nmse, 1e-5) << v.name << " n " << cs.n << " k " << cs.k;
+      EXPECT_LT(ef.nmse, 4.0 * eb.nmse + 1e-7) << v.name << " n " << cs.n << " k " << cs.k;
+    }
   }
 }
 
@@ -619,10 +870,13 @@ TEST(BenchGemvFp8Wgmma, Timing) {
     for (int c = 0; c < n_copies; ++c) hm.push_back(random_matrix(cs.n, cs.k, 100 + c));
     std::vector<oc::Nvfp4LinearBuffer> copies;
     std::vector<std::unique_ptr<F8Weights>> f8;
+    std::vector<std::unique_ptr<F8MmaWeights>> fm;
     for (const auto& m : hm) copies.push_back(upload(m)), f8.push_back(std::make_unique<F8Weights>(m));
+    for (const auto& m : hm) fm.push_back(std::make_unique<F8MmaWeights>(m));
     const double bytes = double(cs.n) * cs.k * (0.5 + 1.0 / 16);
     const auto x = random_x(cs.k, 3, 0.0f);
     F8X dx(x);
+    auto mx = std::make_unique<F8MmaX>(dx.x.as<uint16_t>(), cs.k);
     test::DeviceScratch dy(size_t(cs.n) * 2);
     const double us_prep = test::graph_us_per_launch(32, [&](int, cudaStream_t s) { dx.prepare(s); });
     std::printf("| %s | prep_x alone (a model would fuse it into x's producer) | %.2f | - |\n", cs.name, us_prep);
@@ -640,6 +894,13 @@ TEST(BenchGemvFp8Wgmma, Timing) {
         std::printf("| %s | fp8 wgmma %s | %.2f | %.0f |\n", cs.name, v.name, us, bytes / us / 1e3);
         EXPECT_TRUE(std::isfinite(us) && us > 0.0);
       }
+      for (const MmaVariant& v : kMmaVariants) {
+        const double us = test::graph_us_per_launch(32, [&](int i, cudaStream_t s) {
+          TETRA_CUDA_CHECK(v.fn(f8_mma_args(*fm[size_t(i % n_copies)], *mx, dy.as<uint16_t>()), s));
+        });
+        std::printf("| %s | fp8 %s | %.2f | %.0f |\n", cs.name, v.name, us, bytes / us / 1e3);
+        EXPECT_TRUE(std::isfinite(us) && us > 0.0);
+      }
     }
   }
 }
@@ -654,8 +915,11 @@ TEST(BenchGemvFp8Wgmma, StepEmulation) {
   for (int c = 0; c < n_copies; ++c) hm.push_back(random_matrix(n, k, 200 + c));
   std::vector<oc::Nvfp4LinearBuffer> copies;
   std::vector<std::unique_ptr<F8Weights>> f8;
+  std::vector<std::unique_ptr<F8MmaWeights>> fm;
   for (const auto& m : hm) copies.push_back(upload(m)), f8.push_back(std::make_unique<F8Weights>(m));
+  for (const auto& m : hm) fm.push_back(std::make_unique<F8MmaWeights>(m));
   F8X dx(random_x(k, 4, 0.0f));
+  F8MmaX mx(dx.x.as<uint16_t>(), k);
   test::DeviceScratch dy(size_t(n) * 2), sink(4);
   const long long cycles = 19800;  // ~10 us at 1.98 GHz
   const double spin = test::graph_us_per_launch(16, [&](int, cudaStream_t s) {
@@ -705,6 +969,16 @@ TEST(BenchGemvFp8Wgmma, StepEmulation) {
         EXPECT_TRUE(std::isfinite(us) && us > 0.0);
       }
     }
+    for (const MmaVariant& v : kMmaVariants)
+      for (int with_prep = 0; with_prep < 2; ++with_prep) {
+        const double us = test::graph_us_per_launch(16, [&](int i, cudaStream_t s) {
+          TETRA_CUDA_CHECK(launch_spin(cycles, sink.as<int>(), s));
+          if (with_prep) mx.prepare(s);
+          TETRA_CUDA_CHECK(v.fn(f8_mma_args(*fm[size_t(i % n_copies)], mx, dy.as<uint16_t>()), s));
+        });
+        std::printf("| fp8 %s%s | %.2f | %.2f |\n", v.name, with_prep ? " + prep_x launch" : "", us, us - spin);
+        EXPECT_TRUE(std::isfinite(us) && us > 0.0);
+      }
   }
 }
 

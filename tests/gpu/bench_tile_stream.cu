@@ -10,6 +10,8 @@
 //   no_scales   - the weight loads alone (what the scale pieces cost)
 //   interleaved - scales stored right after their chunk (576-byte tile-chunks, one array)
 //   scales_first- each warp reads its whole range's scales as 16-byte loads first, then weights
+//   warp_strided- the decode loads with a block's k-warps interleaved chunk by chunk (warp w
+//                 takes chunks w, w + KW, ...), so a block's requests in flight are one span
 // Timed as a CUDA graph of launches over rotating expert sets (the model's launch gaps).
 // OccupancyTable walks the decode pattern at other block shapes, occupancies and batch depths.
 // Default: a smoke check that every variant reads every byte it should (XOR against the host).
@@ -32,9 +34,9 @@ namespace {
 using moe_detail::kTileChunkBytes;
 using moe_detail::kTileChunkScales;
 
-enum Pattern { kSweep, kDecode, kNoScales, kInterleaved, kScalesFirst };
+enum Pattern { kSweep, kDecode, kNoScales, kInterleaved, kScalesFirst, kWarpStrided };
 constexpr const char* kPatternName[] = {"sweep", "decode", "no_scales", "interleaved",
-                                        "scales_first"};
+                                        "scales_first", "warp_strided"};
 constexpr int kWarps = 4;          // k-warps per block, as the late decode kernel
 constexpr int kBlocksPerSm = 8;    // its register cap's occupancy, held here by shared memory
 constexpr int kSlots = 9;          // 8 routed experts + the shared one
@@ -99,6 +101,32 @@ __global__ void __launch_bounds__(KW * 32, MINB) tile_stream(const StreamArgs a)
     constexpr size_t kIl = kTileChunkBytes + kTileChunkScales;
     const uint8_t* wbase = P == kInterleaved ? a.w + e * (wx + sx) : a.w + e * wx;
     const uint8_t* sbase = a.s + e * sx;
+    if constexpr (P == kWarpStrided) {
+      for (int c = warp; c < a.chunks; c += U * KW) {
+        uint4 wv[U][2];
+        uint32_t sv[U][2];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (c + u * KW >= a.chunks) continue;
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            const size_t tc = (t == 0 ? t0 : t1) + c + u * KW;
+            wv[u][t] = moe_detail::ld_stream_u4(wbase + tc * kTileChunkBytes + lane * 16, pol);
+            sv[u][t] = moe_detail::ld_stream_u16(sbase + tc * kTileChunkScales + lane * 2, pol);
+          }
+        }
+        if (kPdl && c == warp) asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (c + u * KW >= a.chunks) continue;
+#pragma unroll
+          for (int t = 0; t < 2; ++t)
+            acc ^= wv[u][t].x ^ wv[u][t].y ^ wv[u][t].z ^ wv[u][t].w ^ sv[u][t];
+        }
+      }
+      if (acc != 0) atomicXor(a.out, acc);
+      return;
+    }
     if constexpr (P == kScalesFirst) {
       // The range's scale pieces are contiguous per tile: (c_end - c_begin) * 64 bytes each.
       const int n16 = (c_end - c_begin) * kTileChunkScales / 16;
@@ -167,6 +195,7 @@ cudaError_t launch_any(int pattern, int u, const StreamArgs& a, cudaStream_t s) 
     TETRA_PATTERN(kNoScales)
     TETRA_PATTERN(kInterleaved)
     TETRA_PATTERN(kScalesFirst)
+    TETRA_PATTERN(kWarpStrided)
     default: return cudaErrorInvalidValue;
   }
 #undef TETRA_PATTERN
@@ -311,7 +340,7 @@ TEST(BenchTileStream, EveryPatternReadsItsBytes) {
   // Scale XOR as the u16 loads see it: every 16-bit piece once, so the XOR of the words folds
   // to lo ^ hi halves.
   auto fold = [](uint32_t v) { return (v & 0xffffu) ^ (v >> 16); };
-  for (int pattern : {kSweep, kDecode, kNoScales, kInterleaved, kScalesFirst})
+  for (int pattern : {kSweep, kDecode, kNoScales, kInterleaved, kScalesFirst, kWarpStrided})
     for (int u : {2, 4}) {
       const bool il = pattern == kInterleaved;
       TETRA_CUDA_CHECK(cudaMemcpy(pool.w, il ? hil.data() : hw.data(), il ? (wx + sx) * kSlots : wx * kSlots,
@@ -324,7 +353,7 @@ TEST(BenchTileStream, EveryPatternReadsItsBytes) {
       TETRA_CUDA_CHECK(cudaMemcpy(&got, pool.out, 4, cudaMemcpyDeviceToHost));
       uint32_t want = want_w;
       if (pattern == kSweep || pattern == kScalesFirst) want ^= want_s;
-      if (pattern == kDecode || pattern == kInterleaved) want ^= fold(want_s);
+      if (pattern == kDecode || pattern == kInterleaved || pattern == kWarpStrided) want ^= fold(want_s);
       EXPECT_EQ(got, want) << kPatternName[pattern] << " U=" << u;
     }
 }
@@ -423,11 +452,11 @@ int timing_pool_experts(const Geometry& g) {
 // warps? (A plain sweep at 16 blocks of 8 warps per SM reads ~4.5 TB/s, session 11.)
 // One row: us per launch of the decode pattern at U chunks per batch, BPS blocks per SM (cap),
 // KW k-warps per block.
-template <int U, int BPS, int KW = kWarps>
+template <int U, int BPS, int KW = kWarps, int P = kDecode>
 double occupancy_row(const Geometry& g, Pool& pool) {
   return test::graph_us_per_launch(32, [&](int i, cudaStream_t s) {
     const StreamArgs a{pool.w, pool.s, pool.ids + (i % kSets) * kSlots, g.pairs, g.chunks, pool.out};
-    TETRA_CUDA_CHECK((launch_pattern<kDecode, U, false, BPS, KW>(a, s)));
+    TETRA_CUDA_CHECK((launch_pattern<P, U, false, BPS, KW>(a, s)));
   });
 }
 
@@ -456,6 +485,15 @@ TEST(BenchTileStream, OccupancyTable) {
     row(8, 8, 1, occupancy_row<1, 8, 8>(g, pool));
     row(8, 8, 2, occupancy_row<2, 8, 8>(g, pool));
     row(16, 4, 1, occupancy_row<1, 4, 16>(g, pool));
+    // The same with a block's k-warps interleaved chunk by chunk (warp_strided).
+    std::printf("| %s | warp_strided from here | | | | |\n", g.name);
+    row(4, 8, 2, occupancy_row<2, 8, 4, kWarpStrided>(g, pool));
+    row(4, 8, 1, occupancy_row<1, 8, 4, kWarpStrided>(g, pool));
+    row(6, 8, 2, occupancy_row<2, 8, 6, kWarpStrided>(g, pool));
+    row(8, 6, 2, occupancy_row<2, 6, 8, kWarpStrided>(g, pool));
+    row(8, 8, 1, occupancy_row<1, 8, 8, kWarpStrided>(g, pool));
+    row(8, 8, 2, occupancy_row<2, 8, 8, kWarpStrided>(g, pool));
+    row(4, 16, 1, occupancy_row<1, 16, 4, kWarpStrided>(g, pool));
     row(4, 8, 2, occupancy_row<2, 8>(g, pool));  // the first row again: drift
   }
 }
@@ -468,7 +506,7 @@ TEST(BenchTileStream, PatternTable) {
     Pool pool(g, timing_pool_experts(g));
     pool.fill_for_timing();
     const double bytes = double(g.w_bytes() + g.s_bytes()) * kSlots;
-    for (int pattern : {kSweep, kDecode, kNoScales, kInterleaved, kScalesFirst})
+    for (int pattern : {kSweep, kDecode, kNoScales, kInterleaved, kScalesFirst, kWarpStrided})
       for (int u : {2, 4}) {
         const double us = test::graph_us_per_launch(32, [&](int i, cudaStream_t s) {
           const StreamArgs a{pool.w, pool.s, pool.ids + (i % kSets) * kSlots, g.pairs, g.chunks,
