@@ -211,8 +211,8 @@ __global__ void __launch_bounds__(kTinyThreads) tiny_token_path_kernel(const Tin
     // Trigger GEMM1 (a programmatic dependent) now rather than at this grid's completion: its
     // launch then overlaps the last blocks' exit and the grid's completion, while GEMM1 still
     // waits for that completion before reading the logits. Block stamps: GEMM1's blocks start
-    // ~0.35 us earlier per layer; GLM-4.5-Air batch 1 -0.3% and -0.5% in two calls, at the edge
-    // of their null controls (bench/results/2026-12-03-session45-h200.md).
+    // ~0.35 us earlier per layer; GLM-4.5-Air batch 1 -0.1..-0.5% in three calls, inside or at
+    // the edge of their null controls (bench/results/2026-12-03-session45-h200.md).
     asm volatile("griddepcontrol.launch_dependents;");
     if (threadIdx.x == 0)
       perf::block_stamp(g.block_stamps, perf::kStampTokenPath, g.block_stamp_launch, t_start,
