@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -133,14 +134,11 @@ struct F8GemvArgs {
   int n, pairs;
 };
 
-// x -> B tiles and block factors. Thread per 16-element block b = 4p + q: its hi and lo rows
-// go to column 2q and 2q+1 of pair p's tile (k-step q / 2, core matrix q % 2), 16 bytes each;
-// the tile's other rows are zero from the first memset and never written.
-__global__ void prep_x(const uint16_t* x, int k, uint8_t* btiles, float* xf) {
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  asm volatile("griddepcontrol.launch_dependents;");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (b >= k / 16) return;
+// 16-element block b of x -> its hi and lo E4M3 parts (4 words of 4 bytes each, element i in
+// byte i % 4 of word i / 4) and E; returns false past the end (b >= k / 16).
+__device__ __forceinline__ bool split_x_block(const uint16_t* x, int k, int b, uint32_t (&hi)[4],
+                                              uint32_t (&lo)[4], int& e) {
+  if (b >= k / 16) return false;
   float v[16];
   float amax = 0.0f;
   const uint4* src = reinterpret_cast<const uint4*>(x + size_t(b) * 16);
@@ -152,22 +150,49 @@ __global__ void prep_x(const uint16_t* x, int k, uint8_t* btiles, float* xf) {
     amax = fmaxf(amax, fabsf(v[i]));
   }
   // amax * 2^E in [2^7, 2^8): E4M3's largest normal binade below its 448 maximum.
-  const int e = amax > 0.0f && amax < INFINITY ? 7 - (int((__float_as_uint(amax) >> 23) & 255u) - 127) : 0;
+  e = amax > 0.0f && amax < INFINITY ? 7 - (int((__float_as_uint(amax) >> 23) & 255u) - 127) : 0;
   const float f = exp2f(float(e));
-  alignas(16) uint8_t hi[16];
-  alignas(16) uint8_t lo[16];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) hi[i] = lo[i] = 0u;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float s = v[i] * f;  // exact: a power of two
     const __nv_fp8_e4m3 H(s);
     const __nv_fp8_e4m3 L(s - float(H));
-    hi[i] = H.__x;
-    lo[i] = L.__x;
+    hi[i / 4] |= uint32_t(H.__x) << (8 * (i % 4));
+    lo[i / 4] |= uint32_t(L.__x) << (8 * (i % 4));
   }
+  return true;
+}
+
+// x -> B operands and block factors; thread per 16-element block b = 4p + q.
+// wgmma (MMA_IMAGE false): its hi and lo rows go to column 2q and 2q+1 of pair p's 512-byte tile
+// (k-step q / 2, core matrix q % 2), 16 bytes each.
+// mma.sync (MMA_IMAGE true): pair p's 512-byte image of every lane's four B registers
+// (f8_mma_stream_gemv): lane (2q + part, t) holds part (hi, lo) of block q at k 4t..4t+3 in
+// register q.
+// Elsewhere the tiles and images are zero from the first memset and never written.
+template <bool MMA_IMAGE>
+__global__ void prep_x(const uint16_t* x, int k, uint32_t* out, float* xf) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  asm volatile("griddepcontrol.launch_dependents;");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  uint32_t hi[4], lo[4];
+  int e;
+  if (!split_x_block(x, k, b, hi, lo, e)) return;
   const int p = b / 4, q = b % 4;
-  uint8_t* tile = btiles + size_t(p) * 512 + (q / 2) * 256 + (q % 2) * 128;
-  *reinterpret_cast<uint4*>(tile + 16 * (2 * q)) = *reinterpret_cast<const uint4*>(hi);
-  *reinterpret_cast<uint4*>(tile + 16 * (2 * q + 1)) = *reinterpret_cast<const uint4*>(lo);
+  uint32_t* pair = out + size_t(p) * 128;
+  if constexpr (MMA_IMAGE) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      pair[((2 * q) * 4 + t) * 4 + q] = hi[t];
+      pair[((2 * q + 1) * 4 + t) * 4 + q] = lo[t];
+    }
+  } else {
+    uint4* tile = reinterpret_cast<uint4*>(pair) + (q / 2) * 16 + (q % 2) * 8;
+    tile[2 * q] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    tile[2 * q + 1] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
   xf[b] = exp2f(float(6 - e));
 }
 
@@ -434,7 +459,7 @@ cudaError_t launch_f8_stream(const F8GemvArgs& a, cudaStream_t stream) {
 // streams one 16-row tile, so a tile's pairs are contiguous ([tile][pair][lane] x 16 bytes).
 // B per pair (two k-steps, blocks 4p..4p+3): column 2q holds hi and 2q + 1 lo of block q, block q
 // in k-step q / 2, so lane (g, t) has one live B register, (k-step g / 4, half (g % 4) / 2) =
-// hi (g even) or lo (g odd) of block g / 2 at k 4t..4t+3: prep_x_mma writes a 512-byte image per
+// hi (g even) or lo (g odd) of block g / 2 at k 4t..4t+3: prep_x<true> writes a 512-byte image per
 // pair, 16 bytes per lane. D then holds block t's (hi, lo) for rows g and g + 8, as above.
 struct F8MmaArgs {
   const uint8_t* w;   // [n/16][pairs][32 lanes][16] stored words
@@ -445,43 +470,6 @@ struct F8MmaArgs {
   uint16_t* y;        // [n] bf16
   int n, pairs;
 };
-
-// x -> the pairs' B images and block factors; thread per 16-element block b = 4p + q.
-__global__ void prep_x_mma(const uint16_t* x, int k, uint32_t* image, float* xf) {
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  asm volatile("griddepcontrol.launch_dependents;");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (b >= k / 16) return;
-  float v[16];
-  float amax = 0.0f;
-  const uint4* src = reinterpret_cast<const uint4*>(x + size_t(b) * 16);
-  const uint4 u[2] = {src[0], src[1]};
-  const uint16_t* h = reinterpret_cast<const uint16_t*>(u);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    v[i] = __bfloat162float(__ushort_as_bfloat16(h[i]));
-    amax = fmaxf(amax, fabsf(v[i]));
-  }
-  const int e = amax > 0.0f && amax < INFINITY ? 7 - (int((__float_as_uint(amax) >> 23) & 255u) - 127) : 0;
-  const float f = exp2f(float(e));
-  uint32_t hi[4] = {}, lo[4] = {};
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const float s = v[i] * f;
-    const __nv_fp8_e4m3 H(s);
-    const __nv_fp8_e4m3 L(s - float(H));
-    hi[i / 4] |= uint32_t(H.__x) << (8 * (i % 4));
-    lo[i / 4] |= uint32_t(L.__x) << (8 * (i % 4));
-  }
-  const int p = b / 4, q = b % 4;
-  uint32_t* pair = image + size_t(p) * 128;  // [lane][4 registers]
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    pair[((2 * q) * 4 + t) * 4 + q] = hi[t];
-    pair[((2 * q + 1) * 4 + t) * 4 + q] = lo[t];
-  }
-  xf[b] = exp2f(float(6 - e));
-}
 
 // d (rows g, g+8 x columns 2t, 2t+1) = A * B (+ c).
 __device__ __forceinline__ void mma_f8_16832(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -677,33 +665,42 @@ __global__ void __launch_bounds__(128) wgmma_rate(int iters, float* sink, long l
 
 // ---- host data ----
 
-// The f8 kernel's packing of one matrix (see F8GemvArgs).
+// One thread's share of pair p for weight rows r0 and r0 + 8 and block 4p + t (the A fragment of
+// wgmma m64n8k32 per warp, and of mma.sync m16n8k32): 4 stored words (word j: k-step j / 2, k
+// half j % 2) and the two rows' scale bytes.
+void pack_lane_pair(const HostMatrix& m, int r0, int p, int t, uint32_t* words, uint16_t& scales) {
+  static const F8Encoder enc;
+  const int r1 = r0 + 8;
+  for (int j = 0; j < 4; ++j) {
+    const int kb = 64 * p + 32 * (j / 2) + 16 * (j % 2) + 4 * t;
+    uint32_t lo = 0, hi = 0;
+    for (int i = 0; i < 4; ++i) {
+      lo |= uint32_t(e2m1_as_e4m3(m.code(r0, kb + i))) << (8 * i);
+      hi |= uint32_t(e2m1_as_e4m3(m.code(r1, kb + i))) << (8 * i);
+    }
+    words[j] = enc.encode(lo, hi);
+  }
+  const int blk = 4 * p + t;
+  scales = uint16_t(m.scales[size_t(r0) * (m.k / 16) + blk] | (m.scales[size_t(r1) * (m.k / 16) + blk] << 8));
+}
+
+// One matrix packed for the f8 kernels: groups of group_rows weight rows (64: the wgmma kernels'
+// warpgroup tiles, F8GemvArgs; 16: the mma.sync kernel's tiles, F8MmaArgs), each group's pairs in
+// order, each pair's threads (4 warps, or 1) in order, 16 bytes each; scales the same way.
 struct F8Weights {
   test::DeviceScratch w, s;
   int n, pairs;
   float alpha;
-  explicit F8Weights(const HostMatrix& m)
+  explicit F8Weights(const HostMatrix& m, int group_rows = 64)
       : w(size_t(m.n) * m.k / 2), s(size_t(m.n) * m.k / 16), n(m.n), pairs(m.k / 64), alpha(m.scale_2) {
-    static const F8Encoder enc;
+    const int warps = group_rows / 16;  // 16-row tiles per group
     std::vector<uint32_t> words(size_t(m.n) * m.k / 8);
-    std::vector<uint16_t> sc(size_t(m.n / 64) * pairs * 128);
-    for (int grp = 0; grp < m.n / 64; ++grp)
+    std::vector<uint16_t> sc(size_t(m.n / 16) * pairs * 32);
+    for (int tile = 0; tile < m.n / 16; ++tile)
       for (int p = 0; p < pairs; ++p)
-        for (int tid = 0; tid < 128; ++tid) {
-          const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-          const int r0 = 64 * grp + 16 * warp + g, r1 = r0 + 8;
-          const size_t at = (size_t(grp) * pairs + p) * 128 + tid;
-          for (int j = 0; j < 4; ++j) {  // word j: k-step j / 2, k half j % 2
-            const int kb = 64 * p + 32 * (j / 2) + 16 * (j % 2) + 4 * t;
-            uint32_t lo = 0, hi = 0;
-            for (int i = 0; i < 4; ++i) {
-              lo |= uint32_t(e2m1_as_e4m3(m.code(r0, kb + i))) << (8 * i);
-              hi |= uint32_t(e2m1_as_e4m3(m.code(r1, kb + i))) << (8 * i);
-            }
-            words[at * 4 + j] = enc.encode(lo, hi);
-          }
-          const int blk = 4 * p + t;
-          sc[at] = uint16_t(m.scales[size_t(r0) * (m.k / 16) + blk] | (m.scales[size_t(r1) * (m.k / 16) + blk] << 8));
+        for (int lane = 0; lane < 32; ++lane) {
+          const size_t at = (size_t(tile / warps) * pairs + p) * (warps * 32) + (tile % warps) * 32 + lane;
+          pack_lane_pair(m, 16 * tile + lane / 4, p, lane % 4, &words[at * 4], sc[at]);
         }
     TETRA_CUDA_CHECK(cudaMemcpy(w.p, words.data(), words.size() * 4, cudaMemcpyHostToDevice));
     TETRA_CUDA_CHECK(cudaMemcpy(s.p, sc.data(), sc.size() * 2, cudaMemcpyHostToDevice));
@@ -723,7 +720,7 @@ struct F8X {
     const int blocks = k / 16;
     // A programmatic dependent (it waits before reading x), so a GEMV after it can start early.
     const KernelLaunch launch(dim3(unsigned((blocks + 127) / 128)), dim3(128), s);
-    TETRA_CUDA_CHECK(launch(prep_x, static_cast<const uint16_t*>(x.as<uint16_t>()), k, b.as<uint8_t>(),
+    TETRA_CUDA_CHECK(launch(prep_x<false>, static_cast<const uint16_t*>(x.as<uint16_t>()), k, b.as<uint32_t>(),
                             xf.as<float>()));
   }
 };
@@ -731,40 +728,6 @@ struct F8X {
 F8GemvArgs f8_args(const F8Weights& w, const F8X& x, uint16_t* y) {
   return {w.w.as<uint4>(), w.s.as<uint16_t>(), x.b.as<uint8_t>(), x.xf.as<float>(), w.alpha, y, w.n, w.pairs};
 }
-
-
-
-// The mma.sync kernel's packing (F8MmaArgs): tile-major, the word code of F8Weights.
-struct F8MmaWeights {
-  test::DeviceScratch w, s;
-  int n, pairs;
-  float alpha;
-  explicit F8MmaWeights(const HostMatrix& m)
-      : w(size_t(m.n) * m.k / 2), s(size_t(m.n) * m.k / 16), n(m.n), pairs(m.k / 64), alpha(m.scale_2) {
-    static const F8Encoder enc;
-    std::vector<uint32_t> words(size_t(m.n) * m.k / 8);
-    std::vector<uint16_t> sc(size_t(m.n / 16) * pairs * 32);
-    for (int tile = 0; tile < m.n / 16; ++tile)
-      for (int p = 0; p < pairs; ++p)
-        for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane / 4, t = lane % 4, r0 = 16 * tile + g, r1 = r0 + 8;
-          const size_t at = (size_t(tile) * pairs + p) * 32 + lane;
-          for (int j = 0; j < 4; ++j) {  // word j: k-step j / 2, k half j % 2
-            const int kb = 64 * p + 32 * (j / 2) + 16 * (j % 2) + 4 * t;
-            uint32_t lo = 0, hi = 0;
-            for (int i = 0; i < 4; ++i) {
-              lo |= uint32_t(e2m1_as_e4m3(m.code(r0, kb + i))) << (8 * i);
-              hi |= uint32_t(e2m1_as_e4m3(m.code(r1, kb + i))) << (8 * i);
-            }
-            words[at * 4 + j] = enc.encode(lo, hi);
-          }
-          const int blk = 4 * p + t;
-          sc[at] = uint16_t(m.scales[size_t(r0) * (m.k / 16) + blk] | (m.scales[size_t(r1) * (m.k / 16) + blk] << 8));
-        }
-    TETRA_CUDA_CHECK(cudaMemcpy(w.p, words.data(), words.size() * 4, cudaMemcpyHostToDevice));
-    TETRA_CUDA_CHECK(cudaMemcpy(s.p, sc.data(), sc.size() * 2, cudaMemcpyHostToDevice));
-  }
-};
 
 // x in the mma.sync kernel's B images (zeros where no block lives, set once).
 struct F8MmaX {
@@ -779,11 +742,11 @@ struct F8MmaX {
   void prepare(cudaStream_t s) {
     const int blocks = k / 16;
     const KernelLaunch launch(dim3(unsigned((blocks + 127) / 128)), dim3(128), s);
-    TETRA_CUDA_CHECK(launch(prep_x_mma, x, k, b.as<uint32_t>(), xf.as<float>()));
+    TETRA_CUDA_CHECK(launch(prep_x<true>, x, k, b.as<uint32_t>(), xf.as<float>()));
   }
 };
 
-F8MmaArgs f8_mma_args(const F8MmaWeights& w, const F8MmaX& x, uint16_t* y) {
+F8MmaArgs f8_mma_args(const F8Weights& w, const F8MmaX& x, uint16_t* y) {
   return {w.w.as<uint8_t>(), w.s.as<uint8_t>(), x.b.as<uint4>(), x.xf.as<float>(), w.alpha, y, w.n, w.pairs};
 }
 
@@ -824,33 +787,25 @@ TEST(BenchGemvFp8Wgmma, MatchesReferenceAndBf16Kernel) {
     TETRA_CUDA_CHECK(oc::linear_nvfp4_gemv(&out, 1, dxb.as<uint16_t>(), 1, nullptr));
     TETRA_CUDA_CHECK(cudaMemcpy(y.data(), dy.p, y.size() * 2, cudaMemcpyDeviceToHost));
     const Errors eb = compare(y, want);
-    for (const Variant& v : kVariants) {
-      if (!runnable(v, cs.k / 64)) continue;
+    // One variant's launch into dy, checked against the reference next to the production kernel.
+    auto check = [&](const char* name, const std::function<cudaError_t()>& launch) {
       TETRA_CUDA_CHECK(cudaMemset(dy.p, 0xff, y.size() * 2));
-      TETRA_CUDA_CHECK(v.fn(f8_args(f8, dx, dy.as<uint16_t>()), nullptr));
+      TETRA_CUDA_CHECK(launch());
       TETRA_CUDA_CHECK(cudaDeviceSynchronize());
       TETRA_CUDA_CHECK(cudaMemcpy(y.data(), dy.p, y.size() * 2, cudaMemcpyDeviceToHost));
       const Errors ef = compare(y, want);
       std::printf("n %5d k %5d outlier %7g | bf16 kernel nmse %.3g max %.3g | fp8 %s nmse %.3g max %.3g\n", cs.n,
-                  cs.k, cs.outlier, eb.nmse, eb.max_rel, v.name, ef.nmse, ef.max_rel);
+                  cs.k, cs.outlier, eb.nmse, eb.max_rel, name, ef.nmse, ef.max_rel);
       // Both round y to bf16 (relative 2^-9): the NMSE floor is ~1e-6 from that alone.
-      EXPECT_LT(ef.nmse, 1e-5) << v.name << " n " << cs.n << " k " << cs.k;
-      EXPECT_LT(ef.nmse, 4.0 * eb.nmse + 1e-7) << v.name << " n " << cs.n << " k " << cs.k;
-    }
-    const F8MmaWeights fm(m);
+      EXPECT_LT(ef.nmse, 1e-5) << name << " n " << cs.n << " k " << cs.k;
+      EXPECT_LT(ef.nmse, 4.0 * eb.nmse + 1e-7) << name << " n " << cs.n << " k " << cs.k;
+    };
+    for (const Variant& v : kVariants)
+      if (runnable(v, cs.k / 64)) check(v.name, [&] { return v.fn(f8_args(f8, dx, dy.as<uint16_t>()), nullptr); });
+    const F8Weights fm(m, 16);
     const F8MmaX mx(dx.x.as<uint16_t>(), cs.k);
-    for (const MmaVariant& v : kMmaVariants) {
-      if (is_diagnostic(v)) continue;
-      TETRA_CUDA_CHECK(cudaMemset(dy.p, 0xff, y.size() * 2));
-      TETRA_CUDA_CHECK(v.fn(f8_mma_args(fm, mx, dy.as<uint16_t>()), nullptr));
-      TETRA_CUDA_CHECK(cudaDeviceSynchronize());
-      TETRA_CUDA_CHECK(cudaMemcpy(y.data(), dy.p, y.size() * 2, cudaMemcpyDeviceToHost));
-      const Errors ef = compare(y, want);
-      std::printf("n %5d k %5d outlier %7g | bf16 kernel nmse %.3g max %.3g | %s nmse %.3g max %.3g\n", cs.n,
-                  cs.k, cs.outlier, eb.nmse, eb.max_rel, v.name, ef.nmse, ef.max_rel);
-      EXPECT_LT(ef.nmse, 1e-5) << v.name << " n " << cs.n << " k " << cs.k;
-      EXPECT_LT(ef.nmse, 4.0 * eb.nmse + 1e-7) << v.name << " n " << cs.n << " k " << cs.k;
-    }
+    for (const MmaVariant& v : kMmaVariants)
+      if (!is_diagnostic(v)) check(v.name, [&] { return v.fn(f8_mma_args(fm, mx, dy.as<uint16_t>()), nullptr); });
   }
 }
 
@@ -870,9 +825,9 @@ TEST(BenchGemvFp8Wgmma, Timing) {
     for (int c = 0; c < n_copies; ++c) hm.push_back(random_matrix(cs.n, cs.k, 100 + c));
     std::vector<oc::Nvfp4LinearBuffer> copies;
     std::vector<std::unique_ptr<F8Weights>> f8;
-    std::vector<std::unique_ptr<F8MmaWeights>> fm;
+    std::vector<std::unique_ptr<F8Weights>> fm;
     for (const auto& m : hm) copies.push_back(upload(m)), f8.push_back(std::make_unique<F8Weights>(m));
-    for (const auto& m : hm) fm.push_back(std::make_unique<F8MmaWeights>(m));
+    for (const auto& m : hm) fm.push_back(std::make_unique<F8Weights>(m, 16));
     const double bytes = double(cs.n) * cs.k * (0.5 + 1.0 / 16);
     const auto x = random_x(cs.k, 3, 0.0f);
     F8X dx(x);
@@ -915,9 +870,9 @@ TEST(BenchGemvFp8Wgmma, StepEmulation) {
   for (int c = 0; c < n_copies; ++c) hm.push_back(random_matrix(n, k, 200 + c));
   std::vector<oc::Nvfp4LinearBuffer> copies;
   std::vector<std::unique_ptr<F8Weights>> f8;
-  std::vector<std::unique_ptr<F8MmaWeights>> fm;
+  std::vector<std::unique_ptr<F8Weights>> fm;
   for (const auto& m : hm) copies.push_back(upload(m)), f8.push_back(std::make_unique<F8Weights>(m));
-  for (const auto& m : hm) fm.push_back(std::make_unique<F8MmaWeights>(m));
+  for (const auto& m : hm) fm.push_back(std::make_unique<F8Weights>(m, 16));
   F8X dx(random_x(k, 4, 0.0f));
   F8MmaX mx(dx.x.as<uint16_t>(), k);
   test::DeviceScratch dy(size_t(n) * 2), sink(4);
@@ -957,28 +912,29 @@ TEST(BenchGemvFp8Wgmma, StepEmulation) {
       });
       std::printf("| production %s | %.2f | %.2f |\n", r.name, us, us - spin);
     }
-    for (const Variant& v : kVariants) {
-      if (!runnable(v, k / 64) || std::string(v.name).rfind("stream", 0) != 0) continue;
+    // An f8 kernel after the stand-in, with and without x's preparation as its own launch
+    // (prepare(s), then the kernel's launch for copy i).
+    auto row = [&](const char* name, const std::function<void(cudaStream_t)>& prepare,
+                   const std::function<cudaError_t(int, cudaStream_t)>& launch) {
       for (int with_prep = 0; with_prep < 2; ++with_prep) {
         const double us = test::graph_us_per_launch(16, [&](int i, cudaStream_t s) {
           TETRA_CUDA_CHECK(launch_spin(cycles, sink.as<int>(), s));
-          if (with_prep) dx.prepare(s);
-          TETRA_CUDA_CHECK(v.fn(f8_args(*f8[size_t(i % n_copies)], dx, dy.as<uint16_t>()), s));
+          if (with_prep) prepare(s);
+          TETRA_CUDA_CHECK(launch(i, s));
         });
-        std::printf("| fp8 %s%s | %.2f | %.2f |\n", v.name, with_prep ? " + prep_x launch" : "", us, us - spin);
+        std::printf("| fp8 %s%s | %.2f | %.2f |\n", name, with_prep ? " + prep_x launch" : "", us, us - spin);
         EXPECT_TRUE(std::isfinite(us) && us > 0.0);
       }
-    }
+    };
+    for (const Variant& v : kVariants)
+      if (runnable(v, k / 64) && std::string(v.name).rfind("stream", 0) == 0)
+        row(v.name, [&](cudaStream_t s) { dx.prepare(s); }, [&](int i, cudaStream_t s) {
+          return v.fn(f8_args(*f8[size_t(i % n_copies)], dx, dy.as<uint16_t>()), s);
+        });
     for (const MmaVariant& v : kMmaVariants)
-      for (int with_prep = 0; with_prep < 2; ++with_prep) {
-        const double us = test::graph_us_per_launch(16, [&](int i, cudaStream_t s) {
-          TETRA_CUDA_CHECK(launch_spin(cycles, sink.as<int>(), s));
-          if (with_prep) mx.prepare(s);
-          TETRA_CUDA_CHECK(v.fn(f8_mma_args(*fm[size_t(i % n_copies)], mx, dy.as<uint16_t>()), s));
-        });
-        std::printf("| fp8 %s%s | %.2f | %.2f |\n", v.name, with_prep ? " + prep_x launch" : "", us, us - spin);
-        EXPECT_TRUE(std::isfinite(us) && us > 0.0);
-      }
+      row(v.name, [&](cudaStream_t s) { mx.prepare(s); }, [&](int i, cudaStream_t s) {
+        return v.fn(f8_mma_args(*fm[size_t(i % n_copies)], mx, dy.as<uint16_t>()), s);
+      });
   }
 }
 
