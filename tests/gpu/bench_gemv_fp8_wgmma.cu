@@ -574,9 +574,7 @@ cudaError_t launch_f8_mma_stream(const F8MmaArgs& a, cudaStream_t stream) {
   auto kernel = f8_mma_stream_gemv<C, NO_MATH>;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e != cudaSuccess) return e;
-  int sms = 0;
-  TETRA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int grid = std::min(a.n / 16, 2 * sms);
+  const int grid = std::min(a.n / 16, 2 * current_device_sm_count());
   const KernelLaunch launch(dim3(unsigned(grid)), dim3(unsigned((C + 1) * 32)), stream, true, smem);
   return launch(kernel, a, STAGES);
 }
@@ -707,10 +705,14 @@ struct F8Weights {
   }
 };
 
+// x on the device and in an f8 kernel's B operands (prep_x): the wgmma kernels' tiles, or with
+// mma_image the mma.sync kernel's per-lane images. Zeros where no block lives, set once.
 struct F8X {
   test::DeviceScratch x, b, xf;
   int k;
-  explicit F8X(const std::vector<uint16_t>& host) : x(host.size() * 2), b(host.size() * 8), xf(host.size() / 4), k(int(host.size())) {
+  bool mma_image;
+  explicit F8X(const std::vector<uint16_t>& host, bool mma_image_ = false)
+      : x(host.size() * 2), b(host.size() * 8), xf(host.size() / 4), k(int(host.size())), mma_image(mma_image_) {
     TETRA_CUDA_CHECK(cudaMemcpy(x.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
     TETRA_CUDA_CHECK(cudaMemset(b.p, 0, host.size() * 8));
     prepare(nullptr);
@@ -720,8 +722,8 @@ struct F8X {
     const int blocks = k / 16;
     // A programmatic dependent (it waits before reading x), so a GEMV after it can start early.
     const KernelLaunch launch(dim3(unsigned((blocks + 127) / 128)), dim3(128), s);
-    TETRA_CUDA_CHECK(launch(prep_x<false>, static_cast<const uint16_t*>(x.as<uint16_t>()), k, b.as<uint32_t>(),
-                            xf.as<float>()));
+    TETRA_CUDA_CHECK(launch(mma_image ? prep_x<true> : prep_x<false>, static_cast<const uint16_t*>(x.as<uint16_t>()),
+                            k, b.as<uint32_t>(), xf.as<float>()));
   }
 };
 
@@ -729,24 +731,7 @@ F8GemvArgs f8_args(const F8Weights& w, const F8X& x, uint16_t* y) {
   return {w.w.as<uint4>(), w.s.as<uint16_t>(), x.b.as<uint8_t>(), x.xf.as<float>(), w.alpha, y, w.n, w.pairs};
 }
 
-// x in the mma.sync kernel's B images (zeros where no block lives, set once).
-struct F8MmaX {
-  test::DeviceScratch b, xf;
-  const uint16_t* x;
-  int k;
-  F8MmaX(const uint16_t* device_x, int k_) : b(size_t(k_) * 8), xf(size_t(k_) / 4), x(device_x), k(k_) {
-    TETRA_CUDA_CHECK(cudaMemset(b.p, 0, size_t(k) * 8));
-    prepare(nullptr);
-    TETRA_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  void prepare(cudaStream_t s) {
-    const int blocks = k / 16;
-    const KernelLaunch launch(dim3(unsigned((blocks + 127) / 128)), dim3(128), s);
-    TETRA_CUDA_CHECK(launch(prep_x<true>, x, k, b.as<uint32_t>(), xf.as<float>()));
-  }
-};
-
-F8MmaArgs f8_mma_args(const F8Weights& w, const F8MmaX& x, uint16_t* y) {
+F8MmaArgs f8_mma_args(const F8Weights& w, const F8X& x, uint16_t* y) {
   return {w.w.as<uint8_t>(), w.s.as<uint8_t>(), x.b.as<uint4>(), x.xf.as<float>(), w.alpha, y, w.n, w.pairs};
 }
 
@@ -803,7 +788,7 @@ TEST(BenchGemvFp8Wgmma, MatchesReferenceAndBf16Kernel) {
     for (const Variant& v : kVariants)
       if (runnable(v, cs.k / 64)) check(v.name, [&] { return v.fn(f8_args(f8, dx, dy.as<uint16_t>()), nullptr); });
     const F8Weights fm(m, 16);
-    const F8MmaX mx(dx.x.as<uint16_t>(), cs.k);
+    const F8X mx(x, true);
     for (const MmaVariant& v : kMmaVariants)
       if (!is_diagnostic(v)) check(v.name, [&] { return v.fn(f8_mma_args(fm, mx, dy.as<uint16_t>()), nullptr); });
   }
@@ -831,7 +816,7 @@ TEST(BenchGemvFp8Wgmma, Timing) {
     const double bytes = double(cs.n) * cs.k * (0.5 + 1.0 / 16);
     const auto x = random_x(cs.k, 3, 0.0f);
     F8X dx(x);
-    auto mx = std::make_unique<F8MmaX>(dx.x.as<uint16_t>(), cs.k);
+    F8X mx(x, true);
     test::DeviceScratch dy(size_t(cs.n) * 2);
     const double us_prep = test::graph_us_per_launch(32, [&](int, cudaStream_t s) { dx.prepare(s); });
     std::printf("| %s | prep_x alone (a model would fuse it into x's producer) | %.2f | - |\n", cs.name, us_prep);
@@ -851,7 +836,7 @@ TEST(BenchGemvFp8Wgmma, Timing) {
       }
       for (const MmaVariant& v : kMmaVariants) {
         const double us = test::graph_us_per_launch(32, [&](int i, cudaStream_t s) {
-          TETRA_CUDA_CHECK(v.fn(f8_mma_args(*fm[size_t(i % n_copies)], *mx, dy.as<uint16_t>()), s));
+          TETRA_CUDA_CHECK(v.fn(f8_mma_args(*fm[size_t(i % n_copies)], mx, dy.as<uint16_t>()), s));
         });
         std::printf("| %s | fp8 %s | %.2f | %.0f |\n", cs.name, v.name, us, bytes / us / 1e3);
         EXPECT_TRUE(std::isfinite(us) && us > 0.0);
@@ -873,8 +858,8 @@ TEST(BenchGemvFp8Wgmma, StepEmulation) {
   std::vector<std::unique_ptr<F8Weights>> fm;
   for (const auto& m : hm) copies.push_back(upload(m)), f8.push_back(std::make_unique<F8Weights>(m));
   for (const auto& m : hm) fm.push_back(std::make_unique<F8Weights>(m, 16));
-  F8X dx(random_x(k, 4, 0.0f));
-  F8MmaX mx(dx.x.as<uint16_t>(), k);
+  const auto x = random_x(k, 4, 0.0f);
+  F8X dx(x), mx(x, true);
   test::DeviceScratch dy(size_t(n) * 2), sink(4);
   const long long cycles = 19800;  // ~10 us at 1.98 GHz
   const double spin = test::graph_us_per_launch(16, [&](int, cudaStream_t s) {

@@ -96,37 +96,15 @@ __global__ void __launch_bounds__(KW * 32, MINB) tile_stream(const StreamArgs a)
     const int pair = int(blockIdx.x) % a.pairs, slot = int(blockIdx.x) / a.pairs;
     const size_t e = size_t(a.experts[slot]);
     const int c_begin = warp * a.chunks / KW, c_end = (warp + 1) * a.chunks / KW;
+    // The warp's chunks: its contiguous range, or (warp_strided) every KW-th chunk from its index.
+    constexpr int kStep = P == kWarpStrided ? KW : 1;
+    const int c_first = P == kWarpStrided ? warp : c_begin;
+    const int c_last = P == kWarpStrided ? a.chunks : c_end;  // exclusive
     const size_t t0 = size_t(2 * pair) * a.chunks;  // tile-chunk index of tile0's chunk 0
     const size_t t1 = t0 + a.chunks;                // tile0 + 1
     constexpr size_t kIl = kTileChunkBytes + kTileChunkScales;
     const uint8_t* wbase = P == kInterleaved ? a.w + e * (wx + sx) : a.w + e * wx;
     const uint8_t* sbase = a.s + e * sx;
-    if constexpr (P == kWarpStrided) {
-      for (int c = warp; c < a.chunks; c += U * KW) {
-        uint4 wv[U][2];
-        uint32_t sv[U][2];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (c + u * KW >= a.chunks) continue;
-#pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            const size_t tc = (t == 0 ? t0 : t1) + c + u * KW;
-            wv[u][t] = moe_detail::ld_stream_u4(wbase + tc * kTileChunkBytes + lane * 16, pol);
-            sv[u][t] = moe_detail::ld_stream_u16(sbase + tc * kTileChunkScales + lane * 2, pol);
-          }
-        }
-        if (kPdl && c == warp) asm volatile("griddepcontrol.wait;" ::: "memory");
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (c + u * KW >= a.chunks) continue;
-#pragma unroll
-          for (int t = 0; t < 2; ++t)
-            acc ^= wv[u][t].x ^ wv[u][t].y ^ wv[u][t].z ^ wv[u][t].w ^ sv[u][t];
-        }
-      }
-      if (acc != 0) atomicXor(a.out, acc);
-      return;
-    }
     if constexpr (P == kScalesFirst) {
       // The range's scale pieces are contiguous per tile: (c_end - c_begin) * 64 bytes each.
       const int n16 = (c_end - c_begin) * kTileChunkScales / 16;
@@ -136,30 +114,30 @@ __global__ void __launch_bounds__(KW * 32, MINB) tile_stream(const StreamArgs a)
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
       }
     }
-    for (int c = c_begin; c < c_end; c += U) {
+    for (int c = c_first; c < c_last; c += U * kStep) {
       uint4 wv[U][2];
       uint32_t sv[U][2];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (c + u >= c_end) continue;
+        if (c + u * kStep >= c_last) continue;
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-          const size_t tc = (t == 0 ? t0 : t1) + c + u;
+          const size_t tc = (t == 0 ? t0 : t1) + c + u * kStep;
           if constexpr (P == kInterleaved) {
             wv[u][t] = moe_detail::ld_stream_u4(wbase + tc * kIl + lane * 16, pol);
             sv[u][t] = moe_detail::ld_stream_u16(wbase + tc * kIl + kTileChunkBytes + lane * 2, pol);
           } else {
             wv[u][t] = moe_detail::ld_stream_u4(wbase + tc * kTileChunkBytes + lane * 16, pol);
-            sv[u][t] = P == kDecode
+            sv[u][t] = P == kDecode || P == kWarpStrided
                            ? moe_detail::ld_stream_u16(sbase + tc * kTileChunkScales + lane * 2, pol)
                            : 0u;
           }
         }
       }
-      if (kPdl && c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");
+      if (kPdl && c == c_first) asm volatile("griddepcontrol.wait;" ::: "memory");
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if (c + u >= c_end) continue;
+        if (c + u * kStep >= c_last) continue;
 #pragma unroll
         for (int t = 0; t < 2; ++t)
           acc ^= wv[u][t].x ^ wv[u][t].y ^ wv[u][t].z ^ wv[u][t].w ^ sv[u][t];
