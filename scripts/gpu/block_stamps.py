@@ -82,6 +82,12 @@ def per_sm(blocks):
     return sms
 
 
+def since_start(blocks, i):
+    """Median over blocks of the us from a block's start to its stamp i (blocks without it left
+    out; 0 when none has it)."""
+    return median([(b["t"][i] - b["t"][0]) / 1e3 for b in blocks if b["t"][i]])
+
+
 def moe_figures(path, gemm1, gemm2):
     t0 = min(b["t"][0] for b in path)
     us = lambda ns: (ns - t0) / 1000.0
@@ -103,6 +109,14 @@ def moe_figures(path, gemm1, gemm2):
         "GEMM1: first block start": us(min(b["t"][0] for b in gemm1)),
         "GEMM1: wait returned (median)": us(median([b["t"][1] for b in run1])),
         "GEMM1: first batch multiplied (median)": us(median([b["t"][2] for b in run1])),
+        # The decode kernel's phases (ops/moe/w4a16_decode.cu, DecodeStamp): t2 first batch
+        # multiplied, t4 scored and t5 routed (the routed GEMM1), t6 first weights requested,
+        # t7 scales landed (scales staged in shared memory).
+        "GEMM1: block start -> scored (median us)": since_start(run1, 4),
+        "GEMM1: block start -> routed (median us)": since_start(run1, 5),
+        "GEMM1: block start -> first request (median us)": since_start(run1, 6),
+        "GEMM1: block start -> scales landed (median us)": since_start(run1, 7),
+        "GEMM1: block start -> first multiply (median us)": since_start(run1, 2),
         "GEMM1: block time after wait (median us)":
             median([(b["t"][3] - b["t"][1]) / 1e3 for b in run1]),
         "GEMM1: SMs": len(sm1),

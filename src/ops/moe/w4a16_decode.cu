@@ -28,25 +28,46 @@ namespace tetra::moe_detail {
 namespace {
 
 
+// Phase stamps of a decode block (perf/block_stamps.h; 0 where a phase did not run), recorded
+// after the block's start as t1, t2 = waited, first batch multiplied; t3 = end; then t4..t7 =
+// (the routed GEMM1's) scores and routing done, the first weight batch requested, the scales
+// staged in shared memory landed.
+enum DecodeStamp {
+  kStampWaited,           // the previous grid's (or GEMM1's counter's) wait returned
+  kStampFirstMultiplied,  // the first weight batch was multiplied
+  kStampScored,           // routed GEMM1: scores and selection keys in shared memory
+  kStampRouted,           // routed GEMM1: the block knows its expert
+  kStampFirstRequested,   // the first weight batch was requested
+  kStampScalesLanded,     // SCALES_SMEM: this warp's scale copies landed
+  kDecodeStamps
+};
+__device__ __forceinline__ void decode_block_stamp(const GroupedGemmArgs& a, int kind,
+                                                   uint64_t t_start,
+                                                   const uint64_t (&t)[kDecodeStamps]) {
+  if (threadIdx.x == 0)
+    perf::block_stamp(a.stamps, kind, a.stamp_launch, t_start, t[kStampWaited],
+                      t[kStampFirstMultiplied], perf::stamp_time(), t[kStampScored],
+                      t[kStampRouted], t[kStampFirstRequested], t[kStampScalesLanded]);
+}
+
 // One block's work: tile pair `pair` of slot `slot`. U: chunks per load batch. LATE: activations
 // are read from L1 right before their MMA instead of with the weights (frees U*NT*8 registers).
 // DIAG: a DecodeDiag mode (benchmarks only). XWEAK: activations written earlier in the same grid,
 // read by weak loads (the read-only path may not see them). wait_x() runs in every warp before
 // its first activation read (griddepcontrol.wait as a programmatic dependent; a per-expert
 // counter in the pair kernel). Returns false when the slot has no rows (nothing written).
-// t_mid: for block stamps (perf/block_stamps.h), when the wait returned and when the first
-// weight batch had been multiplied (left as they are without stamps). SCALES_SMEM (late kernel,
+// t_mid: phase stamps (DecodeStamp; left as they are without stamps). SCALES_SMEM (late kernel,
 // DecodeConfig::scales_smem): each warp copies its k range's scale pieces into shared memory with
 // 16-byte cp.async before its first weight batch, instead of 2-byte loads beside every batch.
 template <int NT, int KW, int U, bool LATE, bool GATED, bool OUT_F32, int DIAG, bool XWEAK,
           class WaitX, bool SCALES_SMEM = false>
 __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair, int slot,
-                                             WaitX wait_x, uint64_t (&t_mid)[2]) {
+                                             WaitX wait_x, uint64_t (&t_mid)[kDecodeStamps]) {
   static_assert(DIAG == kDecodeFull || (LATE && NT == 1), "diagnostics: the late n8 kernel only");
   // GEMM1 as a programmatic dependent of the token path: the row mapping is its output.
   if (a.wait_first) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    t_mid[0] = perf::stamp_time();
+    t_mid[kStampWaited] = perf::stamp_time();
   }
   const int e = a.rows.expert_ids ? a.rows.expert_ids[slot] : slot;
   if (e < 0) return false;
@@ -167,14 +188,16 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
       uint4 wv[U][2];
       uint32_t sv[U][2];
       load_w(c, wv, sv);
+      if (tok0 == 0 && c == c_begin) t_mid[kStampFirstRequested] = perf::stamp_time();
       if (LATE && tok0 == 0 && c == c_begin) {
         wait_x();
-        if (!a.wait_first) t_mid[0] = perf::stamp_time();
+        if (t_mid[kStampWaited] == 0) t_mid[kStampWaited] = perf::stamp_time();
       }
       if constexpr (SCALES_SMEM) {
         if (tok0 == 0 && c == c_begin) {  // the copies of this warp's range have landed
           cp_async_wait<0>();
           __syncwarp();  // also orders the shared-memory reads below after the wait
+          t_mid[kStampScalesLanded] = perf::stamp_time();
         }
 #pragma unroll
         for (int u = 0; u < U; ++u)
@@ -186,7 +209,7 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
       }
       if constexpr (LATE) {
         compute_batch_late(c, wv, sv);
-        if (tok0 == 0 && c == c_begin) t_mid[1] = perf::stamp_time();
+        if (tok0 == 0 && c == c_begin) t_mid[kStampFirstMultiplied] = perf::stamp_time();
       } else {
         uint4 xv[U][NT][2];
 #pragma unroll
@@ -256,17 +279,14 @@ template <int NT, int KW, int U, bool LATE, int MINB, bool GATED, bool OUT_F32,
 __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
     moe_decode_kernel(const GroupedGemmArgs a) {
   const uint64_t t_start = perf::stamp_time();
-  uint64_t t_mid[2] = {0, 0};
+  uint64_t t_mid[kDecodeStamps] = {};
   // Launched as a programmatic dependent (GEMM2 after GEMM1), a block may start while the
   // previous grid still runs: it waits for that grid before reading activations (a no-op for a
   // normal launch).
   auto wait = [] { asm volatile("griddepcontrol.wait;" ::: "memory"); };
   decode_block<NT, KW, U, LATE, GATED, OUT_F32, DIAG, false, decltype(wait), SCALES_SMEM>(
       a, int(blockIdx.x), int(blockIdx.y), wait, t_mid);
-  // Block stamps: start, wait returned, first batch multiplied, end (0 where it did not run).
-  if (threadIdx.x == 0)
-    perf::block_stamp(a.stamps, GATED ? perf::kStampMoeGemm1 : perf::kStampMoeGemm2,
-                      a.stamp_launch, t_start, t_mid[0], t_mid[1], perf::stamp_time());
+  decode_block_stamp(a, GATED ? perf::kStampMoeGemm1 : perf::kStampMoeGemm2, t_start, t_mid);
 }
 
 
@@ -287,7 +307,7 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
   if (int(blockIdx.x) < blocks1) {
     const int slot = int(blockIdx.x) / pairs1;
     // x was written before this (normal) launch: nothing to wait for.
-    uint64_t t_mid[2];  // unused: the pair kernel records no stamps
+    uint64_t t_mid[kDecodeStamps] = {};  // unused: the pair kernel records no stamps
     if (decode_block<1, kLateKWarps, kLateChunks, true, true, false, kDecodeFull, false>(
             a1, int(blockIdx.x) % pairs1, slot, [] {}, t_mid)) {
       __threadfence();  // this thread's act stores, before the block counts in
@@ -308,7 +328,7 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
     __syncwarp();
     fence_acq_rel_gpu();
   };
-  uint64_t t_mid[2];
+  uint64_t t_mid[kDecodeStamps] = {};
   if (decode_block<1, kLateKWarps, kLateChunks, true, false, true, kDecodeFull, true>(
           a2, b % pairs2, slot, wait_gemm1, t_mid)) {
     __syncthreads();
@@ -342,11 +362,11 @@ __global__ void __launch_bounds__(KW * 32, MINB)
   __shared__ int32_t expert_rows[kMaxE + 1];          // expert -> 1 (selected experts only)
   __shared__ int32_t row_token[moe::kMaxTopK + 1];    // row -> 0
   const uint64_t t_start = perf::stamp_time();
-  uint64_t t_mid[2] = {0, 0};
+  uint64_t t_mid[kDecodeStamps] = {};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int K = r.router.top_k, E = r.router.num_experts;
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the logits (and x, written before them)
-  t_mid[0] = perf::stamp_time();
+  t_mid[kStampWaited] = perf::stamp_time();
   if constexpr (kSoftmax) {
     if (warp == 0) route_token_regs<true, kPerLane>(r.logits, r.bias, r.router, keys, ids, wts, lane);
   } else {
@@ -365,6 +385,7 @@ __global__ void __launch_bounds__(KW * 32, MINB)
         if (lane == 0) group_keys[g] = gk;
       }
     __syncthreads();
+    t_mid[kStampScored] = perf::stamp_time();
     if (warp == 0) route_token_scored<kPerLane>(scores, keys, group_keys, r.router, ids, wts, lane);
   }
   if (warp == 0) {
@@ -394,6 +415,7 @@ __global__ void __launch_bounds__(KW * 32, MINB)
     }
   }
   __syncthreads();
+  t_mid[kStampRouted] = perf::stamp_time();
   GroupedGemmArgs b = a;
   b.rows.expert_ids = slot_expert;
   b.rows.row_start = first_row;
@@ -403,9 +425,7 @@ __global__ void __launch_bounds__(KW * 32, MINB)
   auto no_wait = [] {};
   decode_block<1, KW, kLateChunks, true, true, false, kDecodeFull, false, decltype(no_wait),
                SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), no_wait, t_mid);
-  if (threadIdx.x == 0)
-    perf::block_stamp(a.stamps, perf::kStampMoeGemm1, a.stamp_launch, t_start, t_mid[0],
-                      t_mid[1], perf::stamp_time());
+  decode_block_stamp(a, perf::kStampMoeGemm1, t_start, t_mid);
 }
 
 template <int NT, int KW, int U, bool LATE, int MINB, int DIAG = kDecodeFull>
