@@ -9,6 +9,9 @@
 // route_token_scored; softmax: warp 0 with route_token_regs: the token path's device code, so
 // the same ids and weights bit for bit), derives its slot's expert and rows in shared memory
 // and requests its weights.
+// The shared slot's blocks (sigmoid scoring) skip the routing: they request their first weights
+// as soon as they start and wait for the logits kernel only before reading x, so the shared
+// expert streams while the routed blocks route (gemm1_routed_starts_shared).
 // Block (0, 0) also writes the layout the token path would have written for T = 1 (ids, weights,
 // slot_of, slots, offsets, row_count, row_token of the selected experts and of the shared slot)
 // before it lets GEMM2 launch, so GEMM2 and the combine read what they always read.
@@ -44,6 +47,12 @@ inline constexpr int kGemm1RoutingMaxExperts = 256;  // 8 scores per routing lan
 // Empty when moe_w4a16_gemm1_routed takes p and r, else why not: one token on the default late
 // decode configuration, num_slots = top_k (+1 with the shared slot), at most 256 experts.
 const char* moe_gemm1_routed_unsupported(const MoeGemmProblem& p, const Gemm1Routing& r);
+// Whether the shared slot's blocks request their weights before the routing (and the wait):
+// then nothing needs to warm the shared expert in L2 for GEMM1. Sigmoid scoring only (under the
+// softmax routing's registers the extra branch spilled).
+inline bool gemm1_routed_starts_shared(const Gemm1Routing& r) {
+  return r.shared_slot && r.router.scoring != moe::Scoring::Softmax;
+}
 // GEMM1 + SiLU*up of one token routed in the kernel (p.gemm1_pdl: a programmatic dependent of
 // the logits kernel, which must not trigger its dependents early). act [K (+1), I] bf16.
 cudaError_t moe_w4a16_gemm1_routed(const MoeGemmProblem& p, const MoeWeightsDevice& w,

@@ -546,7 +546,11 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     a.pdl = path_.token_path_pdl;
     a.logits_only = route_in_gemm1;
     static_assert(cuda::SmallTokenPath::kMaxWarm >= 4);
-    if (path_.warm_shared) shared_weight_ranges(a.warm, a.warm_bytes);
+    // Where GEMM1 routes and starts the shared expert's blocks before routing, those blocks
+    // request its weights while the routed ones route: a warm-up would only lengthen the token
+    // path (GLM-4.5-Air batch 1 -0.3% without it, bench/results/2026-12-04-session46-h200.md).
+    const bool shared_starts_in_gemm1 = route_in_gemm1 && gemm1_routed_starts_shared(g1r);
+    if (path_.warm_shared && !shared_starts_in_gemm1) shared_weight_ranges(a.warm, a.warm_bytes);
     if (pre != nullptr) {  // x is h: the token path normalises it into pre->normed
       a.pre_norm_weight = pre->weight;
       a.pre_norm_eps = pre->eps;

@@ -65,7 +65,9 @@ struct CudaTokenPath {
   // bench/results/2026-11-30-session12-h200.md), so on.
   bool token_path_pdl = true;
   // The one-launch token path asks the L2 for the shared expert's weights while it routes
-  // (SmallTokenPath::warm), so the shared expert's GEMM rows read them from L2.
+  // (SmallTokenPath::warm), so the shared expert's GEMM rows read them from L2. Not where GEMM1
+  // routes and its shared-slot blocks request those weights themselves before routing
+  // (gemm1_routed_starts_shared).
   bool warm_shared = true;
   // Routed W4A16 GEMM1 and GEMM2 on the decode kernel as one launch, GEMM2 waiting per expert
   // (moe_w4a16_gemm_pair), when the shared expert is absent or a slot: 0 never, 1 where

@@ -365,6 +365,14 @@ __global__ void __launch_bounds__(KW * 32, MINB)
   uint64_t t_mid[kDecodeStamps] = {};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int K = r.router.top_k, E = r.router.num_experts;
+  // The shared expert's blocks (slot K) need no routing: they request their first weights before
+  // the wait (in decode_block) and read x after it (gemm1_routed_starts_shared). Not under softmax
+  // scoring: there the branch spilled 16-20 bytes (and no preset with softmax scoring has a
+  // shared expert).
+  const bool shared_block = !kSoftmax && r.shared_slot && int(blockIdx.y) == K;
+  if (shared_block) {
+    if (threadIdx.x == 0) slot_expert[K] = E, first_row[E] = K, expert_rows[E] = 1, row_token[K] = 0;
+  } else {
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the logits (and x, written before them)
   t_mid[kStampWaited] = perf::stamp_time();
   if constexpr (kSoftmax) {
@@ -414,6 +422,7 @@ __global__ void __launch_bounds__(KW * 32, MINB)
       __threadfence();  // before any thread of this block triggers GEMM2's launch
     }
   }
+  }
   __syncthreads();
   t_mid[kStampRouted] = perf::stamp_time();
   GroupedGemmArgs b = a;
@@ -422,9 +431,11 @@ __global__ void __launch_bounds__(KW * 32, MINB)
   b.rows.row_count = expert_rows;
   b.rows.gather = row_token;
   b.wait_first = false;
-  auto no_wait = [] {};
-  decode_block<1, KW, kLateChunks, true, true, false, kDecodeFull, false, decltype(no_wait),
-               SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), no_wait, t_mid);
+  auto wait_x = [shared_block] {
+    if (shared_block) asm volatile("griddepcontrol.wait;" ::: "memory");
+  };
+  decode_block<1, KW, kLateChunks, true, true, false, kDecodeFull, false, decltype(wait_x),
+               SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), wait_x, t_mid);
   decode_block_stamp(a, perf::kStampMoeGemm1, t_start, t_mid);
 }
 
