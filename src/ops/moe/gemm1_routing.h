@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "core/host_device.h"
 #include "moe/router.h"
 #include "ops/moe/w4a16_moe.h"
 
@@ -49,8 +50,8 @@ inline constexpr int kGemm1RoutingMaxExperts = 256;  // 8 scores per routing lan
 const char* moe_gemm1_routed_unsupported(const MoeGemmProblem& p, const Gemm1Routing& r);
 // Whether the shared slot's blocks request their weights before the routing (and the wait):
 // then nothing needs to warm the shared expert in L2 for GEMM1. Sigmoid scoring only (under the
-// softmax routing's registers the extra branch spilled).
-inline bool gemm1_routed_starts_shared(const Gemm1Routing& r) {
+// softmax routing's registers the extra branch spilled). The kernel and the layer both ask.
+TETRA_HD bool gemm1_routed_starts_shared(const Gemm1Routing& r) {
   return r.shared_slot && r.router.scoring != moe::Scoring::Softmax;
 }
 // GEMM1 + SiLU*up of one token routed in the kernel (p.gemm1_pdl: a programmatic dependent of

@@ -366,62 +366,65 @@ __global__ void __launch_bounds__(KW * 32, MINB)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int K = r.router.top_k, E = r.router.num_experts;
   // The shared expert's blocks (slot K) need no routing: they request their first weights before
-  // the wait (in decode_block) and read x after it (gemm1_routed_starts_shared). Not under softmax
-  // scoring: there the branch spilled 16-20 bytes (and no preset with softmax scoring has a
-  // shared expert).
-  const bool shared_block = !kSoftmax && r.shared_slot && int(blockIdx.y) == K;
+  // the wait (in decode_block) and read x after it. !kSoftmax drops the branch at compile time
+  // where gemm1_routed_starts_shared is false anyway (it spilled 16-20 bytes there).
+  const bool shared_block = !kSoftmax && gemm1_routed_starts_shared(r) && int(blockIdx.y) == K;
   if (shared_block) {
-    if (threadIdx.x == 0) slot_expert[K] = E, first_row[E] = K, expert_rows[E] = 1, row_token[K] = 0;
+    if (threadIdx.x == 0)
+      slot_expert[K] = E, first_row[E] = K, expert_rows[E] = 1, row_token[K] = 0;
   } else {
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // the logits (and x, written before them)
-  t_mid[kStampWaited] = perf::stamp_time();
-  if constexpr (kSoftmax) {
-    if (warp == 0) route_token_regs<true, kPerLane>(r.logits, r.bias, r.router, keys, ids, wts, lane);
-  } else {
-    // The one-token form of the tiny token path's block-wide scoring (token_path_tiny.cu), indexed
-    // by expert: a shared helper over [T, E] needs i % E and q / n_group, ~4 KB more code here.
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-      const float sc = moe::math::sigmoid_f32(__ldcg(r.logits + e));
-      scores[e] = sc;
-      keys[e] = score_selection_key(sc, r.bias, e);
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // the logits (and x, written before them)
+    t_mid[kStampWaited] = perf::stamp_time();
+    if constexpr (kSoftmax) {
+      if (warp == 0)
+        route_token_regs<true, kPerLane>(r.logits, r.bias, r.router, keys, ids, wts, lane);
+    } else {
+      // The one-token form of the tiny token path's block-wide scoring (token_path_tiny.cu),
+      // indexed by expert: a shared helper over [T, E] needs i % E and q / n_group, ~4 KB more
+      // code here.
+      for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const float sc = moe::math::sigmoid_f32(__ldcg(r.logits + e));
+        scores[e] = sc;
+        keys[e] = score_selection_key(sc, r.bias, e);
+      }
+      __syncthreads();
+      const int ng = r.router.n_group;
+      if (ng != 1)
+        for (int g = warp; g < ng; g += KW) {
+          const uint32_t gk = group_order_key_warp(keys + g * (E / ng), E / ng, lane);
+          if (lane == 0) group_keys[g] = gk;
+        }
+      __syncthreads();
+      t_mid[kStampScored] = perf::stamp_time();
+      if (warp == 0)
+        route_token_scored<kPerLane>(scores, keys, group_keys, r.router, ids, wts, lane);
     }
-    __syncthreads();
-    const int ng = r.router.n_group;
-    if (ng != 1)
-      for (int g = warp; g < ng; g += KW) {
-        const uint32_t gk = group_order_key_warp(keys + g * (E / ng), E / ng, lane);
-        if (lane == 0) group_keys[g] = gk;
+    if (warp == 0) {
+      __syncwarp();
+      const int id = lane < K ? ids[lane] : 0;
+      int rank = 0;  // the K ids are distinct
+      for (int i = 0; i < K; ++i) rank += ids[i] < id;
+      if (lane < K) slot_expert[rank] = id, first_row[id] = rank, expert_rows[id] = 1;
+      if (lane <= K) row_token[lane] = 0;
+      if (lane == 0 && r.shared_slot) slot_expert[K] = E, first_row[E] = K, expert_rows[E] = 1;
+      if (blockIdx.x == 0 && blockIdx.y == 0) {
+        if (lane < K) {
+          r.ids[lane] = id;
+          r.weights[lane] = wts[lane];
+          r.slot_of[lane] = rank;
+          r.slots[rank] = id;
+          r.offsets[id] = rank;
+          r.row_count[id] = 1;
+          r.row_token[lane] = 0;
+        }
+        if (lane == 0) {
+          r.offsets[E] = K;
+          if (r.shared_slot) r.slots[K] = E, r.row_count[E] = 1, r.row_token[K] = 0;
+          if (r.dropped) *r.dropped = 0;
+        }
+        __threadfence();  // before any thread of this block triggers GEMM2's launch
       }
-    __syncthreads();
-    t_mid[kStampScored] = perf::stamp_time();
-    if (warp == 0) route_token_scored<kPerLane>(scores, keys, group_keys, r.router, ids, wts, lane);
-  }
-  if (warp == 0) {
-    __syncwarp();
-    const int id = lane < K ? ids[lane] : 0;
-    int rank = 0;  // the K ids are distinct
-    for (int i = 0; i < K; ++i) rank += ids[i] < id;
-    if (lane < K) slot_expert[rank] = id, first_row[id] = rank, expert_rows[id] = 1;
-    if (lane <= K) row_token[lane] = 0;
-    if (lane == 0 && r.shared_slot) slot_expert[K] = E, first_row[E] = K, expert_rows[E] = 1;
-    if (blockIdx.x == 0 && blockIdx.y == 0) {
-      if (lane < K) {
-        r.ids[lane] = id;
-        r.weights[lane] = wts[lane];
-        r.slot_of[lane] = rank;
-        r.slots[rank] = id;
-        r.offsets[id] = rank;
-        r.row_count[id] = 1;
-        r.row_token[lane] = 0;
-      }
-      if (lane == 0) {
-        r.offsets[E] = K;
-        if (r.shared_slot) r.slots[K] = E, r.row_count[E] = 1, r.row_token[K] = 0;
-        if (r.dropped) *r.dropped = 0;
-      }
-      __threadfence();  // before any thread of this block triggers GEMM2's launch
     }
-  }
   }
   __syncthreads();
   t_mid[kStampRouted] = perf::stamp_time();
