@@ -511,12 +511,14 @@ std::string decode_bench_markdown(const DecodeBenchReport& r) {
   if (r.prefill_tokens > 0)
     os << "- prefill of " << r.prefill_tokens << " tokens (one sequence): " << r.prefill_us / 1e3
        << " ms = " << r.prefill_tokens_per_s << " tokens/s\n";
-  os << "\n| batch | context | median us/step | p90 us | tokens/s | floor us | efficiency | unique experts/layer |\n"
-     << "|---|---|---|---|---|---|---|---|\n";
+  os << "\n| batch | context | median us/step | p90 us | tokens/s | floor us | efficiency | "
+     << (r.tp * r.ep > 1 ? "achieved TB/s per GPU" : "achieved TB/s") << " | unique experts/layer |\n"
+     << "|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& row : r.rows)
     os << "| " << row.batch << " | " << row.context << " | " << row.median_us << " | " << row.p90_us
        << " | " << row.tokens_per_s << " | " << row.floor_us << " | " << 100 * row.efficiency
-       << "% | " << row.unique_experts_per_layer << " |\n";
+       << "% | " << std::setprecision(2) << achieved_bytes_per_s(row) / 1e12
+       << std::setprecision(1) << " | " << row.unique_experts_per_layer << " |\n";
   if (!r.prefill_ops.empty()) {
     os << "\nPer op, the prefill of " << r.prefill_tokens << " tokens (CUDA events): total "
        << r.prefill_eager_us << " us wall\n\n| op | us | calls |\n|---|---|---|\n";
@@ -564,6 +566,7 @@ nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
                         {"floor_us", row.floor_us}, {"floor_bytes", row.floor_bytes},
                         {"comm_estimate_us", row.comm_us},
                         {"efficiency", row.efficiency},
+                        {"achieved_bytes_per_s", achieved_bytes_per_s(row)},
                         {"unique_experts_per_layer", row.unique_experts_per_layer},
                         {"eager_us", row.eager_us}};
     x["ops"] = nlohmann::json::array();

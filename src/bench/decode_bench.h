@@ -74,6 +74,12 @@ struct DecodeBenchRow {
   double traced_median_us = 0;        // wall time of the traced steps (tracing's own cost shows)
 };
 
+// The HBM bandwidth a row achieved: the floor's bytes (per GPU) over its median step. Equals
+// efficiency times the floor's bandwidth; reported so a figure reads as bytes moved, not a ratio.
+inline double achieved_bytes_per_s(const DecodeBenchRow& r) {
+  return r.median_us > 0 ? r.floor_bytes / (r.median_us * 1e-6) : 0.0;
+}
+
 struct DecodeBenchReport {
   std::string preset;  // preset name, or the checkpoint directory
   std::string gpu, commit, date, command_line;

@@ -91,6 +91,34 @@ TEST(DecodeBenchShapes, CudaBackendLimits) {
   EXPECT_NE(gqa[0].find("17 query heads per kv head"), std::string::npos) << gqa[0];
 }
 
+// The report states the bandwidth each row achieved (the floor's bytes over the median step),
+// in the table and the JSON, labelled per GPU when the model is split.
+TEST(DecodeBenchReport, AchievedBandwidth) {
+  DecodeBenchReport r;
+  r.preset = "glm4.5-air";
+  r.config = preset_config("glm4.5-air");
+  r.bandwidth_bytes_per_s = 4.46e12;
+  DecodeBenchRow row;
+  row.batch = 1;
+  row.context = 1024;
+  row.median_us = 3300.0;
+  row.floor_bytes = 8.316e9;  // 2.52 TB/s at 3300 us
+  row.floor_us = row.floor_bytes / r.bandwidth_bytes_per_s * 1e6;
+  row.efficiency = row.floor_us / row.median_us;
+  r.rows.push_back(row);
+  EXPECT_NEAR(achieved_bytes_per_s(row), 2.52e12, 1e9);
+  EXPECT_NEAR(achieved_bytes_per_s(row), row.efficiency * r.bandwidth_bytes_per_s, 1e3);
+  const std::string md = decode_bench_markdown(r);
+  EXPECT_NE(md.find("| efficiency | achieved TB/s |"), std::string::npos) << md;
+  EXPECT_NE(md.find("% | 2.52 | "), std::string::npos) << md;
+  const nlohmann::json j = decode_bench_json(r);
+  EXPECT_NEAR(j["rows"][0]["achieved_bytes_per_s"].get<double>(), 2.52e12, 1e9);
+  r.tp = 2;
+  EXPECT_NE(decode_bench_markdown(r).find("achieved TB/s per GPU"), std::string::npos);
+  row.median_us = 0;  // no step measured: nothing achieved, not a division by zero
+  EXPECT_EQ(achieved_bytes_per_s(row), 0.0);
+}
+
 TEST(DecodeBenchCli, ArgumentErrors) {
   struct Case { const char* args; const char* words; };
   for (const Case& c : {
