@@ -415,6 +415,7 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
     r.prefill_tokens = o.prefill_tokens;
     r.prefill_us = percentile(t, 0.5);
     r.prefill_tokens_per_s = o.prefill_tokens / (r.prefill_us * 1e-6);
+    r.prefill_model_flops = prefill_flops(c, quant, o.prefill_tokens, int64_t(st.logit_rows.size()));
     if (o.per_op && !parallel) {  // prefill never runs as a graph: the same path, per op
       TimedOps timed(*ops, static_cast<cudaStream_t>(ops->stream()));
       r.prefill_eager_us = timed_forward(timed, st);
@@ -510,7 +511,11 @@ std::string decode_bench_markdown(const DecodeBenchReport& r) {
      << " TB/s (" << r.bandwidth_source << ")\n";
   if (r.prefill_tokens > 0)
     os << "- prefill of " << r.prefill_tokens << " tokens (one sequence): " << r.prefill_us / 1e3
-       << " ms = " << r.prefill_tokens_per_s << " tokens/s\n";
+       << " ms = " << r.prefill_tokens_per_s << " tokens/s, "
+       << prefill_flops_per_s(r) / 1e12 << " TFLOP/s of model FLOPs"
+       << (r.tp * r.ep > 1 ? " (all GPUs together)" : "") << " ("
+       << r.prefill_model_flops.linear / 1e12 << " TFLOP in the linears, "
+       << r.prefill_model_flops.attention / 1e12 << " in attention)\n";
   os << "\n| batch | context | median us/step | p90 us | tokens/s | floor us | efficiency | "
      << (r.tp * r.ep > 1 ? "achieved TB/s per GPU" : "achieved TB/s") << " | unique experts/layer |\n"
      << "|---|---|---|---|---|---|---|---|---|\n";
@@ -556,6 +561,10 @@ nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
   j["ep"] = r.ep;
   j["prefill"] = {{"tokens", r.prefill_tokens}, {"us", r.prefill_us},
                   {"tokens_per_s", r.prefill_tokens_per_s}, {"eager_us", r.prefill_eager_us},
+                  {"model_flops", r.prefill_model_flops.total()},
+                  {"model_flops_linear", r.prefill_model_flops.linear},
+                  {"model_flops_attention", r.prefill_model_flops.attention},
+                  {"flops_per_s", prefill_flops_per_s(r)},
                   {"ops", nlohmann::json::array()}};
   for (const auto& t : r.prefill_ops)
     j["prefill"]["ops"].push_back({{"op", t.op}, {"us", t.us}, {"calls", t.calls}});

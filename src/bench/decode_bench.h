@@ -29,6 +29,7 @@
 
 #include "format/model_config.h"
 #include "model/model_weights.h"
+#include "perf/prefill_flops.h"
 #include "perf/step_timeline.h"
 
 namespace tetra::bench {
@@ -91,10 +92,16 @@ struct DecodeBenchReport {
   int tp = 1, ep = 1;
   int prefill_tokens = 0;
   double prefill_us = 0, prefill_tokens_per_s = 0;
+  PrefillFlops prefill_model_flops;  // perf/prefill_flops.h, for the timed prompt
   std::vector<DecodeOpTime> prefill_ops;  // one eager prefill timed per op kind (per_op)
   double prefill_eager_us = 0;
   std::vector<DecodeBenchRow> rows;
 };
+
+// The prefill's achieved FLOP rate: its model FLOPs over its median time (0 without a prefill).
+inline double prefill_flops_per_s(const DecodeBenchReport& r) {
+  return r.prefill_us > 0 ? r.prefill_model_flops.total() / (r.prefill_us * 1e-6) : 0.0;
+}
 
 // The structure of a model (views without data): what prepare_random reads. NVFP4: every
 // linear but lm_head and the router (ModelOpt's default excludes); BF16: none.

@@ -3,10 +3,13 @@
 // (checked before any GPU is looked for, so they behave the same on every machine).
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "bench/decode_bench.h"
 #include "cli_runner.h"
 #include "core/error.h"
 #include "format/presets.h"
+#include "format/quant_config.h"
 #include "model/cuda/cuda_model_ops.h"
 
 namespace tetra::bench {
@@ -117,6 +120,31 @@ TEST(DecodeBenchReport, AchievedBandwidth) {
   EXPECT_NE(decode_bench_markdown(r).find("achieved TB/s per GPU"), std::string::npos);
   row.median_us = 0;  // no step measured: nothing achieved, not a division by zero
   EXPECT_EQ(achieved_bytes_per_s(row), 0.0);
+}
+
+// The prefill line states its model FLOPs (perf/prefill_flops.h) over its median time.
+TEST(DecodeBenchReport, PrefillFlopRate) {
+  DecodeBenchReport r;
+  r.preset = "glm4.5-air";
+  r.config = preset_config("glm4.5-air");
+  r.prefill_tokens = 4096;
+  r.prefill_us = 400000.0;
+  r.prefill_tokens_per_s = r.prefill_tokens / 0.4;
+  EXPECT_EQ(prefill_flops_per_s(r), 0.0);  // no FLOPs counted yet
+  r.prefill_model_flops = prefill_flops(r.config, QuantConfig{}, r.prefill_tokens);
+  const double rate = r.prefill_model_flops.total() / 0.4;
+  EXPECT_NEAR(prefill_flops_per_s(r), rate, 1e-6 * rate);
+  EXPECT_GT(rate, 2.5e14);  // ~119 TFLOP in 0.4 s
+  EXPECT_LT(rate, 3.2e14);
+  std::ostringstream want;
+  want.setf(std::ios::fixed);
+  want.precision(1);
+  want << "10240.0 tokens/s, " << rate / 1e12 << " TFLOP/s of model FLOPs";
+  const std::string md = decode_bench_markdown(r);
+  EXPECT_NE(md.find(want.str()), std::string::npos) << md;
+  const nlohmann::json j = decode_bench_json(r);
+  EXPECT_NEAR(j["prefill"]["flops_per_s"].get<double>(), rate, 1e-6 * rate);
+  EXPECT_NEAR(j["prefill"]["model_flops"].get<double>(), r.prefill_model_flops.total(), 1.0);
 }
 
 TEST(DecodeBenchCli, ArgumentErrors) {
