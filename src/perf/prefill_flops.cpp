@@ -26,18 +26,18 @@ PrefillFlops prefill_flops(const ModelConfig& c, const QuantConfig& quant, int64
   if (tokens < 1) TETRA_FAIL("a prefill needs at least one token (got ", tokens, ")");
   if (logit_rows < 0 || logit_rows > tokens)
     TETRA_FAIL("logit rows must be within [0, ", tokens, "] (got ", logit_rows, ")");
-  // Per-token weights from model_size (the count the decode floor uses); its "active" already
-  // holds top_k of the routed experts.
-  // The DSA indexer runs only when the prompt is longer than the keys it keeps (as the decode
-  // roofline counts it).
+  // Per-token weights from model_size (the count the decode floor uses; its "active" already
+  // holds top_k of the routed experts). The DSA indexer runs only when the prompt is longer than
+  // the keys it keeps, as the decode roofline counts it.
   const ModelSize size = model_size(c, quant);
   const bool indexer_runs = c.index_n_heads > 0 && c.index_topk > 0 && tokens > c.index_topk;
   double per_token = indexer_runs ? double(active_params(size, ModuleKind::Indexer)) : 0.0;
   for (ModuleKind k : {ModuleKind::Attention, ModuleKind::DenseMlp, ModuleKind::SharedExpert,
                        ModuleKind::RoutedExpert, ModuleKind::Router})
     per_token += double(active_params(size, k));
-  const double lm_head = c.tie_word_embeddings ? double(c.vocab_size * c.hidden_size)
-                                               : double(active_params(size, ModuleKind::LmHead));
+  // A tied table is the lm_head: model_size counts it whole as the active embedding.
+  const double lm_head = double(active_params(
+      size, c.tie_word_embeddings ? ModuleKind::Embedding : ModuleKind::LmHead));
   PrefillFlops f;
   f.linear = 2.0 * double(tokens) * per_token + 2.0 * double(logit_rows) * lm_head;
 
