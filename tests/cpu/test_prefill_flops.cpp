@@ -40,6 +40,22 @@ TEST(PrefillFlops, Glm45AirByHand) {
               1e-9 * f.linear);
 }
 
+// Tied embeddings (the lm_head is the embedding table): the logits' FLOPs are the same as an
+// untied lm_head of the same shape, counted once, from the embedding's entry of model_size.
+TEST(PrefillFlops, TiedLmHeadCountsTheTableOnce) {
+  ModelConfig c = preset_config("glm4.5-air");
+  const int64_t T = 512;
+  const PrefillFlops untied = prefill_flops(c, QuantConfig{}, T, 3);
+  c.tie_word_embeddings = true;
+  const PrefillFlops tied = prefill_flops(c, QuantConfig{}, T, 3);
+  EXPECT_DOUBLE_EQ(tied.linear, untied.linear);
+  EXPECT_DOUBLE_EQ(tied.attention, untied.attention);
+  // Every logit row adds the table's 2 * vocab * hidden FLOPs, tied or not.
+  const double table = double(c.vocab_size) * double(c.hidden_size);
+  EXPECT_NEAR(prefill_flops(c, QuantConfig{}, T, 4).linear - tied.linear, 2 * table,
+              1e-9 * tied.linear);
+}
+
 TEST(PrefillFlops, MlaAndDsaKeepTopKKeys) {
   const ModelConfig c = preset_config("glm5");
   ASSERT_EQ(c.attention, AttentionKind::MLA);
