@@ -8,9 +8,13 @@ same for the MoE chain at up to 8 rows per expert (tiny token path -> GEMM1 -> G
 kernels): routing's phases, when the GEMMs' first weights have been multiplied, how many blocks
 each SM ran and how far apart the SMs finish.
 
-    python3 scripts/gpu/block_stamps.py stamps.b1.c1024.bin
+    python3 scripts/gpu/block_stamps.py stamps.b1.c1024.bin [--qkv-tiles N]
 Times are microseconds from the first block's start of the chain's first kernel in the same
-layer."""
+layer. Last, per SM, how much work it held against when it finished (us after the kernel's
+median wait): GEMM2 by its blocks on the SM, GEMM1 likewise, and with --qkv-tiles N (the GEMV's
+16-row tiles, e.g. 896 for GLM-4.5-Air's q/k/v) the q/k/v GEMV by the tiles its blocks took
+(block b of a G-block grid takes tiles b, b + G, ...).
+"""
 import statistics
 import struct
 import sys
@@ -26,7 +30,8 @@ def read(path):
     for i in range(len(data) // (8 * WORDS)):
         w = struct.unpack_from("<%dQ" % WORDS, data, i * 8 * WORDS)
         kind, launch = w[0] >> 56, (w[0] >> 32) & 0xFFFFFF
-        launches.setdefault((kind, launch), []).append({"sm": w[1], "t": w[2:]})
+        launches.setdefault((kind, launch), []).append(
+            {"block": w[0] & 0xFFFFFFFF, "sm": w[1], "t": w[2:]})
     # In time order; a layer is a q/k/v GEMV, then the attention, then the o_proj GEMV, and a
     # token path, then GEMM1, then GEMM2 (a step at more than 8 rows per expert has neither).
     ordered = sorted(launches.items(), key=lambda kv: min(b["t"][0] for b in kv[1]))
@@ -138,6 +143,32 @@ def moe_figures(path, gemm1, gemm2):
     return f
 
 
+def sm_end_by_work(launches, work_of, wait_index, end_index):
+    """{work on an SM: [that SM's last block end, us after the launch's median wait]} over
+    launches (lists of blocks); blocks that did not run (no wait stamp) are left out."""
+    table = {}
+    for blocks in launches:
+        ran = [b for b in blocks if b["t"][wait_index]]
+        if not ran:
+            continue
+        t0 = median([b["t"][wait_index] for b in ran])
+        sms = {}
+        for b in ran:
+            work, end = sms.get(b["sm"], (0, 0))
+            sms[b["sm"]] = (work + work_of(b, len(blocks)), max(end, b["t"][end_index]))
+        for work, end in sms.values():
+            table.setdefault(work, []).append((end - t0) / 1e3)
+    return table
+
+
+def report_sm_table(title, table):
+    print(title)
+    for work in sorted(table):
+        v = table[work]
+        print("  %3d on the SM: %5d SM-layers, end mean %6.2f, max %6.2f" %
+              (work, len(v), sum(v) / len(v), max(v)))
+
+
 def report(title, figs):
     print("%d layers; mean over layers (us from the %s)" % (len(figs), title))
     for key in figs[0]:
@@ -145,15 +176,30 @@ def report(title, figs):
 
 
 def main():
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    qkv_tiles = 0
+    if len(args) == 3 and args[1] == "--qkv-tiles":
+        qkv_tiles = int(args[2])
+        args = args[:1]
+    if len(args) != 1:
         sys.exit(__doc__)
-    attention, moe = read(sys.argv[1])
+    attention, moe = read(args[0])
     if not attention and not moe:
         sys.exit("no q/k/v -> attention -> o_proj or MoE chains in " + sys.argv[1])
     if attention:
         report("layer's first q/k/v GEMV block start", [layer_figures(*l) for l in attention])
     if moe:
         report("layer's first token path block start", [moe_figures(*l) for l in moe])
+    one = lambda b, grid: 1
+    if moe:  # GEMM1 / GEMM2: t1 wait returned, t3 end
+        report_sm_table("GEMM1: SM end by blocks on the SM",
+                        sm_end_by_work([l[1] for l in moe], one, 1, 3))
+        report_sm_table("GEMM2: SM end by blocks on the SM",
+                        sm_end_by_work([l[2] for l in moe], one, 1, 3))
+    if attention and qkv_tiles > 0:  # the Rolling GEMV: t1 wait returned, t2 end
+        tiles = lambda b, grid: len(range(b["block"], qkv_tiles, grid))
+        report_sm_table("q/k/v: SM end by tiles on the SM",
+                        sm_end_by_work([l[0] for l in attention], tiles, 1, 2))
 
 
 if __name__ == "__main__":
