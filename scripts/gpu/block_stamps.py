@@ -185,13 +185,12 @@ def main():
         sys.exit(__doc__)
     attention, moe = read(args[0])
     if not attention and not moe:
-        sys.exit("no q/k/v -> attention -> o_proj or MoE chains in " + sys.argv[1])
+        sys.exit("no q/k/v -> attention -> o_proj or MoE chains in " + args[0])
     if attention:
         report("layer's first q/k/v GEMV block start", [layer_figures(*l) for l in attention])
     if moe:
         report("layer's first token path block start", [moe_figures(*l) for l in moe])
-    one = lambda b, grid: 1
-    if moe:  # GEMM1 / GEMM2: t1 wait returned, t3 end
+        one = lambda b, grid: 1  # GEMM1 / GEMM2: t1 wait returned, t3 end
         report_sm_table("GEMM1: SM end by blocks on the SM",
                         sm_end_by_work([l[1] for l in moe], one, 1, 3))
         report_sm_table("GEMM2: SM end by blocks on the SM",
