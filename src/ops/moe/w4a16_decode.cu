@@ -554,7 +554,15 @@ cudaError_t launch_decode_routed(const GroupedGemmArgs& args, const Gemm1Routing
   };
   if (late_grid_takes_wide_shape(blocks, sms))
     return go.template operator()<kLateWideKWarps, kLateWideBlocksPerSm>();
-  return go.template operator()<kLateKWarps, kLateBlocksPerSm>();
+  // The register bound admits as many blocks per SM as the grid needs in one wave, not 8: the
+  // bound is then 72 or 80 registers, and the blocks' placement and code change with it.
+  // GLM-4.5-Air's 792 blocks at 6 per SM: batch 1 -0.6..-0.9% (H200,
+  // bench/results/2026-12-04-session49-h200.md).
+  switch (routed_blocks_per_sm(blocks, sms)) {
+    case 6: return go.template operator()<kLateKWarps, 6>();
+    case 7: return go.template operator()<kLateKWarps, 7>();
+    default: return go.template operator()<kLateKWarps, kLateBlocksPerSm>();
+  }
 }
 
 bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k_warps) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <ostream>
 
@@ -81,6 +82,12 @@ inline constexpr int kLateNarrowKWarps = 3, kLateNarrowBlocksPerSm = 10;
 inline constexpr int kLateWideKWarps = 8, kLateWideBlocksPerSm = 4;
 inline bool late_grid_takes_wide_shape(long blocks, int sms) {
   return blocks <= long(kLateWideBlocksPerSm) * sms;
+}
+// Blocks per SM of the routed GEMM1's default shape (w4a16_decode.cu, launch_decode_routed): the
+// grid's one-wave count, 6..8 (8 beyond one wave).
+inline int routed_blocks_per_sm(long blocks, int sms) {
+  const long per_sm = (blocks + sms - 1) / std::max(sms, 1);
+  return int(std::clamp(per_sm, 6L, long(kLateBlocksPerSm)));
 }
 
 // The wgmma kernel's shape (0 = the launcher's choice).
