@@ -346,7 +346,8 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
 // its slot with the row mapping in shared memory. Block (0, 0) writes the T = 1 layout for GEMM2
 // and the combine, and fences it before this block lets the next grid launch.
 // kPerLane: routing scores per lane (E <= 32 * kPerLane).
-// KW, MINB: the default late shape, or the wide one (kLateWideKWarps) for small grids.
+// KW, MINB: the default late shape (MINB: routed_blocks_per_sm, 6..8), or the wide one
+// (kLateWideKWarps) for small grids.
 template <bool kSoftmax, int kPerLane, bool SCALES_SMEM, int KW, int MINB>
 __global__ void __launch_bounds__(KW * 32, MINB)
     moe_decode_routed_kernel(const GroupedGemmArgs a, const Gemm1Routing r) {
