@@ -27,20 +27,26 @@ void expect_no_spills(const std::vector<KernelBudget>& kernels) {
 TEST(KernelSpills, DecodeMoeGemmsAtTheirDecodeConfigurations) {
   const auto all = compile_and_read("src/ops/moe/w4a16_decode.cu");
   // moe_decode_kernel<NT, KW, U, LATE, MINB, GATED, OUT_F32, DIAG, SCALES_SMEM>: the default
-  // late configuration (1, 4, 2, true, 8) and the one-wave GEMM2 (1, 3, 2, true, 10), full math
-  // (DIAG 0), in each of their three output forms, scales loaded or staged in shared memory.
+  // late configuration (1, 4, 2, true, 8) and the one-wave GEMM2 (1, 3, 2, true, 10 or 9), full
+  // math (DIAG 0), in each of their three output forms, scales loaded or staged in shared memory.
   const auto late = matching(all, R"(moe_decode_kernelILi1ELi4ELi2ELb1ELi8ELb[01]ELb[01]ELi0E)");
   const auto narrow = matching(all, R"(moe_decode_kernelILi1ELi3ELi2ELb1ELi10ELb[01]ELb[01]ELi0E)");
+  const auto narrow9 = matching(all, R"(moe_decode_kernelILi1ELi3ELi2ELb1ELi9ELb[01]ELb[01]ELi0E)");
   // ... and the 8-warp GEMM2 of small grids (1, 8, 2, true, 4).
   const auto wide_late =
       matching(all, R"(moe_decode_kernelILi1ELi8ELi2ELb1ELi4ELb[01]ELb[01]ELi0E)");
   ASSERT_EQ(late.size(), 6u);
   ASSERT_EQ(narrow.size(), 6u);
+  ASSERT_EQ(narrow9.size(), 6u);
   ASSERT_EQ(wide_late.size(), 6u);
   expect_no_spills(late);
   expect_no_spills(narrow);
+  expect_no_spills(narrow9);
   expect_no_spills(wide_late);
   for (const KernelBudget& k : late) EXPECT_LE(k.registers, 64) << k.name;  // 8 blocks per SM
+  // 3 warps at 10 / 9 blocks per SM: 65536 / (96 * 10) and / (96 * 9), in 8-register steps.
+  for (const KernelBudget& k : narrow) EXPECT_LE(k.registers, 64) << k.name;
+  for (const KernelBudget& k : narrow9) EXPECT_LE(k.registers, 72) << k.name;
   // GEMM1 routing its token first (gemm1_routing.h): softmax / sigmoid with 4 or 8 scores per
   // lane, scales loaded or staged, the default shape (4 k-warps) bounded for 8, 7 or 6 blocks per
   // SM (routed_blocks_per_sm) and the wide one (8 k-warps, 4 per SM). At 8 per SM, staged

@@ -7,8 +7,8 @@
 // default at <= 8 rows per expert) reads activations from L1 just before their MMA and caps
 // registers so 8 blocks (32 warps) fit per SM: at 1..64 tokens more warps with 2 chunks each beat
 // fewer warps with 4-8 chunks each (bench/moe_kernels/RESULTS.md). A GEMM2 launched as a
-// programmatic dependent takes 3-warp blocks (10 per SM) where only they fit its grid in one
-// wave (one_wave_late_config).
+// programmatic dependent takes 3-warp blocks (10 per SM, or 9 where that holds its grid) where
+// only they fit its grid in one wave (one_wave_late_config).
 // The pair kernel runs GEMM1 and GEMM2 of that configuration as one grid, GEMM2's blocks waiting
 // per expert on counters instead of for the whole GEMM1 grid (moe_w4a16_gemm_pair).
 // Grids of half a wave to one wave stage each warp's scale pieces in shared memory first
@@ -508,6 +508,8 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
     case key(1, kLateWideKWarps, 2, kLateWideBlocksPerSm):
       return launch_variant<1, kLateWideKWarps, 2, true, kLateWideBlocksPerSm>(a, stream,
                                                                               c.scales_smem);
+    case key(1, kLateNarrowKWarps, 2, 9):
+      return launch_variant<1, kLateNarrowKWarps, 2, true, 9>(a, stream, c.scales_smem);
     case key(1, kLateNarrowKWarps, 2, kLateNarrowBlocksPerSm):
       return launch_variant<1, kLateNarrowKWarps, 2, true, kLateNarrowBlocksPerSm>(a, stream,
                                                                                 c.scales_smem);
@@ -583,7 +585,9 @@ DecodeConfig one_wave_late_config(const GroupedGemmArgs& a, DecodeConfig c,
   if (is_default_late(c) && blocks > kLateBlocksPerSm * sms &&
       blocks <= kLateNarrowBlocksPerSm * sms) {
     c.k_warps = kLateNarrowKWarps;
-    c.min_blocks_per_sm = kLateNarrowBlocksPerSm;
+    // The register bound admits the grid's one-wave count per SM (9 or 10), as the routed GEMM1's
+    // does: GLM-4.5-Air's 1152 blocks at 9 per SM, batch 1 -0.8..-1.0% (H200, session 49).
+    c.min_blocks_per_sm = blocks <= 9L * sms ? 9 : kLateNarrowBlocksPerSm;
   }
   return c;
 }

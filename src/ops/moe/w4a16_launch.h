@@ -70,7 +70,8 @@ enum DecodeDiag {
 // k-warps, 2-chunk batches, a register cap for 8 blocks per SM. The pair kernel and the
 // diagnostics are built for it alone.
 inline constexpr int kLateKWarps = 4, kLateChunks = 2, kLateBlocksPerSm = 8;
-// Its 3-warp variant, 10 blocks per SM under the same 64-register cap.
+// Its 3-warp variant, 10 blocks per SM under the same 64-register cap (9 at 72 registers where
+// the grid needs no more in one wave: one_wave_late_config).
 inline constexpr int kLateNarrowKWarps = 3, kLateNarrowBlocksPerSm = 10;
 // Its wide variant (w4a16_decode.cu): 8 k-warps per block (4 blocks per SM under the same cap),
 // twice the weight bytes in flight per block, for grids that fill at most 4 blocks per SM: small
