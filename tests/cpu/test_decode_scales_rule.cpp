@@ -10,10 +10,13 @@ namespace {
 
 TEST(DecodeScalesRule, TakesTheMeasuredOneTokenGridsOfAirNotQwen3) {
   const int sms = 132;
-  // GLM-4.5-Air at one token: GEMM1 792 blocks of the 8-per-SM kernel, k 4096 (16 chunks per
-  // warp); GEMM2 1152 blocks of the 10-per-SM 3-warp kernel, k 1408 (8 per warp).
+  // GLM-4.5-Air at one token: GEMM1 792 blocks, k 4096 (16 chunks per warp); GEMM2 1152 blocks
+  // of the 3-warp kernel, k 1408 (8 per warp). Measured with the 8- and 10-per-SM bounds
+  // (session 24); since session 49 they run the 6- and 9-per-SM ones, still one wave each.
   EXPECT_TRUE(decode_scales_in_smem(792, 8, sms, 4096, 4));
   EXPECT_TRUE(decode_scales_in_smem(1152, 10, sms, 1408, 3));
+  EXPECT_TRUE(decode_scales_in_smem(792, 6, sms, 4096, 4));
+  EXPECT_TRUE(decode_scales_in_smem(1152, 9, sms, 1408, 3));
   // Qwen3-30B-A3B at one token: 384 and 512 blocks, under half a wave (measured 1.1% slower).
   EXPECT_FALSE(decode_scales_in_smem(384, 8, sms, 2048, 4));
   EXPECT_FALSE(decode_scales_in_smem(512, 8, sms, 768, 4));

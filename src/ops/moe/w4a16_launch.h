@@ -90,6 +90,12 @@ inline int routed_blocks_per_sm(long blocks, int sms) {
   const long per_sm = (blocks + sms - 1) / std::max(sms, 1);
   return int(std::clamp(per_sm, 6L, long(kLateBlocksPerSm)));
 }
+// Blocks per SM of the one-wave 3-warp GEMM2 (one_wave_late_config): 9 where 9 per SM hold its
+// grid, else 10. Like routed_blocks_per_sm, a register bound that admits no more blocks per SM
+// than one wave needs, so blocks launched beside a running grid cannot pile onto a few SMs.
+inline int narrow_blocks_per_sm(long blocks, int sms) {
+  return blocks <= 9L * sms ? 9 : kLateNarrowBlocksPerSm;
+}
 
 // The wgmma kernel's shape (0 = the launcher's choice).
 struct WgmmaConfig {
