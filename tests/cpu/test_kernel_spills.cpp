@@ -58,7 +58,8 @@ TEST(KernelSpills, DecodeMoeGemmsAtTheirDecodeConfigurations) {
     EXPECT_LE(k.spill_stores, 8) << k.name;
     EXPECT_LE(k.spill_loads, 8) << k.name;
   }
-  const int budget[] = {0, 0, 0, 0, 64, 0, 80, 72, 64};  // registers by blocks per SM (4: the wide shape)
+  // Registers by blocks per SM (4: the wide shape, 8 k-warps).
+  const int budget[] = {0, 0, 0, 0, 64, 0, 80, 72, 64};
   for (int minb : {4, 6, 7, 8}) {
     const auto shape = matching(routed, "ELi" + std::to_string(minb) + "EEEvN");
     ASSERT_EQ(shape.size(), 8u) << minb;

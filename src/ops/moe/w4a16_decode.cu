@@ -508,8 +508,9 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
     case key(1, kLateWideKWarps, 2, kLateWideBlocksPerSm):
       return launch_variant<1, kLateWideKWarps, 2, true, kLateWideBlocksPerSm>(a, stream,
                                                                               c.scales_smem);
-    case key(1, kLateNarrowKWarps, 2, 9):
-      return launch_variant<1, kLateNarrowKWarps, 2, true, 9>(a, stream, c.scales_smem);
+    case key(1, kLateNarrowKWarps, 2, kLateNarrowMinBlocksPerSm):
+      return launch_variant<1, kLateNarrowKWarps, 2, true, kLateNarrowMinBlocksPerSm>(
+          a, stream, c.scales_smem);
     case key(1, kLateNarrowKWarps, 2, kLateNarrowBlocksPerSm):
       return launch_variant<1, kLateNarrowKWarps, 2, true, kLateNarrowBlocksPerSm>(a, stream,
                                                                                 c.scales_smem);
@@ -557,13 +558,14 @@ cudaError_t launch_decode_routed(const GroupedGemmArgs& args, const Gemm1Routing
   };
   if (late_grid_takes_wide_shape(blocks, sms))
     return go.template operator()<kLateWideKWarps, kLateWideBlocksPerSm>();
-  // The register bound admits as many blocks per SM as the grid needs in one wave, not 8: the
-  // bound is then 72 or 80 registers, and the blocks' placement and code change with it.
-  // GLM-4.5-Air's 792 blocks at 6 per SM: batch 1 -0.6..-0.9% (H200,
-  // bench/results/2026-12-04-session49-h200.md).
+  // The register bound admits as many blocks per SM as the grid needs in one wave, not 8 (72 or
+  // 80 registers). GLM-4.5-Air's 792 blocks at 6 per SM: batch 1 -0.2..-0.7%, GLM-4.7's 864 at 7:
+  // -3.9% (H200, bench/results/2026-12-04-session49-h200.md).
   switch (routed_blocks_per_sm(blocks, sms)) {
-    case 6: return go.template operator()<kLateKWarps, 6>();
-    case 7: return go.template operator()<kLateKWarps, 7>();
+    case kRoutedMinBlocksPerSm:
+      return go.template operator()<kLateKWarps, kRoutedMinBlocksPerSm>();
+    case kRoutedMinBlocksPerSm + 1:
+      return go.template operator()<kLateKWarps, kRoutedMinBlocksPerSm + 1>();
     default: return go.template operator()<kLateKWarps, kLateBlocksPerSm>();
   }
 }

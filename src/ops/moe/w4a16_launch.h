@@ -84,17 +84,23 @@ inline constexpr int kLateWideKWarps = 8, kLateWideBlocksPerSm = 4;
 inline bool late_grid_takes_wide_shape(long blocks, int sms) {
   return blocks <= long(kLateWideBlocksPerSm) * sms;
 }
-// Blocks per SM of the routed GEMM1's default shape (w4a16_decode.cu, launch_decode_routed): the
-// grid's one-wave count, 6..8 (8 beyond one wave).
-inline int routed_blocks_per_sm(long blocks, int sms) {
+// A register bound that admits no more blocks per SM than a one-wave grid needs, so that blocks
+// launched beside a running grid cannot pile onto a few SMs: the grid's per-SM count, clamped to
+// the instantiated bounds [lo, hi].
+inline int one_wave_blocks_per_sm(long blocks, int sms, int lo, int hi) {
   const long per_sm = (blocks + sms - 1) / std::max(sms, 1);
-  return int(std::clamp(per_sm, 6L, long(kLateBlocksPerSm)));
+  return int(std::clamp(per_sm, long(lo), long(hi)));
 }
-// Blocks per SM of the one-wave 3-warp GEMM2 (one_wave_late_config): 9 where 9 per SM hold its
-// grid, else 10. Like routed_blocks_per_sm, a register bound that admits no more blocks per SM
-// than one wave needs, so blocks launched beside a running grid cannot pile onto a few SMs.
+// The routed GEMM1's default shape (w4a16_decode.cu, launch_decode_routed): 6..8 per SM (8 beyond
+// one wave).
+inline constexpr int kRoutedMinBlocksPerSm = 6;
+inline int routed_blocks_per_sm(long blocks, int sms) {
+  return one_wave_blocks_per_sm(blocks, sms, kRoutedMinBlocksPerSm, kLateBlocksPerSm);
+}
+// The one-wave 3-warp GEMM2 (one_wave_late_config): 9 where 9 per SM hold its grid, else 10.
+inline constexpr int kLateNarrowMinBlocksPerSm = 9;
 inline int narrow_blocks_per_sm(long blocks, int sms) {
-  return blocks <= 9L * sms ? 9 : kLateNarrowBlocksPerSm;
+  return one_wave_blocks_per_sm(blocks, sms, kLateNarrowMinBlocksPerSm, kLateNarrowBlocksPerSm);
 }
 
 // The wgmma kernel's shape (0 = the launcher's choice).
