@@ -492,6 +492,8 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
       }
       r.rows.push_back(row);
     }
+  r.folded_post_norms = ops->folded_post_norms();
+  r.folded_routers = ops->folded_routers();
   return r;
 }
 
@@ -516,6 +518,9 @@ std::string decode_bench_markdown(const DecodeBenchReport& r) {
        << (r.tp * r.ep > 1 ? " (all GPUs together)" : "") << " ("
        << r.prefill_model_flops.linear / 1e12 << " TFLOP in the linears, "
        << r.prefill_model_flops.attention / 1e12 << " in attention)\n";
+  if (r.folded_post_norms > 0)
+    os << "- one-token folds recorded: the post-attention norm in " << r.folded_post_norms
+       << " layer launches, the MoE router with it in " << r.folded_routers << "\n";
   os << "\n| batch | context | median us/step | p90 us | tokens/s | floor us | efficiency | "
      << (r.tp * r.ep > 1 ? "achieved TB/s per GPU" : "achieved TB/s") << " | unique experts/layer |\n"
      << "|---|---|---|---|---|---|---|---|---|\n";
@@ -550,6 +555,8 @@ nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
   j["preset"] = r.preset;
   j["format"] = r.nvfp4 ? "NVFP4" : "BF16";
   j["layers"] = r.config.num_layers;
+  j["folded_post_norms"] = r.folded_post_norms;  // layers recorded with the one-token folds
+  j["folded_routers"] = r.folded_routers;
   j["gpu"] = r.gpu;
   j["commit"] = r.commit;
   j["date"] = r.date;

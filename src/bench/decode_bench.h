@@ -96,6 +96,9 @@ struct DecodeBenchReport {
   std::vector<DecodeOpTime> prefill_ops;  // one eager prefill timed per op kind (per_op)
   double prefill_eager_us = 0;
   std::vector<DecodeBenchRow> rows;
+  // Layers recorded with the one-token folds (eager steps and graph captures; replays add none):
+  // the post-attention norm into o_proj, and of those the MoE router too (moe/router_fold.h).
+  int64_t folded_post_norms = 0, folded_routers = 0;
 };
 
 // The prefill's achieved FLOP rate: its model FLOPs over its median time (0 without a prefill).

@@ -17,6 +17,9 @@ struct PreRmsNormStep {
   const uint16_t* weight = nullptr;  // [H] bf16
   float eps = 0.0f;
   uint16_t* normed = nullptr;        // [T, H] bf16, not aliasing x
+  // The router fold (moe/router_fold.h, MoeLayerRunner::router_fold): o_proj's epilogue already
+  // wrote normed = bf16(g * h) and the layer's sums; the block reads them instead of normalising.
+  bool router_folded = false;
 };
 
 struct AddRmsNormStep {

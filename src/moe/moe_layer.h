@@ -46,6 +46,7 @@
 #include "format/model_config.h"
 #include "moe/expert_weights.h"
 #include "moe/router.h"
+#include "moe/router_fold.h"
 
 namespace tetra::moe {
 
@@ -132,6 +133,17 @@ class MoeLayerRunner {
     (void)T;
     return false;
   }
+  // The router folded into o_proj's epilogue (moe/router_fold.h) at T tokens, where
+  // takes_pre_norm(T): what that epilogue takes (its gx is the caller's: pre.normed), or nullptr
+  // where this layer does not take the fold. The caller then passes a PreRmsNormStep with
+  // router_folded set. Needs prepare_router_fold first.
+  virtual const RouterFold* router_fold(int T) const {
+    (void)T;
+    return nullptr;
+  }
+  // Builds the fold's constants from the post-attention norm's weight ([H] bf16, device memory
+  // on a CUDA backend). Not during stream capture. A no-op where the layer cannot fold.
+  virtual void prepare_router_fold(const uint16_t* norm_weight) { (void)norm_weight; }
 };
 
 // Checks the weights (shapes, formats, names in errors) and the backend (require_compatible),

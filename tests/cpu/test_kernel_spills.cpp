@@ -70,6 +70,20 @@ TEST(KernelSpills, DecodeMoeGemmsAtTheirDecodeConfigurations) {
   const auto wide = matching(routed, R"(ELi8ELi4EEEvN)");
   ASSERT_EQ(wide.size(), 8u);
   expect_no_spills(wide);
+  // The fold's kernels (<kPerLane, SCALES_SMEM, KW, MINB>): the same register budgets; no spill
+  // at 6 or 7 per SM (GLM-4.5-Air, GLM-4.7) or wide, at 8 per SM at most 20 bytes.
+  const auto fold = matching(all, "moe_decode_routed_fold_kernel");
+  ASSERT_EQ(fold.size(), 16u);
+  for (int minb : {4, 6, 7, 8}) {
+    const auto shape = matching(fold, "ELi" + std::to_string(minb) + "EEEvN");
+    ASSERT_EQ(shape.size(), 4u) << minb;
+    for (const KernelBudget& k : shape) EXPECT_LE(k.registers, budget[minb]) << k.name;
+  }
+  expect_no_spills(matching(fold, R"(ELi[67]EEEvN|ELi8ELi4EEEvN)"));
+  for (const KernelBudget& k : fold) {
+    EXPECT_LE(k.spill_stores, 20) << k.name;
+    EXPECT_LE(k.spill_loads, 20) << k.name;
+  }
   // GEMM1 + GEMM2 as one grid: both paths under the 64-register cap still spill 16/16 bytes
   // (44/52 before the second tile was addressed by index); the bound keeps it from growing.
   const auto pair = matching(all, "moe_decode_pair_kernel");
@@ -99,6 +113,13 @@ TEST(KernelSpills, DenseAndLatencyBoundDecodeKernels) {
                                R"(stream_gemv_kernel.*DenseStreamWorkELi16ELi1ELi0E)");
   ASSERT_EQ(o_proj.size(), 1u);
   EXPECT_LE(o_proj[0].registers, 48) << o_proj[0].name;
+  // The same with the router fold as its epilogue (moe/router_fold.h): GEMM1's blocks fit beside
+  // it by the same arithmetic, and with the fold inside the unit loop ptxas took 56 (the epilogue
+  // now runs after it).
+  const auto o_proj_fold = matching(all.at("src/ops/linear/nvfp4_gemv.cu"),
+                                    R"(stream_gemv_kernel.*DenseFoldStreamWorkELi16ELi1ELi0E)");
+  ASSERT_EQ(o_proj_fold.size(), 1u);
+  EXPECT_LE(o_proj_fold[0].registers, 48) << o_proj_fold[0].name;
   // The tiny token path with 8 scores per routing lane (up to 256 experts: every preset).
   const auto tiny = matching(all.at("src/ops/moe/token_path_tiny.cu"),
                              R"(tiny_token_path_kernelILb[01]ELi8E)");

@@ -316,6 +316,82 @@ TEST_F(LinearCuda, Nvfp4GemvResidualAddEqualsSeparateAdd) {
   EXPECT_NE(cuda::nvfp4_small_m_unsupported_reason(&o, 1, 3), "");  // the small-M kernel, called directly
 }
 
+// o_proj with the router folded into its epilogue (moe/router_fold.h): the residual exactly as
+// the plain residual add, gx and the sums against the host twin on the row it stored. The sums
+// are double additions of f32 partials (exact for these magnitudes), so they match the twin to
+// the last bit of a double rounding (1e-12 of the partials' absolute sum); a wrong tile, expert
+// or row gives errors of order 1. Guards around gx and the sums intact; refused past one row,
+// without a residual, with too many tiles.
+TEST_F(LinearCuda, Nvfp4GemvRouterFoldMatchesTwin) {
+  std::mt19937 rng(31);
+  cuda::RowCountTable rows(1);
+  struct Case { int k, n, E, copies; };
+  const Case cases[] = {{12288, 4096, 128, 8},  // GLM-4.5-Air o_proj, 128 experts
+                        {4096, 2048, 256, 1},   // more experts than threads of the epilogue
+                        {192, 96, 7, 3},        // odd expert count, fewer blocks than copies
+                        {1408, 224, 160, 16}};
+  for (const Case& c : cases) {
+    GemvProblem pb(c.k, {{c.n, false}}, 1, rng, rows);
+    const std::string what = pb.what + " E=" + std::to_string(c.E);
+    const std::vector<uint16_t> r0 = random_bf16(c.n, rng, 4.0f);
+    const std::vector<uint16_t> W = random_bf16(size_t(c.E) * c.n, rng, 0.1f);
+    const std::vector<uint16_t> g = random_bf16(c.n, rng, 2.0f);
+    // the plain residual add: the h the fold must see
+    Dev<uint16_t> dplain(r0);
+    cuda::Nvfp4GemvOutput o = pb.outs[0];
+    o.y = nullptr;
+    o.residual = dplain.ptr();
+    sync_ok(cuda::linear_nvfp4_gemv(&o, 1, pb.dx.ptr(), 1, nullptr));
+    const std::vector<uint16_t> h = dplain.download();
+
+    const std::vector<uint8_t> tiles = moe::router_fold_tiles(W.data(), g.data(), c.E, c.n);
+    Dev<uint8_t> dtiles(tiles);
+    Dev<uint16_t> dres(r0), dgx(size_t(c.n));
+    Dev<double> dsums(std::vector<double>(size_t(c.copies) * (c.E + 1), 0.0));
+    dgx.poison();
+    moe::RouterFold f{dtiles.ptr(), dgx.ptr(), dsums.ptr(), c.E, c.copies};
+    auto summed = [&] {  // the copies added in order, as GEMM1 does
+      const std::vector<double> all = dsums.download();
+      std::vector<double> v(size_t(c.E) + 1, 0.0);
+      for (int k = 0; k < c.copies; ++k)
+        for (int e = 0; e <= c.E; ++e) v[size_t(e)] += all[size_t(k) * (c.E + 1) + e];
+      return v;
+    };
+    o.residual = dres.ptr();
+    ASSERT_EQ(cuda::nvfp4_gemv_router_fold_unsupported_reason(o, 1, f), "") << what;
+    sync_ok(cuda::linear_nvfp4_gemv_router_fold(o, pb.dx.ptr(), f, nullptr));
+    EXPECT_EQ(dres.download(), h) << what;
+
+    std::vector<double> want_sums;
+    std::vector<uint16_t> want_gx;
+    moe::router_fold_sums(tiles, h.data(), c.E, c.n, want_sums, want_gx);
+    EXPECT_EQ(dgx.download(), want_gx) << what;
+    const std::vector<double> sums = summed();
+    for (int e = 0; e <= c.E; ++e) {
+      double scale = 0;  // the partials' absolute sum bounds the rounding
+      for (int i = 0; i < c.n; ++i) {
+        const double hv = bf16_to_float(h[size_t(i)]);
+        scale += e == c.E ? hv * hv
+                          : std::fabs(bf16_to_float(W[size_t(e) * c.n + i]) *
+                                      bf16_to_float(g[size_t(i)]) * hv);
+      }
+      EXPECT_NEAR(sums[size_t(e)], want_sums[size_t(e)], 1e-12 * scale + 1e-30)
+          << what << " sum " << e;
+    }
+    EXPECT_TRUE(dgx.guards_intact() && dsums.guards_intact() && dres.guards_intact()) << what;
+    // Added again: the sums double (the caller zeroes them between steps).
+    Dev<uint16_t> dres2(r0);
+    o.residual = dres2.ptr();
+    sync_ok(cuda::linear_nvfp4_gemv_router_fold(o, pb.dx.ptr(), f, nullptr));
+    const std::vector<double> twice = summed();
+    EXPECT_NEAR(twice[0], 2 * sums[0], 1e-9 * std::fabs(sums[0]) + 1e-30) << what;
+
+    cuda::Nvfp4GemvOutput plain = pb.outs[0];  // no residual: refused
+    EXPECT_NE(cuda::nvfp4_gemv_router_fold_unsupported_reason(plain, 1, f), "") << what;
+    EXPECT_NE(cuda::nvfp4_gemv_router_fold_unsupported_reason(o, 2, f), "") << what;
+  }
+}
+
 // The small-M kernel (9..64 rows; linear_nvfp4_gemv dispatches there above 8 rows for k <= 4096;
 // called directly here for every k and configuration, M <= 8 too): every token-tile
 // count, outputs whose row counts leave the last 128/256-row group part empty, chunk counts not

@@ -33,6 +33,7 @@
 #include "format/checkpoint.h"
 #include "format/presets.h"
 #include "model/cuda/cuda_model_ops.h"
+#include "moe/moe_layer.h"
 #include "model/model.h"
 #include "model/model_ops.h"
 #include "ops/sampling/sampling.h"
@@ -109,32 +110,49 @@ TEST_P(ModelCuda, ChunkedPrefillMatchesCpu) {
 // against the CPU backend, and against the CUDA backend with the fold off (the norm's own launch;
 // equal up to the norm's summation order: at most 1e-3 relative per row). The fold must happen
 // for nvfp4 and not for bf16. 40 steps: the CPU bound allows routing flips in 10% of the rows.
+// With the defaults the router folds into o_proj too (moe/router_fold.h) for NVFP4 models with
+// sigmoid routing: within the CPU bounds, and it must happen exactly there.
 TEST_P(ModelCuda, SingleSequenceDecodeMatchesCpuAndUnfolded) {
   const auto [preset, dtype] = GetParam();
   Twin t(tiny_checkpoint("model-cuda", preset, dtype, 11));
   t.add(make_model_ops("cpu"));
-  auto folded = cuda::make_cuda_model_ops_api();
+  auto folded = cuda::make_cuda_model_ops_api();  // the post-attention norm only
+  folded->set_options({.router_fold = false});
   cuda::CudaModelOpsApi* f = folded.get();
   t.add(std::move(folded));
   auto unfolded = cuda::make_cuda_model_ops_api();
   unfolded->set_options({.fold_post_norm = false});
   cuda::CudaModelOpsApi* u = unfolded.get();
   t.add(std::move(unfolded));
+  auto router = cuda::make_cuda_model_ops_api();  // the defaults: the router folded too
+  cuda::CudaModelOpsApi* r = router.get();
+  t.add(std::move(router));
   std::mt19937 rng(9);
   const std::vector<int64_t> ids = {4};
   auto out = t.run(t.prefill(ids, {prompt(21, t.vocab(), rng)}));
   std::vector<int32_t> next = {argmax(out[0].data(), t.vocab())};
-  test::LogitRowErrors vs_cpu, vs_unfolded;
+  test::LogitRowErrors vs_cpu, vs_unfolded, router_vs_cpu;
   for (int step = 0; step < 40; ++step) {
     out = t.run(t.decode(ids, next));
     const std::string what = preset + " " + dtype + " decode " + std::to_string(step);
     vs_cpu.add(out[1], out[0], t.vocab(), what);
     vs_unfolded.add(out[1], out[2], t.vocab(), what + " vs unfolded");
+    router_vs_cpu.add(out[3], out[0], t.vocab(), what + " router folded");
     next[0] = argmax(out[0].data(), t.vocab());
   }
   vs_cpu.expect_within_bounds(preset + " " + dtype + " single sequence", test::flip_share(preset));
   vs_unfolded.expect_within_bounds(preset + " " + dtype + " folded vs unfolded");
   EXPECT_LE(*std::max_element(vs_unfolded.rel.begin(), vs_unfolded.rel.end()), 1e-3);
+  // The router fold rounds differently (moe/router_fold.h): the CPU twin's bounds, not 1e-3.
+  router_vs_cpu.expect_within_bounds(preset + " " + dtype + " router folded",
+                                     test::flip_share(preset));
+  const ModelConfig cfg = preset_config(preset);
+  const bool sigmoid = moe::router_params_of(cfg).scoring != moe::Scoring::Softmax;
+  if (dtype == "nvfp4" && sigmoid)
+    EXPECT_GT(r->folded_routers(), 0);
+  else
+    EXPECT_EQ(r->folded_routers(), 0);
+  EXPECT_EQ(f->folded_routers(), 0);
   if (dtype == "nvfp4")
     EXPECT_GT(f->folded_post_norms(), 0);
   else

@@ -9,6 +9,7 @@
 // numerics (MoeLayerOptions::w4a4), its twin; the W4a4* tests run it alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -754,6 +755,89 @@ TEST_F(MoeLayerGpu, FoldedPreNormEqualsNormThenForward) {
           }
         }
     }
+  }
+}
+
+// The router folded into o_proj (moe/router_fold.h): the sums and gx as o_proj's epilogue leaves
+// them (the host twin over h, tested against the kernel in test_linear_cuda) against the folded
+// pre-norm path on the same h. The logits differ only by where the bf16 rounding of the
+// normalised row falls, so the same experts (random router, no near ties at E = 16) and outputs
+// within bf16 noise (relative L2 <= 1e-2; a missing or doubled 1/rms gives order 1); the sums
+// are zero again afterwards (the combine clears them for the next step). Not taken before
+// prepare_router_fold, at 3 tokens, or with softmax scoring.
+TEST_F(MoeLayerGpu, RouterFoldEqualsFoldedPreNorm) {
+  const float eps = 1e-5f;
+  struct Shape { std::string name; RouterParams router; int H, I, Ish; };
+  const ModelConfig c = preset_config("tiny-glm5");
+  const Shape shapes[] = {{"tiny-glm5", moe::router_params_of(c), 64, 64, 64},
+                          {"glm4.5-air (E=16)", preset_router("glm4.5-air", 16), 4096, 1408, 1408},
+                          {"qwen3 (softmax)", preset_router("qwen3-30b-a3b", 16), 256, 64, 0}};
+  auto rel_l2 = [](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double d = double(bf16_to_float(a[i])) - bf16_to_float(b[i]);
+      e += d * d;
+      r += double(bf16_to_float(b[i])) * bf16_to_float(b[i]);
+    }
+    return std::sqrt(e / std::max(r, 1e-30));
+  };
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE(sh.name);
+    const int H = sh.H, E = sh.router.num_experts;
+    std::vector<uint16_t> gain(static_cast<size_t>(H)), gain2(static_cast<size_t>(H));
+    for (int i = 0; i < H; ++i) {
+      gain[size_t(i)] = float_to_bf16(0.5f + 0.03f * float(i % 50));
+      gain2[size_t(i)] = float_to_bf16(1.5f - 0.01f * float(i % 70));
+    }
+    GuardedBf16 dgain(H), dgain2(H);
+    dgain.upload(gain), dgain2.upload(gain2);
+    const HostMoeLayer L = layer_for("cuda-w4a16", sh.router, H, sh.I, sh.Ish, 23);
+    moe::CudaMoeLayer gpu(L.weights(), 32, TokenLayout::Contiguous);
+    EXPECT_EQ(gpu.router_fold(1), nullptr);  // not prepared
+    gpu.prepare_router_fold(dgain.ptr());
+    const moe::RouterFold* f = gpu.router_fold(1);
+    if (sh.router.scoring == moe::Scoring::Softmax) {
+      EXPECT_EQ(f, nullptr);
+      continue;
+    }
+    ASSERT_NE(f, nullptr);
+    EXPECT_EQ(gpu.router_fold(3), nullptr);
+    ASSERT_EQ(f->E, E);
+    const size_t n = size_t(H);
+    const std::vector<uint16_t> h = test::random_x(1, H, 5), res = test::random_x(1, H, 6);
+    // Reference: the folded pre-norm (the token path normalises h).
+    GuardedBf16 dh(n), dnorm(n), dout(n), dres(n), dnext(n);
+    dh.upload(h), dres.upload(res);
+    const moe::AddRmsNormStep step{dres.ptr(), dgain2.ptr(), eps, dnext.ptr()};
+    const moe::PreRmsNormStep pre{dgain.ptr(), eps, dnorm.ptr()};
+    ASSERT_TRUE(gpu.forward_add_rms_norm(dh.ptr(), 1, dout.ptr(), step, nullptr, &pre));
+    TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<int32_t> ids_ref = gpu.last_ids(1);
+    // The fold: what o_proj's epilogue would have left.
+    const std::vector<uint8_t> tiles = moe::router_fold_tiles(L.gate.data(), gain.data(), E, H);
+    std::vector<double> sums;
+    std::vector<uint16_t> gx;
+    moe::router_fold_sums(tiles, h.data(), E, H, sums, gx);
+    TETRA_CUDA_CHECK(cudaMemcpy(f->sums, sums.data(), sums.size() * 8, cudaMemcpyHostToDevice));
+    GuardedBf16 dh2(n), dgx(n), dout2(n), dres2(n), dnext2(n);
+    dh2.upload(h), dres2.upload(res), dgx.upload(gx);
+    const moe::AddRmsNormStep step2{dres2.ptr(), dgain2.ptr(), eps, dnext2.ptr()};
+    const moe::PreRmsNormStep pre2{dgain.ptr(), eps, dgx.ptr(), true};
+    ASSERT_TRUE(gpu.forward_add_rms_norm(dh2.ptr(), 1, dout2.ptr(), step2, nullptr, &pre2));
+    TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<int32_t> ids = gpu.last_ids(1);
+    std::sort(ids.begin(), ids.end());
+    std::sort(ids_ref.begin(), ids_ref.end());
+    EXPECT_EQ(ids, ids_ref);
+    EXPECT_LE(rel_l2(dout2.body(), dout.body()), 1e-2);
+    EXPECT_LE(rel_l2(dres2.body(), dres.body()), 1e-2);
+    EXPECT_LE(rel_l2(dnext2.body(), dnext.body()), 1e-2);
+    EXPECT_EQ(dh2.body(), h);  // read only
+    std::vector<double> after(size_t(f->copies) * sums.size(), 1.0);
+    TETRA_CUDA_CHECK(cudaMemcpy(after.data(), f->sums, after.size() * 8, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(after, std::vector<double>(after.size(), 0.0));
+    EXPECT_EQ(dh2.guards_lost() + dgx.guards_lost() + dout2.guards_lost() + dres2.guards_lost() +
+                  dnext2.guards_lost(), 0u);
   }
 }
 

@@ -202,6 +202,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   void synchronize() override { TETRA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   int graphs_captured() const override { return int(graphs_.size()); }
   int64_t folded_post_norms() const override { return folded_post_norms_; }
+  int64_t folded_routers() const override { return folded_routers_; }
   void* stream() const override { return stream_; }
 
   void prepare(const ModelWeights& w, const OpsLimits& lim) override { setup(w, lim, false, 0); }
@@ -480,9 +481,18 @@ class CudaModelOps final : public CudaModelOpsApi {
     DevLayer& L = layers_.at(size_t(layer));
     const DevLinear* o = get_linear(L, LinearId::O);
     const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o), nullptr, buf(Buf::Residual)};
-    ck(lin::linear_nvfp4_gemv(&out, 1, buf(Buf::Attn), T_, stream_));
+    // The router too where the block takes it (moe/router_fold.h): no token path launch.
+    const moe::RouterFold* f = router_folds(layer) ? L.moe->router_fold(T_) : nullptr;
+    if (f != nullptr) {
+      ++folded_routers_;
+      moe::RouterFold fold = *f;
+      fold.gx = buf(Buf::Normed);
+      ck(lin::linear_nvfp4_gemv_router_fold(out, buf(Buf::Attn), fold, stream_));
+    } else {
+      ck(lin::linear_nvfp4_gemv(&out, 1, buf(Buf::Attn), T_, stream_));
+    }
     const moe::PreRmsNormStep pre{norm_weight(NormId::PostAttention, layer), eps(),
-                                  buf(Buf::Normed)};
+                                  buf(Buf::Normed), f != nullptr};
     const moe::AddRmsNormStep n{buf(Buf::Residual), norm_weight(which, norm_layer), eps(),
                                 buf(Buf::Normed)};
     TETRA_CHECK(L.moe->forward_add_rms_norm(buf(Buf::Residual), T_, buf(Buf::Out), n, stream_, &pre),
@@ -643,6 +653,10 @@ class CudaModelOps final : public CudaModelOpsApi {
         if (!block.runner->on_device()) host_moe_ = true;
         moe_bytes_ += block.weight_bytes;
         L.moe = std::move(block.runner);
+        if (L.moe->on_device() && !L.post_norm.empty()) {  // the router fold's constants
+          TETRA_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the norm weight is uploaded
+          L.moe->prepare_router_fold(L.post_norm.as<uint16_t>());
+        }
       }
       L.k_cache = DeviceMem(size_t(cache_elems) * 2);
       TETRA_CUDA_CHECK(cudaMemsetAsync(L.k_cache.as(), 0, L.k_cache.bytes(), stream_));
@@ -809,6 +823,18 @@ class CudaModelOps final : public CudaModelOpsApi {
     const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o)};
     return lin::nvfp4_gemv_unsupported_reason(&out, 1, T_).empty() && L.moe->takes_pre_norm(T_);
   }
+  // Whether o_proj_folded_norm_moe folds the router too (a function of the layer and T_).
+  bool router_folds(int layer) {
+    if (!opt_.router_fold) return false;
+    DevLayer& L = layers_.at(size_t(layer));
+    const moe::RouterFold* f = L.moe->router_fold(T_);
+    if (f == nullptr) return false;
+    const DevLinear* o = get_linear(L, LinearId::O);
+    const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o), nullptr, buf(Buf::Residual)};
+    moe::RouterFold fold = *f;
+    fold.gx = buf(Buf::Normed);
+    return lin::nvfp4_gemv_router_fold_unsupported_reason(out, T_, fold).empty();
+  }
   void ck(cudaError_t e) const { TETRA_CUDA_CHECK(e); }
 
 
@@ -880,6 +906,7 @@ class CudaModelOps final : public CudaModelOpsApi {
 
   CudaOpsOptions opt_;
   int64_t folded_post_norms_ = 0;
+  int64_t folded_routers_ = 0;
   AllReduceHook all_reduce_;  // tensor parallel sum, or empty
   ModelConfig c_;
   OpsLimits lim_;

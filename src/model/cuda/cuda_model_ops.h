@@ -39,6 +39,11 @@ struct CudaOpsOptions {
   // environment's TETRA_FOLD_POST_NORM=0, keeps its own launch. Same results up to the order of
   // the norm's sum of squares.
   bool fold_post_norm = true;
+  // With fold_post_norm, the MoE router folded into o_proj's epilogue too where the block takes
+  // it (moe/router_fold.h; sigmoid routing): no token path launch. Results differ from the
+  // unfolded path at the bf16 rounding of the normalised row (routing only at near ties).
+  // TETRA_ROUTER_FOLD=0 in the environment turns it off as well.
+  bool router_fold = true;
 };
 
 class CudaModelOpsApi : public ModelOps {
@@ -59,6 +64,8 @@ class CudaModelOpsApi : public ModelOps {
   // Layers run so far with the post-attention norm folded (eagerly or recorded; tests check the
   // fold happens).
   virtual int64_t folded_post_norms() const = 0;
+  // Of those, the layers whose o_proj also folded the router (CudaOpsOptions::router_fold).
+  virtual int64_t folded_routers() const = 0;
   virtual void* stream() const = 0;  // cudaStream_t
   // Tensor parallel: all_reduce(Buf) calls this with the buffer's first T rows (count bf16
   // elements) on the backend's stream, while recording or running eagerly (a replayed graph

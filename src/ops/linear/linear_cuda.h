@@ -17,6 +17,7 @@
 
 #include "core/dtype.h"
 #include "moe/expert_weights.h"
+#include "moe/router_fold.h"
 
 namespace tetra::ops::cuda {
 
@@ -147,6 +148,15 @@ struct Nvfp4GemvStreamConfig {
 cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
                               cudaStream_t stream, Nvfp4GemvKernel kernel = Nvfp4GemvKernel::Auto,
                               const Nvfp4GemvStreamConfig* stream_cfg = nullptr);
+
+// o_proj at one token with the MoE router folded into its epilogue (moe/router_fold.h): one plain
+// output whose residual add writes h, run on the streaming kernel with one tile per block (the
+// Auto pick for few long tiles), E <= kRouterFoldMaxExperts, 16-byte aligned fold buffers. Each
+// block also stores its tile's gx and adds its partials to f.sums (zero before the launch).
+std::string nvfp4_gemv_router_fold_unsupported_reason(const Nvfp4GemvOutput& out, int M,
+                                                      const moe::RouterFold& f);
+cudaError_t linear_nvfp4_gemv_router_fold(const Nvfp4GemvOutput& out, const uint16_t* x,
+                                          const moe::RouterFold& f, cudaStream_t stream);
 
 // The same outputs and numerics for 1..64 rows with one kernel built for 9..64
 // (ops/linear/nvfp4_small_m.cu): 8 warps x tiles_per_warp 16-row weight tiles per block, x staged

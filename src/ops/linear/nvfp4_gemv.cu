@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "core/kernel_launch.h"
@@ -53,16 +54,19 @@ __device__ __forceinline__ OutputTile output_tile(const GemvArgs& a, int u) {
 }
 
 // Output o's element (row, col) = y (bias included): stored as bf16, or with a residual
-// residual <- bf16(bf16(y) + residual) (Nvfp4GemvOutput::residual).
-__device__ __forceinline__ void store_output(const GemvArgs& a, int o, int row, int col, float y) {
+// residual <- bf16(bf16(y) + residual) (Nvfp4GemvOutput::residual). Returns the stored value.
+__device__ __forceinline__ float store_output(const GemvArgs& a, int o, int row, int col, float y) {
   const size_t i = size_t(row) * a.n[o] + col;
   if (a.residual[o] == nullptr) {
-    a.y[o][i] = moe_detail::f32_to_bf16_bits(y);
-    return;
+    const uint16_t b = moe_detail::f32_to_bf16_bits(y);
+    a.y[o][i] = b;
+    return __bfloat162float(__ushort_as_bfloat16(b));
   }
   const float rounded = __bfloat162float(__float2bfloat16_rn(y));
   const float r = __bfloat162float(__ushort_as_bfloat16(a.residual[o][i]));
-  a.residual[o][i] = moe_detail::f32_to_bf16_bits(rounded + r);
+  const uint16_t b = moe_detail::f32_to_bf16_bits(rounded + r);
+  a.residual[o][i] = b;
+  return __bfloat162float(__ushort_as_bfloat16(b));
 }
 
 
@@ -237,6 +241,11 @@ __global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
                       perf::stamp_time());
 }
 
+// The router fold's h: the 16 values of this block's tile of the new residual row, as stored,
+// and g * h.
+__shared__ float g_fold_h[moe::kRouterFoldTile];
+__shared__ __align__(16) float g_fold_gh[moe::kRouterFoldTile];
+
 // The streaming kernel's view of the same outputs: a unit is one 16-row tile of one output.
 struct DenseStreamWork {
   static constexpr int kTilesPerUnit = 1;
@@ -260,15 +269,80 @@ struct DenseStreamWork {
     return {a.w[o] + size_t(tile) * chunks * kTileChunkBytes,
             a.s[o] + size_t(tile) * chunks * kTileChunkScales, a.m, o, tile, a.alpha[o][0]};
   }
+
   __device__ const uint16_t* x_row(const Unit&, int row) const { return x + size_t(row) * a.k; }
-  __device__ void store(const Unit& un, int row, int col, const float (&v)[1]) const {
+  // Stores the element and returns it as stored.
+  __device__ float stored(const Unit& un, int row, int col, const float (&v)[1]) const {
     const int n = un.tile * 16 + col;
     // Rounded to bf16 before the bias, as the unfused linear + add_bias pair does.
     float y = __bfloat162float(__float2bfloat16_rn(v[0] * un.alpha));
     if (a.bias[un.o] != nullptr) y += __bfloat162float(__ushort_as_bfloat16(a.bias[un.o][n]));
-    store_output(a, un.o, row, n, y);
+    return store_output(a, un.o, row, n, y);
+  }
+  __device__ void store(const Unit& un, int row, int col, const float (&v)[1]) const {
+    stored(un, row, col, v);
   }
 };
+
+// The same with the router fold (moe/router_fold.h) as the unit epilogue: one output, one row,
+// one tile per block. Its own kernel instance, so the plain o_proj keeps its register count.
+struct DenseFoldStreamWork : DenseStreamWork {
+  moe::RouterFold fold;
+
+  __device__ void store(const Unit& un, int row, int col, const float (&v)[1]) const {
+    g_fold_h[col] = stored(un, row, col, v);
+  }
+  // The unit epilogue of w4a16_stream.cuh: the tile's part of fold.tiles, staged in shared memory
+  // while the weights stream (unit u is tile u: one output).
+  bool stage;  // the tile's constants staged in shared memory (else read through the L2)
+  __host__ __device__ int fold_bytes() const {
+    return stage ? int(moe::router_fold_tile_bytes(fold.E)) : 0;
+  }
+  __device__ int fold_src_bytes() const { return int(moe::router_fold_tile_bytes(fold.E)); }
+  __device__ const void* fold_src(int u) const {
+    return fold.tiles + size_t(u) * moe::router_fold_tile_bytes(fold.E);
+  }
+  __device__ void fold_unit(const Unit& un, const void* staged, int tid) const;
+};
+
+// Thread tid of 128: gx for row tid < 16, the tile's sum of squares (tid 16), and the logit
+// partials of experts tid, tid + 128, into copy blockIdx.x % copies of the sums
+// (moe/router_fold.h; the host twin router_fold_sums).
+__device__ void DenseFoldStreamWork::fold_unit(const Unit& un, const void* staged,
+                                               int tid) const {
+  constexpr int kT = moe::kRouterFoldTile;
+  const uint16_t* g = static_cast<const uint16_t*>(staged);  // [16]
+  const uint4* w = reinterpret_cast<const uint4*>(g + kT);   // [E][16] bf16: 2 x 16 B per expert
+  double* sums = fold.sums + size_t(blockIdx.x % fold.copies) * (fold.E + 1);
+  if (tid < kT) {
+    const float gh = __bfloat162float(__ushort_as_bfloat16(g[tid])) * g_fold_h[tid];
+    g_fold_gh[tid] = gh;
+    fold.gx[un.tile * kT + tid] = moe_detail::f32_to_bf16_bits(gh);
+  } else if (tid == kT) {
+    float ss = 0.0f;
+    for (int j = 0; j < kT; ++j) ss = fmaf(g_fold_h[j], g_fold_h[j], ss);
+    atomicAdd(sums + fold.E, double(ss));
+  }
+  asm volatile("bar.sync 2, 128;" ::: "memory");  // g_fold_gh
+  const float4* gh4 = reinterpret_cast<const float4*>(g_fold_gh);
+  for (int e = tid; e < fold.E; e += 128) {
+    float p = 0.0f;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const uint4 wq = w[2 * e + q];
+      const float4 a = gh4[2 * q], b = gh4[2 * q + 1];
+      p = fmaf(__uint_as_float(wq.x << 16), a.x, p);
+      p = fmaf(__uint_as_float(wq.x & 0xffff0000u), a.y, p);
+      p = fmaf(__uint_as_float(wq.y << 16), a.z, p);
+      p = fmaf(__uint_as_float(wq.y & 0xffff0000u), a.w, p);
+      p = fmaf(__uint_as_float(wq.z << 16), b.x, p);
+      p = fmaf(__uint_as_float(wq.z & 0xffff0000u), b.y, p);
+      p = fmaf(__uint_as_float(wq.w << 16), b.z, p);
+      p = fmaf(__uint_as_float(wq.w & 0xffff0000u), b.w, p);
+    }
+    atomicAdd(sums + e, double(p));
+  }
+}
 
 // C consumer warps, J chunks per warp per stage, MODE a benchmark diagnostic (w4a16_stream.cuh).
 template <int C, int J, int MODE = moe_detail::kStreamFull>
@@ -303,6 +377,48 @@ std::string nvfp4_gemv_unsupported_reason(const Nvfp4GemvOutput* outs, int n_out
   if (M < 1 || M > kNvfp4GemvMaxRows)
     return str("M=", M, " (the NVFP4 GEMV takes 1..", kNvfp4GemvMaxRows, " rows)");
   return outputs_shape_reason(outs, n_outs);
+}
+
+std::string nvfp4_gemv_router_fold_unsupported_reason(const Nvfp4GemvOutput& out, int M,
+                                                      const moe::RouterFold& f) {
+  if (M != 1) return str("M=", M, " (one row only)");
+  if (out.residual == nullptr) return "no residual add (h is the residual row)";
+  const std::string why = nvfp4_gemv_unsupported_reason(&out, 1, M);
+  if (!why.empty()) return why;
+  const Nvfp4GemvStreamConfig c{};
+  if (out.w->n / 16 > c.blocks_per_sm * current_device_sm_count())
+    return str(out.w->n / 16, " tiles: more than one per block of the streaming kernel");
+  if (f.E < 1 || f.E > moe::kRouterFoldMaxExperts)
+    return str("E=", f.E, " (1..", moe::kRouterFoldMaxExperts, ")");
+  if (f.tiles == nullptr || f.gx == nullptr || f.sums == nullptr) return "fold buffers missing";
+  if (f.copies < 1 || f.copies > moe::kRouterFoldMaxCopies) return str(f.copies, " copies");
+  if (reinterpret_cast<uintptr_t>(f.tiles) % 16 != 0) return "fold tiles not 16-byte aligned";
+  return "";
+}
+
+cudaError_t linear_nvfp4_gemv_router_fold(const Nvfp4GemvOutput& out, const uint16_t* x,
+                                          const moe::RouterFold& f, cudaStream_t stream) {
+  const std::string why = nvfp4_gemv_router_fold_unsupported_reason(out, 1, f);
+  if (!why.empty()) TETRA_FAIL("NVFP4 GEMV with the router fold: ", why);
+  GemvArgs a{};
+  static_cast<Nvfp4OutputsArg&>(a) = outputs_arg(&out, 1, "NVFP4 GEMV");
+  a.tile_end[0] = a.n[0] / 16;
+  a.x = x;
+  a.m = 1;
+  a.k = out.w->k;
+  a.stamps = perf::block_stamp_buffer();
+  if (a.stamps) a.stamp_launch = perf::next_block_stamp_launch();
+  TETRA_CHECK(reinterpret_cast<uintptr_t>(a.w[0]) % 16 == 0 &&
+                  reinterpret_cast<uintptr_t>(a.s[0]) % 16 == 0,
+              "NVFP4 GEMV: weights or scales not 16-byte aligned");
+  static const bool stage = [] {  // A/B switch: TETRA_ROUTER_FOLD_STAGE=0 reads through the L2
+    const char* e = std::getenv("TETRA_ROUTER_FOLD_STAGE");
+    return !(e && e[0] == '0');
+  }();
+  const DenseFoldStreamWork work{{a, a.tile_end[0], a.k / kChunkK, x}, f, stage};
+  const Nvfp4GemvStreamConfig c{};
+  return moe_detail::launch_stream_work<DenseFoldStreamWork, 16, 1, moe_detail::kStreamFull>(
+      work, c.stages, c.blocks_per_sm, true, stream);
 }
 
 cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,

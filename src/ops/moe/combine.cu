@@ -79,6 +79,8 @@ struct AddNormArgs {
   const uint16_t* weight;  // [H] bf16
   float eps;
   uint16_t* normed;  // [T, H] bf16
+  double* clear;     // [clear_count] zeroed by block (0, 0) after the wait (CombineOptions)
+  int clear_count;
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -154,6 +156,8 @@ __device__ __forceinline__ void combine_slice(const R* __restrict__ rows, int H,
   if (in_row && residual) load<kVec>(residual + o, res);
   if (kNorm && in_row) load<kVec>(norm.residual + o, carried);
   if (routing_ready) asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (kNorm && blockIdx.x == 0 && blockIdx.y == 0)
+    for (int i = threadIdx.x; i < norm.clear_count; i += blockDim.x) norm.clear[i] = 0.0;
   if (in_row && shared) load<kVec>(shared + o, extra);
   __syncthreads();
   if (!kNorm && !in_row) return;
@@ -279,7 +283,7 @@ cudaError_t launch_add_norm(const float* rows, int T, int H, int top_k, const in
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = opt.pdl ? 2 : 1;
-  const AddNormArgs a{n.residual, n.weight, n.eps, n.normed};
+  const AddNormArgs a{n.residual, n.weight, n.eps, n.normed, opt.clear, opt.clear_count};
   return cudaLaunchKernelEx(&cfg, combine_add_norm_kernel<kWide, float>, rows, H, top_k, slot_of,
                             weights, shared, opt.shared_first_row, residual, out,
                             opt.pdl && opt.routing_ready, a);
@@ -309,6 +313,8 @@ cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int t
                "separate shared tensor");
   if (top_k > kMaxPairs)
     TETRA_FAIL("cuda combine_bf16: top_k ", top_k, " is over the router's limit ", kMaxPairs);
+  if (opt.clear_count > 0 && (!opt.add_norm || !opt.clear))
+    TETRA_FAIL("cuda combine_bf16: clearing a buffer needs add_norm and the buffer");
   if (T == 0) return cudaSuccess;
   if (opt.add_norm) {
     if (!combine_add_rms_norm_fits(H, rows_dtype))

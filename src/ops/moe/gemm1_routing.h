@@ -22,6 +22,7 @@
 
 #include "core/host_device.h"
 #include "moe/router.h"
+#include "moe/router_fold.h"
 #include "ops/moe/w4a16_moe.h"
 
 namespace tetra {
@@ -43,11 +44,25 @@ struct Gemm1Routing {
   int32_t* dropped = nullptr;    // [1] 0, or nullptr
 };
 
+// The router folded into o_proj (moe/router_fold.h; sigmoid scoring): the logits are
+// sum(e) * inv_rms with inv_rms = rsqrt(sum(E) / H + eps), sum(i) the copies' entries i added in
+// order; block (0, 0) writes them to `logits` (a record; may be null); x is gx = bf16(g * h)
+// and every block scales its sums by inv_rms. Its own argument (not fields of Gemm1Routing): a
+// larger Gemm1Routing alone took the unfolded kernel's spills from 8 to 12 bytes.
+struct Gemm1Fold {
+  const double* sums = nullptr;  // [copies, E + 1]
+  int copies = 1;
+  float eps = 0.0f;
+  float* logits = nullptr;       // [E] or nullptr
+};
+
 inline constexpr int kGemm1RoutingMaxExperts = 256;  // 8 scores per routing lane
 
-// Empty when moe_w4a16_gemm1_routed takes p and r, else why not: one token on the default late
-// decode configuration, num_slots = top_k (+1 with the shared slot), at most 256 experts.
-const char* moe_gemm1_routed_unsupported(const MoeGemmProblem& p, const Gemm1Routing& r);
+// Empty when moe_w4a16_gemm1_routed takes p and r (and fold), else why not: one token on the
+// default late decode configuration, num_slots = top_k (+1 with the shared slot), at most 256
+// experts; with a fold, sigmoid scoring and 1..kRouterFoldMaxCopies copies.
+const char* moe_gemm1_routed_unsupported(const MoeGemmProblem& p, const Gemm1Routing& r,
+                                         const Gemm1Fold* fold = nullptr);
 // Whether the shared slot's blocks request their weights before the routing (and the wait):
 // then nothing needs to warm the shared expert in L2 for GEMM1. Sigmoid scoring only (under the
 // softmax routing's registers the extra branch spilled). The kernel and the layer both ask.
@@ -56,8 +71,9 @@ TETRA_HD bool gemm1_routed_starts_shared(const Gemm1Routing& r) {
 }
 // GEMM1 + SiLU*up of one token routed in the kernel (p.gemm1_pdl: a programmatic dependent of
 // the logits kernel, which must not trigger its dependents early). act [K (+1), I] bf16.
+// With fold (not null): x is gx and the routing comes from the fold's sums.
 cudaError_t moe_w4a16_gemm1_routed(const MoeGemmProblem& p, const MoeWeightsDevice& w,
                                    const Gemm1Routing& r, const uint16_t* x, uint16_t* act,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, const Gemm1Fold* fold = nullptr);
 
 }  // namespace tetra

@@ -373,6 +373,7 @@ CudaMoeLayer::~CudaMoeLayer() {
   if (join_) cudaEventDestroy(join_);
   if (side_) cudaStreamDestroy(side_);
   if (mem_) cudaFree(mem_);
+  if (fold_mem_) cudaFree(fold_mem_);
 }
 
 void CudaMoeLayer::create_streams() {
@@ -459,6 +460,84 @@ bool CudaMoeLayer::takes_pre_norm(int T) const {
   return cuda::small_token_path_takes_pre_norm(token_path_args(gate_, prep), T);
 }
 
+MoeGemmProblem CudaMoeLayer::routed_problem(int T) const {
+  const int K = router_.top_k, pairs = T * K, num_slots = std::min(E_, pairs);
+  const bool slot = shared_in_slot_ && T <= path_.shared_slot_max_tokens;
+  const int experts = E_ + (shared_in_slot_ ? 1 : 0);
+  const int total_rows =
+      layout_ == TokenLayout::Masked ? experts * max_tokens_ : pairs + (slot ? T : 0);
+  const int hint = (pairs + num_slots - 1) / num_slots;
+  return gemm_problem(experts, H_, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
+}
+
+Gemm1Routing CudaMoeLayer::gemm1_routing(bool shared_slot) const {
+  return Gemm1Routing{.logits = logits_, .bias = bias_, .router = router_,
+                      .shared_slot = shared_slot, .ids = ids_, .weights = weights_,
+                      .slot_of = slot_of_, .slots = slots_, .offsets = offsets_,
+                      .row_count = row_count_, .row_token = row_token_, .dropped = dropped_};
+}
+
+bool CudaMoeLayer::routes_in_gemm1(int T, bool marks) const {
+  if (T != 1 || marks || T > max_tokens_ || T <= persist_T_ || !path_.gemm1_routes ||
+      path_.fused_route_max_tokens < T || !cuda::small_token_path_fits(T, router_.top_k) ||
+      layout_ == TokenLayout::Masked || begin_ != 0 || E_ != E_global_ || routed_bf16_ ||
+      routed_w4a4_)
+    return false;
+  const bool slot = shared_in_slot_ && T <= path_.shared_slot_max_tokens;
+  if (Is_ > 0 && !slot) return false;  // the shared expert in its own launches
+  const MoeGemmProblem p = routed_problem(T);
+  const int active_slots = std::min(E_, T * router_.top_k) + (slot ? 1 : 0);
+  if (path_.gemm_pair == 2 || (path_.gemm_pair == 1 && moe_gemm_pair_preferred(p, active_slots)))
+    return false;
+  return *moe_gemm1_routed_unsupported(p, gemm1_routing(slot)) == '\0';
+}
+
+const RouterFold* CudaMoeLayer::router_fold(int T) const {
+  static const bool off = [] {
+    const char* e = std::getenv("TETRA_ROUTER_FOLD");
+    return e != nullptr && e[0] == '0';
+  }();
+  if (off || fold_mem_ == nullptr || !takes_pre_norm(T) || !routes_in_gemm1(T, false))
+    return nullptr;
+  const Gemm1Routing r = gemm1_routing(shared_in_slot_ && T <= path_.shared_slot_max_tokens);
+  const Gemm1Fold fold{fold_.sums, fold_.copies};
+  return *moe_gemm1_routed_unsupported(routed_problem(T), r, &fold) == '\0' ? &fold_ : nullptr;
+}
+
+void CudaMoeLayer::prepare_router_fold(const uint16_t* norm_weight) {
+  const int E = E_global_, H = H_;
+  if (fold_mem_ != nullptr || norm_weight == nullptr || router_.scoring == Scoring::Softmax ||
+      E > kRouterFoldMaxExperts || H % kRouterFoldTile != 0 || begin_ != 0 || E_ != E_global_)
+    return;
+  // tiles [H/16][g (32 B), then W[e][16t .. 16t + 15] for each e (32 B)], sums [copies, E + 1]
+  // after. Copies: o_proj's 256 blocks (GLM-4.5-Air) adding into one vector put 256 atomics on
+  // each address at the end of the kernel. H200, GLM-4.5-Air batch 1 against no fold: 1 copy
+  // +0.2%, 4 copies -1.2..-1.9% (three calls), 8 -0.5..-1.3%, 16 -0.4%
+  // (bench/results/2026-12-04-session50-h200.md). TETRA_ROUTER_FOLD_COPIES overrides (A/B runs).
+  static const int copies = [] {
+    const char* e = std::getenv("TETRA_ROUTER_FOLD_COPIES");
+    return e ? std::clamp(std::atoi(e), 1, kRouterFoldMaxCopies) : 4;
+  }();
+  const size_t tb = router_fold_tile_bytes(E);
+  const size_t tiles_bytes = (tb * size_t(H / kRouterFoldTile) + 255) / 256 * 256;
+  const size_t sums = size_t(copies) * (E + 1);
+  TETRA_CUDA_CHECK(cudaMalloc(&fold_mem_, tiles_bytes + sums * sizeof(double)));
+  uint8_t* tiles = static_cast<uint8_t*>(fold_mem_);
+  const int rows = H / kRouterFoldTile;
+  constexpr size_t kPiece = kRouterFoldTile * 2;  // 16 bf16 of one row
+  TETRA_CUDA_CHECK(cudaMemcpy2D(tiles, tb, norm_weight, kPiece, kPiece, rows,
+                                cudaMemcpyDeviceToDevice));
+  for (int e = 0; e < E; ++e)
+    TETRA_CUDA_CHECK(cudaMemcpy2D(tiles + kPiece + size_t(e) * kPiece, tb, gate_ + size_t(e) * H,
+                                  kPiece, kPiece, rows, cudaMemcpyDeviceToDevice));
+  fold_.tiles = tiles;
+  fold_.sums = reinterpret_cast<double*>(tiles + tiles_bytes);
+  fold_.E = E;
+  fold_.copies = copies;
+  TETRA_CUDA_CHECK(cudaMemset(fold_.sums, 0, sums * sizeof(double)));
+  TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 cuda::SmallTokenPath CudaMoeLayer::token_path_args(const uint16_t* x,
                                                    const cuda::RowsPrep& prep) const {
   cuda::SmallTokenPath a;
@@ -524,24 +603,22 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   prep.sh_rows = own ? sh_rows_ : nullptr;
   prep.shared_slot = slot;
   const bool fused_route = path_.fused_route_max_tokens >= T && cuda::small_token_path_fits(T, K);
-  // The routed GEMMs' problem (it does not depend on the routing).
-  const int experts = E + (shared_in_slot_ ? 1 : 0);
-  const int total_rows = masked ? experts * max_tokens_ : pairs + (slot ? T : 0);
-  const int hint = (pairs + num_slots - 1) / num_slots;
-  MoeGemmProblem p = gemm_problem(experts, H, I_, total_rows, num_slots + (slot ? 1 : 0), hint);
+  MoeGemmProblem p = routed_problem(T);
   const int active_slots = std::min(E, T * K) + (slot ? 1 : 0);
   const bool pair_wanted = path_.gemm_pair == 2 ||
                            (path_.gemm_pair == 1 && moe_gemm_pair_preferred(p, active_slots));
-  // One token: the token path computes the logits only and GEMM1 routes (gemm1_routing.h).
-  const Gemm1Routing g1r{.logits = logits_, .bias = bias_, .router = router_, .shared_slot = slot,
-                         .ids = ids_, .weights = weights_, .slot_of = slot_of_, .slots = slots_,
-                         .offsets = offsets_, .row_count = row_count_, .row_token = row_token_,
-                         .dropped = dropped_};
-  const bool route_in_gemm1 = path_.gemm1_routes && fused_route && T == 1 && !masked && !own &&
-                              begin_ == 0 && E == E_global_ && !routed_bf16_ && !routed_w4a4_ &&
-                              !marks && !pair_wanted &&
-                              *moe_gemm1_routed_unsupported(p, g1r) == '\0';
-  if (fused_route) {
+  // One token: the token path computes the logits only and GEMM1 routes (gemm1_routing.h); with
+  // the router folded into o_proj (moe/router_fold.h) no token path runs.
+  const bool route_in_gemm1 = routes_in_gemm1(T, marks != nullptr);
+  const bool folded = pre != nullptr && pre->router_folded;
+  if (folded)
+    TETRA_CHECK(route_in_gemm1 && router_fold(T) != nullptr, name_,
+                ": the router fold at ", T, " tokens, which this layer does not take");
+  const Gemm1Routing g1r = gemm1_routing(slot);
+  const Gemm1Fold g1f{fold_.sums, fold_.copies, folded ? pre->eps : 0.0f, logits_};
+  if (folded) {
+    x = pre->normed;  // gx = bf16(g * h), from o_proj's epilogue
+  } else if (fused_route) {
     cuda::SmallTokenPath a = token_path_args(x, prep);
     a.pdl = path_.token_path_pdl;
     a.logits_only = route_in_gemm1;
@@ -682,7 +759,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     check_launch(moe_w4a16_gemm_pair(p1, p2, w_, rows, x1, act_, y_, pair_done_, stream),
                  "GEMM1 + GEMM2", name_);
   } else {
-    check_launch(route_in_gemm1 ? moe_w4a16_gemm1_routed(p1, w_, g1r, x1, act_, stream)
+    check_launch(route_in_gemm1 ? moe_w4a16_gemm1_routed(p1, w_, g1r, x1, act_, stream,
+                                                         folded ? &g1f : nullptr)
                  : routed_bf16_ ? moe_bf16_gemm1(p, wb_, rows, x, act_, stream)
                  : routed_w4a4_ ? moe_w4a4_gemm1(p, w4, rows, x, xq_, act_, stream, routed_kernel)
                                 : moe_w4a16_gemm1(p1, w_, rows, x1, act_, stream, routed_kernel),
@@ -707,6 +785,10 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   // for it.
   co.routing_ready = true;
   co.add_norm = add_norm;
+  if (folded) {  // GEMM1 has read the sums: zero for the next step's o_proj
+    co.clear = fold_.sums;
+    co.clear_count = fold_.copies * (E_global_ + 1);
+  }
   check_launch(cuda::combine_bf16(y_, DType::F32, T, H, K, slot_of_, weights_,
                                   own ? y_sh_ : nullptr, residual, out, stream, co),
                "combine", name_);

@@ -23,6 +23,7 @@
 
 #include "moe/moe_layer.h"
 #include "ops/moe/bf16_moe.h"
+#include "ops/moe/gemm1_routing.h"
 #include "ops/moe/token_path.h"
 #include "ops/moe/w4a4_moe.h"
 #include "ops/moe/w4a16_moe.h"
@@ -154,6 +155,10 @@ class CudaMoeLayer final : public MoeLayerRunner {
   // At one token, where the tiny token path computes the logits and GEMM1 routes, with the shared
   // expert (if any) in GEMM1's slot: the token path normalises the row (SmallTokenPath::pre_norm_*).
   bool takes_pre_norm(int T) const override;
+  // At one token where GEMM1 routes (sigmoid scoring, at most 256 experts): the fold's tiles and
+  // sums (moe/router_fold.h); TETRA_ROUTER_FOLD=0 in the environment turns it off (A/B runs).
+  const RouterFold* router_fold(int T) const override;
+  void prepare_router_fold(const uint16_t* norm_weight) override;
 
   // forward that records marks[0..4] around its parts: [0] start, [1] after route + layout,
   // [2] after GEMM1, [3] after GEMM2 (routed and shared), [4] after combine. For the benchmark.
@@ -190,6 +195,12 @@ class CudaMoeLayer final : public MoeLayerRunner {
   void run(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
            cudaStream_t stream, cudaEvent_t const* marks, const AddRmsNormStep* add_norm = nullptr,
            const PreRmsNormStep* pre = nullptr);
+  // Whether GEMM1 routes the token itself at T (gemm1_routing.h), as run() decides it.
+  bool routes_in_gemm1(int T, bool marks) const;
+  // The routed GEMMs' problem at T (it does not depend on the routing).
+  MoeGemmProblem routed_problem(int T) const;
+  // GEMM1's routing arguments over this layer's buffers (no fold).
+  Gemm1Routing gemm1_routing(bool shared_slot) const;
   // The one-launch token path's arguments over x and prep (the caller sets the switches).
   cuda::SmallTokenPath token_path_args(const uint16_t* x, const cuda::RowsPrep& prep) const;
   // The whole layer in one persistent launch (T <= persist_T_); false when it does not take it.
@@ -229,6 +240,9 @@ class CudaMoeLayer final : public MoeLayerRunner {
   float* bias_ = nullptr;            // [E_global] or nullptr
   // Scratch (E = local experts).
   float* logits_ = nullptr;          // [max_T, E_global]
+  // The router fold (prepare_router_fold; own allocations, null until then).
+  RouterFold fold_{};                // tiles [H/16, router_fold_tile_bytes(E_global)], sums [E_global + 1]
+  void* fold_mem_ = nullptr;
   int32_t* ids_ = nullptr;           // [max_T, K] global expert ids
   float* weights_ = nullptr;         // [max_T, K]
   // (+1 / + max_T: the shared expert's slot when shared_in_slot_)

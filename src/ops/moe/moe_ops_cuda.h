@@ -114,6 +114,10 @@ struct CombineOptions {
   // Not null: the add + RMSNorm that follows the MoE block, fused. With routing_ready its
   // residual is read before the wait too.
   const AddRmsNormStep* add_norm = nullptr;
+  // With add_norm: clear[0 .. clear_count) is zeroed after the wait, when every kernel before the
+  // previous one is complete too (the router fold's sums, read by GEMM1: moe/router_fold.h).
+  double* clear = nullptr;
+  int clear_count = 0;
 };
 cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int top_k,
                          const int32_t* slot_of, const float* weights, const uint16_t* shared,

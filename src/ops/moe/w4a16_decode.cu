@@ -55,14 +55,20 @@ __device__ __forceinline__ void decode_block_stamp(const GroupedGemmArgs& a, int
 // DIAG: a DecodeDiag mode (benchmarks only). XWEAK: activations written earlier in the same grid,
 // read by weak loads (the read-only path may not see them). wait_x() runs in every warp before
 // its first activation read (griddepcontrol.wait as a programmatic dependent; a per-expert
-// counter in the pair kernel). Returns false when the slot has no rows (nothing written).
+// counter in the pair kernel). x_scale() is read in the epilogue, after a block barrier: the
+// outputs are scaled by it (the router fold's 1/rms, x being g * h: moe/router_fold.h).
+// Returns false when the slot has no rows (nothing written).
 // t_mid: phase stamps (DecodeStamp; left as they are without stamps). SCALES_SMEM (late kernel,
 // DecodeConfig::scales_smem): each warp copies its k range's scale pieces into shared memory with
 // 16-byte cp.async before its first weight batch, instead of 2-byte loads beside every batch.
+struct UnitXScale {
+  __device__ float operator()() const { return 1.0f; }
+};
 template <int NT, int KW, int U, bool LATE, bool GATED, bool OUT_F32, int DIAG, bool XWEAK,
-          class WaitX, bool SCALES_SMEM = false>
+          class WaitX, bool SCALES_SMEM = false, class XScale = UnitXScale>
 __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair, int slot,
-                                             WaitX wait_x, uint64_t (&t_mid)[kDecodeStamps]) {
+                                             WaitX wait_x, uint64_t (&t_mid)[kDecodeStamps],
+                                             XScale x_scale = {}) {
   static_assert(DIAG == kDecodeFull || (LATE && NT == 1), "diagnostics: the late n8 kernel only");
   // GEMM1 as a programmatic dependent of the token path: the row mapping is its output.
   if (a.wait_first) {
@@ -232,7 +238,7 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
     // Epilogue: sum the k-split partials; element (nt, r, l) is row g(+8 for r >= 2) of the tile,
     // token tok0 + 8nt + 2(l%4) + (r&1).
     if constexpr (GATED) {
-      const float ag = alpha_a, au = alpha_b;
+      const float xs = x_scale(), ag = alpha_a * xs, au = alpha_b * xs;
       const int out_ld = a.n / 2;
       for (int idx = threadIdx.x; idx < NT * 4 * 32; idx += KW * 32) {
         const int nt = idx / 128, r = (idx / 32) % 4, l = idx % 32;
@@ -250,7 +256,7 @@ __device__ __forceinline__ bool decode_block(const GroupedGemmArgs& a, int pair,
         }
       }
     } else {
-      const float ad = alpha_a;
+      const float ad = alpha_a * x_scale();
       for (int idx = threadIdx.x; idx < 2 * NT * 4 * 32; idx += KW * 32) {
         const int mt = idx / (NT * 128), nt = (idx / 128) % NT, r = (idx / 32) % 4, l = idx % 32;
         float s = 0.0f;
@@ -348,9 +354,11 @@ __global__ void __launch_bounds__(kLateKWarps * 32, kLateBlocksPerSm)
 // kPerLane: routing scores per lane (E <= 32 * kPerLane).
 // KW, MINB: the default late shape (MINB: routed_blocks_per_sm, 6..8), or the wide one
 // (kLateWideKWarps) for small grids.
-template <bool kSoftmax, int kPerLane, bool SCALES_SMEM, int KW, int MINB>
-__global__ void __launch_bounds__(KW * 32, MINB)
-    moe_decode_routed_kernel(const GroupedGemmArgs a, const Gemm1Routing r) {
+// FOLD: the router folded into o_proj (Gemm1Fold f; sigmoid only), in a kernel of its own
+// (moe_decode_routed_fold_kernel) so that the others keep their registers and arguments.
+template <bool kSoftmax, int kPerLane, bool SCALES_SMEM, int KW, int MINB, bool FOLD>
+__device__ __forceinline__ void routed_gemm1_block(const GroupedGemmArgs& a, const Gemm1Routing& r,
+                                                   const Gemm1Fold& f) {
   using namespace moe::cuda::detail;
   constexpr int kMaxE = 32 * kPerLane;
   __shared__ __align__(16) float keys[kMaxE];  // selection keys (route_token_regs' scratch)
@@ -370,6 +378,16 @@ __global__ void __launch_bounds__(KW * 32, MINB)
   // the wait (in decode_block) and read x after it. !kSoftmax drops the branch at compile time
   // where gemm1_routed_starts_shared is false anyway (it spilled 16-20 bytes there).
   const bool shared_block = !kSoftmax && gemm1_routed_starts_shared(r) && int(blockIdx.y) == K;
+  // The router fold (sigmoid only): 1/rms from the folded sum of squares, after the wait.
+  static_assert(!(FOLD && kSoftmax), "the router fold takes sigmoid scoring only");
+  constexpr bool fold = FOLD;
+  auto fold_sum = [&](int i) {  // entry i of the sums over their copies, in copy order
+    double v = 0.0;
+    for (int c = 0; c < f.copies; ++c) v += __ldcg(f.sums + c * (E + 1) + i);
+    return float(v);
+  };
+  auto fold_inv_rms = [&] { return rsqrtf(fold_sum(E) / float(a.k) + f.eps); };
+  __shared__ float inv_rms_s;  // the outputs' scale with the fold: 1/rms
   if (shared_block) {
     if (threadIdx.x == 0)
       slot_expert[K] = E, first_row[E] = K, expert_rows[E] = 1, row_token[K] = 0;
@@ -383,8 +401,20 @@ __global__ void __launch_bounds__(KW * 32, MINB)
       // The one-token form of the tiny token path's block-wide scoring (token_path_tiny.cu),
       // indexed by expert: a shared helper over [T, E] needs i % E and q / n_group, ~4 KB more
       // code here.
+      float inv_rms = 1.0f;
+      if constexpr (fold) {
+        inv_rms = fold_inv_rms();
+        if (threadIdx.x == 0) inv_rms_s = inv_rms;
+      }
       for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        const float sc = moe::math::sigmoid_f32(__ldcg(r.logits + e));
+        float lg;
+        if constexpr (fold) {
+          lg = fold_sum(e) * inv_rms;
+          if (f.logits && blockIdx.x == 0 && blockIdx.y == 0) f.logits[e] = lg;
+        } else {
+          lg = __ldcg(r.logits + e);
+        }
+        const float sc = moe::math::sigmoid_f32(lg);
         scores[e] = sc;
         keys[e] = score_selection_key(sc, r.bias, e);
       }
@@ -435,12 +465,37 @@ __global__ void __launch_bounds__(KW * 32, MINB)
   b.rows.row_count = expert_rows;
   b.rows.gather = row_token;
   b.wait_first = false;
-  auto wait_x = [shared_block] {
-    if (shared_block) asm volatile("griddepcontrol.wait;" ::: "memory");
-  };
-  decode_block<1, KW, kLateChunks, true, true, false, kDecodeFull, false, decltype(wait_x),
-               SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), wait_x, t_mid);
+  if constexpr (fold) {
+    auto wait_x = [=] {  // routed blocks waited before routing
+      if (!shared_block) return;
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      // One writer: lane 0 of the warp whose k range starts at chunk 0 (warps without chunks
+      // never get here: at small k warp 0 may be one of them). Read after the epilogue's barrier.
+      if (lane == 0 && warp * (a.k / kChunkK) / KW == 0) inv_rms_s = fold_inv_rms();
+    };
+    auto x_scale = [] { return inv_rms_s; };
+    decode_block<1, KW, kLateChunks, true, true, false, kDecodeFull, false, decltype(wait_x),
+                 SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), wait_x, t_mid, x_scale);
+  } else {
+    auto wait_x = [shared_block] {
+      if (shared_block) asm volatile("griddepcontrol.wait;" ::: "memory");
+    };
+    decode_block<1, KW, kLateChunks, true, true, false, kDecodeFull, false, decltype(wait_x),
+                 SCALES_SMEM>(b, int(blockIdx.x), int(blockIdx.y), wait_x, t_mid);
+  }
   decode_block_stamp(a, perf::kStampMoeGemm1, t_start, t_mid);
+}
+
+template <bool kSoftmax, int kPerLane, bool SCALES_SMEM, int KW, int MINB>
+__global__ void __launch_bounds__(KW * 32, MINB)
+    moe_decode_routed_kernel(const GroupedGemmArgs a, const Gemm1Routing r) {
+  routed_gemm1_block<kSoftmax, kPerLane, SCALES_SMEM, KW, MINB, false>(a, r, Gemm1Fold{});
+}
+template <int kPerLane, bool SCALES_SMEM, int KW, int MINB>
+__global__ void __launch_bounds__(KW * 32, MINB)
+    moe_decode_routed_fold_kernel(const GroupedGemmArgs a, const Gemm1Routing r,
+                                  const Gemm1Fold f) {
+  routed_gemm1_block<false, kPerLane, SCALES_SMEM, KW, MINB, true>(a, r, f);
 }
 
 template <int NT, int KW, int U, bool LATE, int MINB, int DIAG = kDecodeFull>
@@ -535,7 +590,7 @@ cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs&
 }
 
 cudaError_t launch_decode_routed(const GroupedGemmArgs& args, const Gemm1Routing& r,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, const Gemm1Fold* fold) {
   GroupedGemmArgs a = args;
   a.stamps = perf::block_stamp_buffer();
   if (a.stamps) a.stamp_launch = perf::next_block_stamp_launch();
@@ -550,6 +605,9 @@ cudaError_t launch_decode_routed(const GroupedGemmArgs& args, const Gemm1Routing
       if (softmax && narrow)
         return launch(moe_decode_routed_kernel<true, 4, SCALES_SMEM, KW, MINB>, a, r);
       if (softmax) return launch(moe_decode_routed_kernel<true, 8, SCALES_SMEM, KW, MINB>, a, r);
+      if (fold && narrow)
+        return launch(moe_decode_routed_fold_kernel<4, SCALES_SMEM, KW, MINB>, a, r, *fold);
+      if (fold) return launch(moe_decode_routed_fold_kernel<8, SCALES_SMEM, KW, MINB>, a, r, *fold);
       if (narrow) return launch(moe_decode_routed_kernel<false, 4, SCALES_SMEM, KW, MINB>, a, r);
       return launch(moe_decode_routed_kernel<false, 8, SCALES_SMEM, KW, MINB>, a, r);
     };

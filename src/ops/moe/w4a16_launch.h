@@ -11,6 +11,7 @@
 
 namespace tetra {
 struct Gemm1Routing;  // gemm1_routing.h
+struct Gemm1Fold;
 }
 
 namespace tetra::moe_detail {
@@ -167,7 +168,7 @@ bool decode_scales_in_smem(long blocks, int blocks_per_sm, int sms, int k, int k
 int classic_decode_k_warps(const GroupedGemmArgs& a);
 // GEMM1 of one token routed by its own blocks (gemm1_routing.h), default late configuration.
 cudaError_t launch_decode_routed(const GroupedGemmArgs& a, const Gemm1Routing& r,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, const Gemm1Fold* fold = nullptr);
 // GEMM1 (a1, gated) and GEMM2 (a2, f32 out) of the default late configuration in one grid, GEMM2's
 // blocks waiting per slot on counters (done [2 * num_slots], zero between launches).
 cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs& a2,

@@ -223,7 +223,8 @@ cudaError_t moe_w4a16_gemm_pair(const MoeGemmProblem& p1, const MoeGemmProblem& 
                                         gemm2_args(p2, w, rows, act, y, true), done, stream);
 }
 
-const char* moe_gemm1_routed_unsupported(const MoeGemmProblem& p, const Gemm1Routing& r) {
+const char* moe_gemm1_routed_unsupported(const MoeGemmProblem& p, const Gemm1Routing& r,
+                                         const Gemm1Fold* fold) {
   const int K = r.router.top_k, E = r.router.num_experts;
   if (!default_late(p)) return "not the default late decode configuration";
   if (E < 1 || E > kGemm1RoutingMaxExperts || E != p.num_experts - (r.shared_slot ? 1 : 0))
@@ -234,20 +235,24 @@ const char* moe_gemm1_routed_unsupported(const MoeGemmProblem& p, const Gemm1Rou
   if (!r.logits || !r.ids || !r.weights || !r.slot_of || !r.slots || !r.offsets ||
       !r.row_count || !r.row_token)
     return "missing routing pointers";
+  if (fold && r.router.scoring == moe::Scoring::Softmax)
+    return "the router fold takes sigmoid scoring only";
+  if (fold && (!fold->sums || fold->copies < 1 || fold->copies > moe::kRouterFoldMaxCopies))
+    return "router fold: sums and 1..16 copies";
   return "";
 }
 
 cudaError_t moe_w4a16_gemm1_routed(const MoeGemmProblem& p, const MoeWeightsDevice& w,
                                    const Gemm1Routing& r, const uint16_t* x, uint16_t* act,
-                                   cudaStream_t stream) {
-  if (*moe_gemm1_routed_unsupported(p, r) != '\0') return cudaErrorInvalidValue;
+                                   cudaStream_t stream, const Gemm1Fold* fold) {
+  if (*moe_gemm1_routed_unsupported(p, r, fold) != '\0') return cudaErrorInvalidValue;
   MoeRows rows;  // replaced in the kernel by the rows it routes; checked as GEMM1's are
   rows.row_start = r.offsets;
   rows.row_count = r.row_count;
   rows.expert_ids = r.slots;
   rows.gather = r.row_token;
   if (!gemm1_weights_ok(w, rows)) return cudaErrorInvalidValue;
-  return moe_detail::launch_decode_routed(gemm1_args(p, w, rows, x, act), r, stream);
+  return moe_detail::launch_decode_routed(gemm1_args(p, w, rows, x, act), r, stream, fold);
 }
 
 cudaError_t moe_w4a16_gemm1(const MoeGemmProblem& p, const MoeWeightsDevice& w,

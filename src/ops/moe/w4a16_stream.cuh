@@ -27,6 +27,12 @@
 // where col is the weight row inside the tile (0..15) and v the finished sums (gate, up).
 // Optional: __device__ unsigned long long* stamps() const; int stamp_launch() const; (per-block
 // stamps, perf/block_stamps.h).
+// Optional, a unit epilogue after the stores (the router fold, moe/router_fold.h; one unit per
+// block and one row): __device__ const void* fold_src(int u) const and int fold_src_bytes() const
+// (16-byte aligned, a multiple of 16: the epilogue's constants, which the producer asks the L2
+// for at the kernel's start), __host__ __device__ int fold_bytes() const (not 0: the producer
+// stages those bytes in shared memory instead), __device__ void fold_unit(const Unit&,
+// const void* staged, int tid) const, run by threads 0..127 once every store of the block is done.
 // Units with more than 8 rows are run in passes of 8, each pass streaming the unit again.
 //
 // Measured (H200, bench/results/2026-11-30-stream-gemv-h200.md): the ring alone (copy-only mode)
@@ -52,9 +58,18 @@ namespace tetra::moe_detail {
 template <int C, int J>
 constexpr int stream_seg_chunks() { return C * J; }
 // Dynamic shared memory of a ring: weights, scales, then full/empty mbarriers.
+// (+ fold_bytes: an mbarrier and the Work's staged epilogue data after them.)
 template <int C, int J>
-constexpr int stream_smem_bytes(int stages) {
-  return stages * stream_seg_chunks<C, J>() * (kTileChunkBytes + kTileChunkScales) + stages * 16;
+constexpr int stream_smem_bytes(int stages, int fold_bytes = 0) {
+  return stages * stream_seg_chunks<C, J>() * (kTileChunkBytes + kTileChunkScales) + stages * 16 +
+         (fold_bytes > 0 ? 16 + fold_bytes : 0);
+}
+template <class Work>
+__host__ __device__ int stream_fold_bytes(const Work& w) {
+  if constexpr (requires { w.fold_bytes(); })
+    return w.fold_bytes();
+  else
+    return 0;
 }
 // Ring reads at 32-bit shared addresses (after the stage's full barrier was waited on).
 __device__ __forceinline__ uint4 lds_u4(uint32_t a) {
@@ -87,6 +102,9 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
   uint8_t* ring_s = smem + size_t(stages) * S * kTileChunkBytes;  // [stages][S][64]
   uint64_t* full = reinterpret_cast<uint64_t*>(ring_s + size_t(stages) * S * kTileChunkScales);
   uint64_t* empty = full + stages;                               // [stages] each
+  uint64_t* fold_full = empty + stages;                          // [1] + pad (with fold_bytes)
+  uint8_t* fold_s = reinterpret_cast<uint8_t*>(fold_full + 2);   // [fold_bytes]
+  const int fold_bytes = stream_fold_bytes(work);
   __shared__ float red[2][C][TPU][4][32];  // [buffer][warp][tile][acc reg][lane] partial sums
 
   const uint64_t t_start = perf::stamp_time();
@@ -97,6 +115,7 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
       mbar_init(&full[i], 1);
       mbar_init(&empty[i], C * 32);  // every consumer thread releases its own ring reads
     }
+    if (fold_bytes > 0) mbar_init(fold_full, 1);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -112,6 +131,16 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
     // programmatic dependent launch, while the kernel that writes x still runs).
     if (lane != 0) return;
     const uint64_t policy = l2_evict_first_policy();  // weights are read once
+    if constexpr (requires { work.fold_src(0); }) {
+      if (fold_bytes > 0 && u_begin < u_end) {
+        mbar_arrive_expect_tx(fold_full, uint32_t(fold_bytes));
+        bulk_copy_g2s(fold_s, work.fold_src(u_begin), uint32_t(fold_bytes), fold_full, policy);
+      } else if (u_begin < u_end) {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(work.fold_src(u_begin)),
+                     "r"(uint32_t(work.fold_src_bytes()))
+                     : "memory");
+      }
+    }
     int st = 0;         // ring slot of the next stage
     uint32_t ph = 0;    // how many times the ring wrapped, mod 2
     for (int u = u_begin; u < u_end; ++u) {
@@ -251,6 +280,15 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
       buf ^= 1;
     }
   }
+  // The unit epilogue (one unit per block: its stores are the last ones).
+  if constexpr (requires { work.fold_unit(work.unit(0), fold_s, 0); }) {
+    if (u_begin < u_end && threadIdx.x < 128) {
+      asm volatile("bar.sync 2, 128;" ::: "memory");  // the unit's stores are done
+      if (fold_bytes > 0) mbar_wait(fold_full, 0);
+      work.fold_unit(work.unit(u_begin), fold_bytes > 0 ? fold_s : work.fold_src(u_begin),
+                     int(threadIdx.x));
+    }
+  }
   // Stamps (Works that carry them): start, wait returned, first stage full, end.
   if constexpr (requires { work.stamps(); })
     if (threadIdx.x == 0)
@@ -267,7 +305,7 @@ cudaError_t launch_stream_work(const Work& work, int stages, int blocks_per_sm, 
   if (stages < 2 || stages > 64 || blocks_per_sm < 1 || blocks_per_sm > 4)
     return cudaErrorInvalidValue;
   const int sms = current_device_sm_count();
-  const int smem = stream_smem_bytes<C, J>(stages);
+  const int smem = stream_smem_bytes<C, J>(stages, stream_fold_bytes(work));
   void (*kernel)(Work, int) = stream_gemv_kernel<Work, C, J, MODE>;
   // Above 48 KB a block needs the opt-in; set on every launch (per device, host-side only).
   const cudaError_t e =
