@@ -684,6 +684,13 @@ TEST_F(MoeLayerGpu, ForwardAddRmsNormEqualsForwardThenNorm) {
   }
 }
 
+// A norm weight [H] bf16 that ramps over a period: base + step * (i % period).
+std::vector<uint16_t> ramp_gain(int H, float base, float step, int period) {
+  std::vector<uint16_t> g(static_cast<size_t>(H));
+  for (int i = 0; i < H; ++i) g[size_t(i)] = float_to_bf16(base + step * float(i % period));
+  return g;
+}
+
 // The post-attention norm folded into the layer (PreRmsNormStep: x is the un-normalised row, the
 // one-launch token path normalises it) against the RMSNorm kernel then forward_add_rms_norm on
 // its output: the normalised row within one bf16 step (another summation order) and the same as
@@ -700,13 +707,8 @@ TEST_F(MoeLayerGpu, FoldedPreNormEqualsNormThenForward) {
                           {"glm4.5-air (E=16)", preset_router("glm4.5-air", 16), 4096, 1408, 1408}};
   for (const Shape& sh : shapes) {
     const int H = sh.H;
-    std::vector<uint16_t> gain(static_cast<size_t>(H)), gain2(static_cast<size_t>(H));
-    for (int i = 0; i < H; ++i) {
-      gain[size_t(i)] = float_to_bf16(0.5f + 0.03f * float(i % 50));
-      gain2[size_t(i)] = float_to_bf16(1.5f - 0.01f * float(i % 70));
-    }
     GuardedBf16 dgain(H), dgain2(H);
-    dgain.upload(gain), dgain2.upload(gain2);
+    dgain.upload(ramp_gain(H, 0.5f, 0.03f, 50)), dgain2.upload(ramp_gain(H, 1.5f, -0.01f, 70));
     for (const std::string& backend : cuda_backends()) {
       const HostMoeLayer L = layer_for(backend, sh.router, H, sh.I, sh.Ish, 23);
       for (const TokenLayout layout : {TokenLayout::Contiguous, TokenLayout::Masked})
@@ -784,13 +786,9 @@ TEST_F(MoeLayerGpu, RouterFoldEqualsFoldedPreNorm) {
   for (const Shape& sh : shapes) {
     SCOPED_TRACE(sh.name);
     const int H = sh.H, E = sh.router.num_experts;
-    std::vector<uint16_t> gain(static_cast<size_t>(H)), gain2(static_cast<size_t>(H));
-    for (int i = 0; i < H; ++i) {
-      gain[size_t(i)] = float_to_bf16(0.5f + 0.03f * float(i % 50));
-      gain2[size_t(i)] = float_to_bf16(1.5f - 0.01f * float(i % 70));
-    }
+    const std::vector<uint16_t> gain = ramp_gain(H, 0.5f, 0.03f, 50);
     GuardedBf16 dgain(H), dgain2(H);
-    dgain.upload(gain), dgain2.upload(gain2);
+    dgain.upload(gain), dgain2.upload(ramp_gain(H, 1.5f, -0.01f, 70));
     const HostMoeLayer L = layer_for("cuda-w4a16", sh.router, H, sh.I, sh.Ish, 23);
     moe::CudaMoeLayer gpu(L.weights(), 32, TokenLayout::Contiguous);
     EXPECT_EQ(gpu.router_fold(1), nullptr);  // not prepared
