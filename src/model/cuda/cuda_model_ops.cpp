@@ -482,17 +482,15 @@ class CudaModelOps final : public CudaModelOpsApi {
     const DevLinear* o = get_linear(L, LinearId::O);
     const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o), nullptr, buf(Buf::Residual)};
     // The router too where the block takes it (moe/router_fold.h): no token path launch.
-    const moe::RouterFold* f = router_folds(layer) ? L.moe->router_fold(T_) : nullptr;
-    if (f != nullptr) {
+    const std::optional<moe::RouterFold> fold = router_fold_of(L, out);
+    if (fold) {
       ++folded_routers_;
-      moe::RouterFold fold = *f;
-      fold.gx = buf(Buf::Normed);
-      ck(lin::linear_nvfp4_gemv_router_fold(out, buf(Buf::Attn), fold, stream_));
+      ck(lin::linear_nvfp4_gemv_router_fold(out, buf(Buf::Attn), *fold, stream_));
     } else {
       ck(lin::linear_nvfp4_gemv(&out, 1, buf(Buf::Attn), T_, stream_));
     }
     const moe::PreRmsNormStep pre{norm_weight(NormId::PostAttention, layer), eps(),
-                                  buf(Buf::Normed), f != nullptr};
+                                  buf(Buf::Normed), fold.has_value()};
     const moe::AddRmsNormStep n{buf(Buf::Residual), norm_weight(which, norm_layer), eps(),
                                 buf(Buf::Normed)};
     TETRA_CHECK(L.moe->forward_add_rms_norm(buf(Buf::Residual), T_, buf(Buf::Out), n, stream_, &pre),
@@ -823,17 +821,17 @@ class CudaModelOps final : public CudaModelOpsApi {
     const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o)};
     return lin::nvfp4_gemv_unsupported_reason(&out, 1, T_).empty() && L.moe->takes_pre_norm(T_);
   }
-  // Whether o_proj_folded_norm_moe folds the router too (a function of the layer and T_).
-  bool router_folds(int layer) {
-    if (!opt_.router_fold) return false;
-    DevLayer& L = layers_.at(size_t(layer));
+  // The router fold o_proj_folded_norm_moe runs with o_proj's output `out` (its gx:
+  // Buf::Normed), or none (a function of the layer and T_).
+  std::optional<moe::RouterFold> router_fold_of(const DevLayer& L,
+                                                const lin::Nvfp4GemvOutput& out) {
+    if (!opt_.router_fold) return std::nullopt;
     const moe::RouterFold* f = L.moe->router_fold(T_);
-    if (f == nullptr) return false;
-    const DevLinear* o = get_linear(L, LinearId::O);
-    const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o), nullptr, buf(Buf::Residual)};
+    if (f == nullptr) return std::nullopt;
     moe::RouterFold fold = *f;
     fold.gx = buf(Buf::Normed);
-    return lin::nvfp4_gemv_router_fold_unsupported_reason(out, T_, fold).empty();
+    if (!lin::nvfp4_gemv_router_fold_unsupported_reason(out, T_, fold).empty()) return std::nullopt;
+    return fold;
   }
   void ck(cudaError_t e) const { TETRA_CUDA_CHECK(e); }
 

@@ -386,13 +386,9 @@ __device__ __forceinline__ void routed_gemm1_block(const GroupedGemmArgs& a, con
   // comes with the first logit sum instead of a round trip before it. Read through the L2 by
   // 792 blocks, 1/rms first, they took 2.3 us from the wait to the scores, 1.4 us now, against
   // 0.5 us for the token path's f32 logits (GLM-4.5-Air; bench/results/*-session51-h200.md).
-  auto fold_sum = [&](int i) {  // entry i of the sums over their copies, in copy order
-    double v = 0.0;
-    for (int c = 0; c < f.copies; ++c) v += __ldca(f.sums + c * (E + 1) + i);
-    return float(v);
-  };
-  // Entry i and 1/rms (from entry E, the sum of squares), their loads in flight together.
-  auto fold_sum_and_inv_rms = [&](int i, float& inv_rms) {
+  // Entry i of the sums over their copies, added in copy order, and 1/rms from entry E (the sum
+  // of squares) added alongside: their loads in flight together.
+  auto fold_sum = [&](int i, float& inv_rms) {
     double v = 0.0, q = 0.0;
     for (int c = 0; c < f.copies; ++c) {
       const double* row = f.sums + c * (E + 1);
@@ -401,11 +397,6 @@ __device__ __forceinline__ void routed_gemm1_block(const GroupedGemmArgs& a, con
     }
     inv_rms = rsqrtf(float(q) / float(a.k) + f.eps);
     return float(v);
-  };
-  auto fold_inv_rms = [&] {
-    float inv_rms;
-    fold_sum_and_inv_rms(E, inv_rms);
-    return inv_rms;
   };
   __shared__ float inv_rms_s;  // the outputs' scale with the fold: 1/rms
   if (shared_block) {
@@ -421,15 +412,12 @@ __device__ __forceinline__ void routed_gemm1_block(const GroupedGemmArgs& a, con
       // The one-token form of the tiny token path's block-wide scoring (token_path_tiny.cu),
       // indexed by expert: a shared helper over [T, E] needs i % E and q / n_group, ~4 KB more
       // code here.
-      float inv_rms = 1.0f, first = 0.0f;
-      if constexpr (fold) {
-        first = fold_sum_and_inv_rms(min(int(threadIdx.x), E), inv_rms);
-        if (threadIdx.x == 0) inv_rms_s = inv_rms;
-      }
       for (int e = threadIdx.x; e < E; e += blockDim.x) {
         float lg;
         if constexpr (fold) {
-          lg = (e == int(threadIdx.x) ? first : fold_sum(e)) * inv_rms;
+          float inv_rms;
+          lg = fold_sum(e, inv_rms) * inv_rms;
+          if (e == 0) inv_rms_s = inv_rms;
           if (f.logits && blockIdx.x == 0 && blockIdx.y == 0) f.logits[e] = lg;
         } else {
           lg = __ldcg(r.logits + e);
@@ -492,7 +480,7 @@ __device__ __forceinline__ void routed_gemm1_block(const GroupedGemmArgs& a, con
       asm volatile("griddepcontrol.wait;" ::: "memory");
       // One writer: lane 0 of the warp whose k range starts at chunk 0 (warps without chunks
       // never get here: at small k warp 0 may be one of them). Read after the epilogue's barrier.
-      if (lane == 0 && warp * (a.k / kChunkK) / KW == 0) inv_rms_s = fold_inv_rms();
+      if (lane == 0 && warp * (a.k / kChunkK) / KW == 0) fold_sum(E, inv_rms_s);
     };
     auto x_scale = [] { return inv_rms_s; };
     decode_block<1, KW, kLateChunks, true, true, false, kDecodeFull, false, decltype(wait_x),
