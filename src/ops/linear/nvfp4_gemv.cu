@@ -293,12 +293,9 @@ struct DenseFoldStreamWork : DenseStreamWork {
     g_fold_h[col] = stored(un, row, col, v);
   }
   // The unit epilogue of w4a16_stream.cuh: the tile's part of fold.tiles, staged in shared memory
-  // while the weights stream (unit u is tile u: one output).
-  bool stage;  // the tile's constants staged in shared memory (else read through the L2)
-  __host__ __device__ int fold_bytes() const {
-    return stage ? int(moe::router_fold_tile_bytes(fold.E)) : 0;
-  }
-  __device__ int fold_src_bytes() const { return int(moe::router_fold_tile_bytes(fold.E)); }
+  // while the weights stream (unit u is tile u: one output). Read through the L2 instead, the
+  // step was 0.4% slower (bench/results/2026-12-04-session50-h200.md).
+  __host__ __device__ int fold_bytes() const { return int(moe::router_fold_tile_bytes(fold.E)); }
   __device__ const void* fold_src(int u) const {
     return fold.tiles + size_t(u) * moe::router_fold_tile_bytes(fold.E);
   }
@@ -411,11 +408,7 @@ cudaError_t linear_nvfp4_gemv_router_fold(const Nvfp4GemvOutput& out, const uint
   TETRA_CHECK(reinterpret_cast<uintptr_t>(a.w[0]) % 16 == 0 &&
                   reinterpret_cast<uintptr_t>(a.s[0]) % 16 == 0,
               "NVFP4 GEMV: weights or scales not 16-byte aligned");
-  static const bool stage = [] {  // A/B switch: TETRA_ROUTER_FOLD_STAGE=0 reads through the L2
-    const char* e = std::getenv("TETRA_ROUTER_FOLD_STAGE");
-    return !(e && e[0] == '0');
-  }();
-  const DenseFoldStreamWork work{{a, a.tile_end[0], a.k / kChunkK, x}, f, stage};
+  const DenseFoldStreamWork work{{a, a.tile_end[0], a.k / kChunkK, x}, f};
   const Nvfp4GemvStreamConfig c{};
   return moe_detail::launch_stream_work<DenseFoldStreamWork, 16, 1, moe_detail::kStreamFull>(
       work, c.stages, c.blocks_per_sm, true, stream);

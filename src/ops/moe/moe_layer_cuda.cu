@@ -513,11 +513,10 @@ void CudaMoeLayer::prepare_router_fold(const uint16_t* norm_weight) {
   // after. Copies: o_proj's 256 blocks (GLM-4.5-Air) adding into one vector put 256 atomics on
   // each address at the end of the kernel. H200, GLM-4.5-Air batch 1 against no fold: 1 copy
   // +0.2%, 4 copies -1.2..-1.9% (three calls), 8 -0.5..-1.3%, 16 -0.4%
-  // (bench/results/2026-12-04-session50-h200.md). TETRA_ROUTER_FOLD_COPIES overrides (A/B runs).
-  static const int copies = [] {
-    const char* e = std::getenv("TETRA_ROUTER_FOLD_COPIES");
-    return e ? std::clamp(std::atoi(e), 1, kRouterFoldMaxCopies) : 4;
-  }();
+  // (bench/results/2026-12-04-session50-h200.md); 2 or 8 with the sums read through the L1 no
+  // better than 4 (session 51).
+  constexpr int copies = 4;
+  static_assert(copies <= kRouterFoldMaxCopies);
   const size_t tb = router_fold_tile_bytes(E);
   const size_t tiles_bytes = (tb * size_t(H / kRouterFoldTile) + 255) / 256 * 256;
   const size_t sums = size_t(copies) * (E + 1);

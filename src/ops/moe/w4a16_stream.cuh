@@ -28,11 +28,11 @@
 // Optional: __device__ unsigned long long* stamps() const; int stamp_launch() const; (per-block
 // stamps, perf/block_stamps.h).
 // Optional, a unit epilogue after the stores (the router fold, moe/router_fold.h; one unit per
-// block and one row): __device__ const void* fold_src(int u) const and int fold_src_bytes() const
-// (16-byte aligned, a multiple of 16: the epilogue's constants, which the producer asks the L2
-// for at the kernel's start), __host__ __device__ int fold_bytes() const (not 0: the producer
-// stages those bytes in shared memory instead), __device__ void fold_unit(const Unit&,
-// const void* staged, int tid) const, run by threads 0..127 once every store of the block is done.
+// block and one row): __device__ const void* fold_src(int u) const and __host__ __device__ int
+// fold_bytes() const (16-byte aligned, a multiple of 16, not 0: the epilogue's constants, which
+// the producer stages in shared memory at the kernel's start), __device__ void
+// fold_unit(const Unit&, const void* staged, int tid) const, run by threads 0..127 once every
+// store of the block is done.
 // Units with more than 8 rows are run in passes of 8, each pass streaming the unit again.
 //
 // Measured (H200, bench/results/2026-11-30-stream-gemv-h200.md): the ring alone (copy-only mode)
@@ -132,13 +132,9 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
     if (lane != 0) return;
     const uint64_t policy = l2_evict_first_policy();  // weights are read once
     if constexpr (requires { work.fold_src(0); }) {
-      if (fold_bytes > 0 && u_begin < u_end) {
+      if (u_begin < u_end) {
         mbar_arrive_expect_tx(fold_full, uint32_t(fold_bytes));
         bulk_copy_g2s(fold_s, work.fold_src(u_begin), uint32_t(fold_bytes), fold_full, policy);
-      } else if (u_begin < u_end) {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(work.fold_src(u_begin)),
-                     "r"(uint32_t(work.fold_src_bytes()))
-                     : "memory");
       }
     }
     int st = 0;         // ring slot of the next stage
@@ -284,9 +280,8 @@ __global__ void __launch_bounds__((C + 1) * 32, C >= 16 ? 2 : 1) stream_gemv_ker
   if constexpr (requires { work.fold_unit(work.unit(0), fold_s, 0); }) {
     if (u_begin < u_end && threadIdx.x < 128) {
       asm volatile("bar.sync 2, 128;" ::: "memory");  // the unit's stores are done
-      if (fold_bytes > 0) mbar_wait(fold_full, 0);
-      work.fold_unit(work.unit(u_begin), fold_bytes > 0 ? fold_s : work.fold_src(u_begin),
-                     int(threadIdx.x));
+      mbar_wait(fold_full, 0);
+      work.fold_unit(work.unit(u_begin), fold_s, int(threadIdx.x));
     }
   }
   // Stamps (Works that carry them): start, wait returned, first stage full, end.
