@@ -82,6 +82,9 @@ void run_generate(const GenerateOptions& o) {
   std::vector<int32_t> stop =
       o.stop_ids.empty() ? std::vector<int32_t>{} : parse_token_ids(o.stop_ids, "--stop-ids");
   if (o.max_new_tokens < 1) TETRA_FAIL("--max-new-tokens must be at least 1");
+  // The sampler reads temperature <= 0 as greedy; a negative one is a mistake, not a mode.
+  if (!(o.sampling.temperature >= 0.0f))
+    TETRA_FAIL("--temperature ", o.sampling.temperature, " must be >= 0 (0 = greedy)");
   runtime::EngineOptions eo;
   eo.backend = o.backend;
   eo.moe_backend = o.moe_backend;

@@ -167,6 +167,8 @@ TEST(CliGenerate, BadInputGivesOneClearLine) {
       {"generate --model " + air + " --prompt-ids 1,512", "outside the vocabulary"},
       {"generate --model " + air + " --prompt-ids 1 --backend tpu", "unknown backend"},
       {"generate --model " + air + " --prompt-ids 1 --max-new-tokens 0", "at least 1"},
+      {"generate --model " + air + " --prompt-ids 1 --temperature -0.5", "must be >= 0"},
+      {"generate --model " + air + " --prompt-ids 1 --temperature nan", "must be >= 0"},
   };
   for (const Bad& b : cases) {
     const auto r = run_tetra(b.args);
