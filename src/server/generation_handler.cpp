@@ -70,6 +70,10 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
                               std::chrono::system_clock::now().time_since_epoch()).count();
   std::optional<tok::StreamDecoder> decoder;
   if (tokenizer_) decoder.emplace(*tokenizer_, true);
+  // Text endpoints add the ids to their choices when asked (return_token_ids), and always without
+  // a tokenizer: a token-id prompt then gets no text, and the ids are the whole answer.
+  const bool ids_out = text_out && (r.return_token_ids || !tokenizer_);
+  bool prompt_ids_sent = false;  // streaming: prompt_token_ids ride on the first chunk
   StopStringMatcher stops(r.stop);
   std::vector<int32_t> output;  // every generated id, the stop token included
   std::string text;             // all text sent (non-streaming: the answer)
@@ -89,6 +93,11 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
     } else if (ep == Endpoint::Completions) {
       c["object"] = "text_completion";
       c["choices"] = json::array({{{"index", 0}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", fin}}});
+    }
+    if (text_out) {
+      if (ids_out) c["choices"][0]["token_ids"] = ids;
+      if (ids_out && !prompt_ids_sent) c["choices"][0]["prompt_token_ids"] = prompt;
+      prompt_ids_sent = true;
     } else {
       c["object"] = "generate.chunk";
       c["token_ids"] = ids;
@@ -117,9 +126,11 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
     StreamUpdate u = stream->wait(std::chrono::milliseconds(50));
     if (conn.peer_closed()) return stream->cancel();  // client gone: free its KV blocks now
     std::string piece;
+    std::vector<int32_t> taken;  // u.tokens up to a stop string
     for (int32_t t : u.tokens) {
       if (stops.stopped()) break;
       output.push_back(t);
+      taken.push_back(t);
       if (!decoder) continue;
       std::string t_text;
       try {
@@ -143,8 +154,8 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
       continue;
     }
     if (finish == runtime::FinishReason::Error) break;
-    if ((!piece.empty() || (!text_out && !u.tokens.empty())) &&
-        !conn.send_chunk(sse(chunk(piece, u.tokens, nullptr))))
+    if ((!piece.empty() || ((!text_out || ids_out) && !taken.empty())) &&
+        !conn.send_chunk(sse(chunk(piece, taken, nullptr))))
       return stream->cancel();
   }
 
@@ -179,7 +190,12 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
   } else if (ep == Endpoint::Completions) {
     body["object"] = "text_completion";
     body["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", fin}}});
-  } else {
+  }
+  if (text_out && ids_out) {
+    body["choices"][0]["token_ids"] = output;
+    body["choices"][0]["prompt_token_ids"] = prompt;
+  }
+  if (!text_out) {
     body["object"] = "generate";
     body["output_ids"] = output;
     body["finish_reason"] = fin;

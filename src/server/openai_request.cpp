@@ -159,6 +159,7 @@ GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view b
   }
   if (const json* v = field(j, "stop_token_ids")) r.stop_token_ids = token_ids(*v, "stop_token_ids");
   if (const json* v = field(j, "ignore_eos")) r.ignore_eos = boolean(*v, "ignore_eos");
+  if (const json* v = field(j, "return_token_ids")) r.return_token_ids = boolean(*v, "return_token_ids");
   if (const json* v = field(j, "stream")) r.stream = boolean(*v, "stream");
   if (const json* v = field(j, "stream_options")) {
     if (!v->is_object()) bad("'stream_options' must be an object");

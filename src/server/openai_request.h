@@ -33,6 +33,7 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;          // stream_options.include_usage
   bool echo = false;                   // completions: prepend the prompt to the text
+  bool return_token_ids = false;       // text endpoints: choices also carry the ids (vLLM's extension)
 };
 
 // Throws ApiError(400) on malformed JSON, wrong types, out-of-range values or n != 1.

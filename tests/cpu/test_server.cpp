@@ -130,6 +130,40 @@ TEST_F(Server, CompletionTextIsTheDecodedGreedyTokens) {
   EXPECT_EQ(j["usage"]["total_tokens"], ids.size() + 8);
 }
 
+// return_token_ids (vLLM's extension): the choices carry the generated ids, which decode to the
+// text, and the prompt's ids; streamed, the chunks' ids add up to the same ids.
+TEST_F(Server, ReturnTokenIdsGivesTheIdsBehindTheText) {
+  const std::string prompt = "ids please";
+  const json req = {{"prompt", prompt}, {"max_tokens", 7}, {"temperature", 0}, {"ignore_eos", true},
+                    {"return_token_ids", true}};
+  const auto r = post(port_, "/v1/completions", req);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json c = parse_json(r.body)["choices"][0];
+  const std::vector<int32_t> ids = tok_->encode(prompt, true);
+  const std::vector<int32_t> out = engine_greedy(ids, 7);
+  EXPECT_EQ(c["token_ids"].get<std::vector<int32_t>>(), out);
+  EXPECT_EQ(c["prompt_token_ids"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(c["text"], tok_->decode(out, true));
+  json sreq = req;
+  sreq["stream"] = true;
+  const auto events = test::sse_events(post(port_, "/v1/completions", sreq).body);
+  std::vector<int32_t> streamed;
+  int with_prompt_ids = 0;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const json e = parse_json(events[i])["choices"][0];
+    for (int32_t t : e["token_ids"].get<std::vector<int32_t>>()) streamed.push_back(t);
+    with_prompt_ids += e.contains("prompt_token_ids");
+  }
+  EXPECT_EQ(streamed, out);
+  EXPECT_EQ(with_prompt_ids, 1);
+  // Not asked: no ids in the choices.
+  json plain = req;
+  plain.erase("return_token_ids");
+  EXPECT_FALSE(parse_json(post(port_, "/v1/completions", plain).body)["choices"][0].contains("token_ids"));
+  expect_error(post(port_, "/v1/completions", {{"prompt", "x"}, {"return_token_ids", 1}}), 400,
+               "return_token_ids");
+}
+
 TEST_F(Server, StreamedCompletionEqualsTheWholeOne) {
   const json req = {{"prompt", "stream me"}, {"max_tokens", 10}, {"temperature", 0.8}, {"seed", 11}, {"ignore_eos", true}};
   const auto whole = post(port_, "/v1/completions", req);
@@ -367,10 +401,26 @@ TEST(ServerNoTokenizer, TextEndpointsSayUseGenerate) {
   expect_error(post(port, "/v1/completions", {{"prompt", "hi"}}), 400, "no tokenizer.json; use /generate");
   expect_error(post(port, "/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}}), 400,
                "no tokenizer.json");
-  // Token-id prompts still work on /v1/completions and /generate.
-  EXPECT_EQ(post(port, "/generate", {{"input_ids", {1, 2}}, {"max_new_tokens", 2}}).status, 200);
-  const auto c = post(port, "/v1/completions", {{"prompt", {1, 2}}, {"max_tokens", 2}});
-  EXPECT_EQ(c.status, 200) << c.body;
+  // Token-id prompts still work on /v1/completions and /generate; without text to carry them,
+  // the completion's choice holds the generated ids (the same as /generate's, greedy), streamed
+  // too.
+  const json gen = {{"input_ids", {1, 2}}, {"max_new_tokens", 3}, {"temperature", 0}};
+  const auto g = post(port, "/generate", gen);
+  ASSERT_EQ(g.status, 200) << g.body;
+  const auto want = parse_json(g.body)["output_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(want.size(), 3u);
+  const json req = {{"prompt", {1, 2}}, {"max_tokens", 3}, {"temperature", 0}, {"ignore_eos", true}};
+  const auto c = post(port, "/v1/completions", req);
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(parse_json(c.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), want);
+  json sreq = req;
+  sreq["stream"] = true;
+  const auto events = test::sse_events(post(port, "/v1/completions", sreq).body);
+  std::vector<int32_t> streamed;
+  for (size_t i = 0; i + 1 < events.size(); ++i)
+    for (int32_t t : parse_json(events[i])["choices"][0]["token_ids"].get<std::vector<int32_t>>())
+      streamed.push_back(t);
+  EXPECT_EQ(streamed, want);
 }
 
 TEST(ServerLimits, SmallKvPoolPreemptsChunksAndCompletes) {
