@@ -1,16 +1,42 @@
-// A minimal parallel-for over [0, n) in contiguous chunks: enough for per-tensor CPU work.
+// A parallel-for over [0, n) in contiguous chunks, run on a pool of persistent worker threads
+// (started on first use): enough for per-tensor CPU work. Starting threads on every call cost
+// the CPU backend more than its math at decode sizes (two thread starts and joins per op).
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <exception>
 #include <thread>
-#include <vector>
 
 namespace tetra {
 
 inline int hardware_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
-// Calls fn(begin, end) on up to `threads` workers; rethrows the first exception.
+namespace detail {
+
+// A non-owning reference to a callable taking a chunk index: what the pool runs.
+class ChunkFn {
+ public:
+  ChunkFn() = default;
+  template <typename F>
+  explicit ChunkFn(F& f) : obj_(&f), call_([](void* o, int w) { (*static_cast<F*>(o))(w); }) {}
+  void operator()(int w) const { call_(obj_, w); }
+
+ private:
+  void* obj_ = nullptr;
+  void (*call_)(void*, int) = nullptr;
+};
+
+// Runs body(w) for every w in [0, count) and returns when all have run: w = 0 on the calling
+// thread, w >= 1 on pool worker (w - 1) % workers, so a chunk index lands on the same thread
+// from call to call (the pages a chunk first touched stay with the thread that reads them).
+// Every chunk runs even if some throw; then the lowest w's exception is rethrown. Calls made
+// from inside a chunk, in a forked child or on a one-thread machine run all w inline, in order.
+void run_chunks(int count, ChunkFn body);
+
+}  // namespace detail
+
+// Calls fn(begin, end) on up to `threads` chunks of at least min_chunk indices (the calling
+// thread takes the first); rethrows the first chunk's exception. The chunks depend only on n,
+// min_chunk and threads, never on which thread runs them.
 template <typename Fn>
 void parallel_for(int64_t n, int64_t min_chunk, Fn&& fn, int threads = hardware_threads()) {
   if (n <= 0) return;
@@ -19,23 +45,12 @@ void parallel_for(int64_t n, int64_t min_chunk, Fn&& fn, int threads = hardware_
     fn(int64_t{0}, n);
     return;
   }
-  std::vector<std::thread> pool;
-  std::vector<std::exception_ptr> errors(workers);
   const int64_t chunk = (n + workers - 1) / workers;
-  for (int64_t w = 0; w < workers; ++w) {
+  auto body = [&](int w) {
     const int64_t begin = w * chunk, end = std::min(n, begin + chunk);
-    if (begin >= end) break;
-    pool.emplace_back([&, w, begin, end] {
-      try {
-        fn(begin, end);
-      } catch (...) {
-        errors[w] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : pool) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+    if (begin < end) fn(begin, end);
+  };
+  detail::run_chunks(int(workers), detail::ChunkFn(body));
 }
 
 }  // namespace tetra
