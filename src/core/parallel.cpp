@@ -1,6 +1,8 @@
 // The worker pool behind parallel_for (see parallel.h).
 #include "core/parallel.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -93,6 +95,11 @@ class Pool {
   };
 
   static void serve(Worker& k) {
+    // Asynchronous signals (SIGINT, SIGTERM, ...) go to the application's threads, whichever
+    // mask the thread that started the pool had: `tetra serve` waits for them with sigwait.
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
     for (;;) {
       Job job;
       {

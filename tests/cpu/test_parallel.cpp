@@ -3,6 +3,8 @@
 // first one's exception rethrown, nested calls, calls from several threads at once, and a forked
 // child (which has the pool's memory but not its threads).
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,6 +68,22 @@ TEST(ParallelFor, AChunkRunsOnTheSameThreadEachCallAndChunkZeroOnTheCaller) {
   if (hardware_threads() >= threads) {  // one chunk per thread: all distinct
     EXPECT_EQ(std::set<std::thread::id>(first.begin(), first.end()).size(), size_t(threads));
   }
+}
+
+// Workers block asynchronous signals, so SIGTERM reaches the thread that waits for it (tetra
+// serve's sigwait) even when the pool was started by a thread with them unblocked.
+TEST(ParallelFor, WorkersBlockAsynchronousSignals) {
+  if (hardware_threads() < 2) GTEST_SKIP() << "one thread: no workers";
+  std::vector<int> blocked(2, -1);
+  parallel_for(2, 1, [&](int64_t b, int64_t e) {
+    for (int64_t w = b; w < e; ++w) {
+      sigset_t mask;
+      pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+      blocked[size_t(w)] = sigismember(&mask, SIGTERM) + 2 * sigismember(&mask, SIGINT);
+    }
+  }, 2);
+  EXPECT_EQ(blocked[1], 3);  // chunk 1: a worker
+  EXPECT_EQ(blocked[0], 0);  // chunk 0: this thread, unchanged
 }
 
 TEST(ParallelFor, EveryChunkRunsAndTheFirstChunksErrorIsRethrown) {
