@@ -66,7 +66,7 @@ int run_check(const CheckOptions& o) {
   std::vector<std::string>& problems = r.workload.model_problems;
   for (std::string& p : dist::new_sharding_problems(cfg, quant, plan, problems))
     problems.push_back(std::move(p));
-  if (o.gpu == "auto" && target.gpu)
+  if (gpu_key(o.gpu) == "auto" && target.gpu)
     if (auto p = dist::gpu_count_problem(plan, dist::visible_gpu_count())) problems.push_back(*p);
   r.split_detail = dist::split_summary(cfg, plan);
   r.runtime_reasons = model::runtime_unsupported_reasons(cfg);

@@ -291,9 +291,18 @@ std::vector<std::string> gpu_names() {
   return names;
 }
 
+std::string gpu_key(std::string_view name) {
+  std::string key;
+  for (char c : name) key += c == ' ' || c == '_' ? '-' : char(std::tolower(static_cast<unsigned char>(c)));
+  for (std::string_view vendor : {"nvidia-", "nvidia"})
+    if (key.rfind(vendor, 0) == 0 && key.size() > vendor.size()) key.erase(0, vendor.size());
+  return key;
+}
+
 const GpuSpec& gpu_spec(std::string_view name) {
+  const std::string key = gpu_key(name);
   for (const GpuSpec& g : gpu_table())
-    if (g.name == name) return g;
+    if (g.name == key) return g;
   std::string known;
   for (const std::string& n : gpu_names()) known += (known.empty() ? "" : ", ") + n;
   TETRA_FAIL("unknown GPU '", name, "'; known: auto, ", known);
@@ -340,7 +349,7 @@ std::optional<GpuSpec> detect_local_gpu() {
 }
 
 std::optional<GpuSpec> resolve_gpu(std::string_view name) {
-  if (name == "auto") return detect_local_gpu();
+  if (gpu_key(name) == "auto") return detect_local_gpu();
   return gpu_spec(name);
 }
 

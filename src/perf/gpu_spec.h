@@ -48,7 +48,10 @@ std::string sm_label(int sm);
 
 const std::vector<GpuSpec>& gpu_table();
 std::vector<std::string> gpu_names();  // table keys, in table order
-// Table row by key; Error listing the known names when unknown.
+// The table key a user's name means: lower case, spaces and underscores as hyphens, without a
+// leading "NVIDIA" ("NVIDIA H200" -> "h200", "RTX PRO 6000" -> "rtx-pro-6000").
+std::string gpu_key(std::string_view name);
+// Table row by name (as gpu_key reads it); Error listing the known names when unknown.
 const GpuSpec& gpu_spec(std::string_view name);
 
 // The local GPU (device 0) from cudaGetDeviceProperties; nullopt on a machine without CUDA.

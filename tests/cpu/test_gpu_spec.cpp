@@ -92,8 +92,15 @@ TEST(GpuSpec, UnknownNameListsTheKnownOnes) {
     EXPECT_NE(msg.find("h300"), std::string::npos);
     for (const std::string& n : gpu_names()) EXPECT_NE(msg.find(n), std::string::npos) << n;
   }
-  EXPECT_THROW(resolve_gpu("H200"), Error);  // names are exact
   EXPECT_EQ(resolve_gpu("b200")->name, "b200");
+  // Names as users write them: any case, the vendor in front, spaces for hyphens.
+  EXPECT_EQ(resolve_gpu("H200")->name, "h200");
+  EXPECT_EQ(gpu_spec("NVIDIA H100").name, "h100");
+  EXPECT_EQ(gpu_spec("nvidia-b300").name, "b300");
+  EXPECT_EQ(gpu_spec("RTX PRO 6000").name, "rtx-pro-6000");
+  EXPECT_EQ(gpu_spec("DGX_Spark").name, "dgx-spark");
+  EXPECT_THROW(gpu_spec("nvidia"), Error);
+  EXPECT_THROW(gpu_spec("H200 NVL"), Error);  // another product: not guessed
 }
 
 TEST(GpuSpec, AutoDetectsOrAnswersNone) {
