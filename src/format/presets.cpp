@@ -1,5 +1,7 @@
 #include "format/presets.h"
 
+#include <cctype>
+
 #include <functional>
 #include <utility>
 
@@ -190,9 +192,21 @@ std::vector<std::string> preset_names() {
   return out;
 }
 
+namespace {
+// A preset name as users write it, compared without case, hyphens and underscores:
+// "GLM-4.5-Air" and "Qwen3-30B-A3B" (the Hugging Face names) find glm4.5-air and qwen3-30b-a3b.
+std::string preset_key(std::string_view name) {
+  std::string key;
+  for (char c : name)
+    if (c != '-' && c != '_') key += char(std::tolower(static_cast<unsigned char>(c)));
+  return key;
+}
+}  // namespace
+
 ModelConfig preset_config(std::string_view name) {
   for (const auto& p : presets())
-    if (p.first == name) return parse_model_config(p.second(), "preset '" + p.first + "'");
+    if (preset_key(p.first) == preset_key(name))
+      return parse_model_config(p.second(), "preset '" + p.first + "'");
   std::string names;
   for (const auto& p : presets()) names += (names.empty() ? "" : ", ") + p.first;
   TETRA_FAIL("unknown preset '", name, "'; presets: ", names);

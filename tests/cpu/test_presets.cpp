@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cctype>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -50,6 +52,24 @@ TEST(Presets, UnknownNameListsThePresets) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("glm6"), std::string::npos) << msg;
     for (const auto& n : preset_names()) EXPECT_NE(msg.find(n), std::string::npos) << msg;
+  }
+}
+
+// Hugging Face's spellings find the presets; every preset stays reachable by its own name and no
+// two collide once case, hyphens and underscores are set aside.
+TEST(Presets, NamesAsUsersWriteThem) {
+  EXPECT_EQ(preset_config("GLM-4.5-Air").num_layers, preset_config("glm4.5-air").num_layers);
+  EXPECT_EQ(preset_config("Qwen3-30B-A3B").n_routed_experts, preset_config("qwen3-30b-a3b").n_routed_experts);
+  EXPECT_EQ(preset_config("DeepSeek-V3").hidden_size, preset_config("deepseek-v3").hidden_size);
+  EXPECT_EQ(preset_config("GLM-5").num_layers, preset_config("glm5").num_layers);
+  EXPECT_NE(preset_config("tiny_GLM5").num_layers, preset_config("glm5").num_layers);
+  EXPECT_THROW(preset_config("glm-4.5"), Error);
+  std::set<std::string> keys;
+  for (const auto& n : preset_names()) {
+    std::string k;
+    for (char c : n)
+      if (c != '-' && c != '_') k += char(std::tolower(static_cast<unsigned char>(c)));
+    EXPECT_TRUE(keys.insert(k).second) << n;
   }
 }
 
