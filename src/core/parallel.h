@@ -36,7 +36,8 @@ void run_chunks(int count, ChunkFn body);
 
 // Calls fn(begin, end) on up to `threads` chunks of at least min_chunk indices (the calling
 // thread takes the first); rethrows the first chunk's exception. The chunks depend only on n,
-// min_chunk and threads, never on which thread runs them.
+// min_chunk and threads, never on which thread runs them. fn must not wait for another thread
+// that may itself be in parallel_for: calls from several threads queue on the same workers.
 template <typename Fn>
 void parallel_for(int64_t n, int64_t min_chunk, Fn&& fn, int threads = hardware_threads()) {
   if (n <= 0) return;
