@@ -1,7 +1,6 @@
 #include "format/presets.h"
 
 #include <cctype>
-
 #include <functional>
 #include <utility>
 
