@@ -33,13 +33,14 @@ struct Job {
 };
 
 void run_chunk(ChunkFn body, int w, std::exception_ptr& error) {
+  const bool outer = t_in_chunk;  // inline runs of a nested call keep the enclosing chunk's mark
   t_in_chunk = true;
   try {
     body(w);
   } catch (...) {
     error = std::current_exception();
   }
-  t_in_chunk = false;
+  t_in_chunk = outer;
 }
 
 void rethrow_first(const std::vector<std::exception_ptr>& errors) {
@@ -135,9 +136,7 @@ void run_chunks(int count, ChunkFn body) {
     if (p.usable()) return p.run(count, body);
   }
   std::vector<std::exception_ptr> errors(static_cast<size_t>(count));  // [count]
-  const bool nested = t_in_chunk;
   for (int w = 0; w < count; ++w) run_chunk(body, w, errors[size_t(w)]);
-  t_in_chunk = nested;  // run_chunk cleared it; an enclosing chunk is still running
   rethrow_first(errors);
 }
 

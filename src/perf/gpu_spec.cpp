@@ -293,7 +293,8 @@ std::vector<std::string> gpu_names() {
 
 std::string gpu_key(std::string_view name) {
   std::string key;
-  for (char c : name) key += c == ' ' || c == '_' ? '-' : char(std::tolower(static_cast<unsigned char>(c)));
+  for (char c : name)
+    key += c == ' ' || c == '_' ? '-' : char(std::tolower(static_cast<unsigned char>(c)));
   for (std::string_view vendor : {"nvidia-", "nvidia"})
     if (key.rfind(vendor, 0) == 0 && key.size() > vendor.size()) key.erase(0, vendor.size());
   return key;

@@ -93,15 +93,15 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
     } else if (ep == Endpoint::Completions) {
       c["object"] = "text_completion";
       c["choices"] = json::array({{{"index", 0}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", fin}}});
-    }
-    if (text_out) {
-      if (ids_out) c["choices"][0]["token_ids"] = ids;
-      if (ids_out && !prompt_ids_sent) c["choices"][0]["prompt_token_ids"] = prompt;
-      prompt_ids_sent = true;
     } else {
       c["object"] = "generate.chunk";
       c["token_ids"] = ids;
       c["finish_reason"] = fin;
+    }
+    if (ids_out) {
+      c["choices"][0]["token_ids"] = ids;
+      if (!prompt_ids_sent) c["choices"][0]["prompt_token_ids"] = prompt;
+      prompt_ids_sent = true;
     }
     return c;
   };
@@ -190,16 +190,15 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
   } else if (ep == Endpoint::Completions) {
     body["object"] = "text_completion";
     body["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", fin}}});
-  }
-  if (text_out && ids_out) {
-    body["choices"][0]["token_ids"] = output;
-    body["choices"][0]["prompt_token_ids"] = prompt;
-  }
-  if (!text_out) {
+  } else {
     body["object"] = "generate";
     body["output_ids"] = output;
     body["finish_reason"] = fin;
     if (tokenizer_) body["text"] = tokenizer_->decode(output, true);
+  }
+  if (ids_out) {
+    body["choices"][0]["token_ids"] = output;
+    body["choices"][0]["prompt_token_ids"] = prompt;
   }
   conn.respond(200, "application/json", dump(body));
 }

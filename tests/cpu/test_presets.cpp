@@ -2,8 +2,8 @@
 // publishers' parameter counts), tiny versions that keep every feature, with_num_layers.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cctype>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <string>
