@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <set>
+#include <utility>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "format/model_config.h"
 
 namespace tetra::runtime {
@@ -68,7 +70,8 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
 }
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const ops::SamplingParams& params,
-                            int max_new_tokens, std::vector<int32_t> stop_ids) {
+                            int max_new_tokens, std::vector<int32_t> stop_ids,
+                            LogprobOptions logprobs) {
   const int64_t vocab = config().vocab_size;
   if (prompt.empty()) TETRA_FAIL("a request needs at least one prompt token");
   for (int32_t t : prompt)
@@ -84,14 +87,20 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const ops::SamplingPara
                ") needs more KV cache than the engine has (", cache_->num_blocks(), " blocks of ",
                cache_->block_size(), " = ", kv_capacity_tokens(), " tokens): it could never run");
   ops::check_sampling_params(params, 0);
+  if (logprobs.top < -1 || logprobs.top > ops::kMaxTopLogprobs)
+    TETRA_FAIL("top logprobs ", logprobs.top, " must be in [-1, ", ops::kMaxTopLogprobs, "]");
+  if (logprobs.prompt && logprobs.top < 0) TETRA_FAIL("prompt logprobs need top logprobs >= 0");
   Running r;
+  r.logprobs = logprobs;
   r.id = next_id_++;
   r.params = params;
   // Unseeded requests get distinct seeds derived from the engine seed.
   if (r.params.seed == 0) r.params.seed = opt_.seed * 0x9E3779B97F4A7C15ull + uint64_t(r.id);
   r.max_new_tokens = max_new_tokens;
   r.stop_ids = std::move(stop_ids);
-  requests_[r.id].prompt = std::move(prompt);
+  RequestState& st = requests_[r.id];
+  if (logprobs.prompt) st.prompt_logprobs.resize(prompt.size() - 1);
+  st.prompt = std::move(prompt);
   waiting_.push_back(std::move(r));
   return waiting_.back().id;
 }
@@ -133,9 +142,11 @@ void Engine::finish_if_done(Running& r, TokenEvent& ev) {
   ev.finish = st.finish;
 }
 
-// Samples one token for each of `rows` (in logit-row order) and records it.
-std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& rows) {
+std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& rows,
+                                                  const float* host_logits,
+                                                  const std::vector<int>& logit_row) {
   const int R = int(rows.size());
+  const int64_t V = config().vocab_size;
   std::vector<ops::SamplingParams> params(static_cast<size_t>(R));
   std::vector<int32_t> prompt_tokens, prompt_off{0}, out_tokens, out_off{0};
   for (int i = 0; i < R; ++i) {
@@ -149,11 +160,37 @@ std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& r
   }
   ops::TokenHistory hist{prompt_tokens.data(), prompt_off.data(), out_tokens.data(), out_off.data()};
   std::vector<int32_t> tokens(static_cast<size_t>(R));
-  model_->ops().sample(params.data(), hist, tokens.data());
-  std::vector<TokenEvent> events;
+  std::vector<const float*> row_logits(static_cast<size_t>(R));  // [R] host rows, for logprobs
+  const bool any_logprobs =
+      std::any_of(rows.begin(), rows.end(), [](const Running* r) { return r->logprobs.top >= 0; });
+  if (host_logits) {
+    std::vector<float> gathered(size_t(R) * size_t(V));  // [R, vocab]
+    for (int i = 0; i < R; ++i) {
+      row_logits[size_t(i)] = host_logits + size_t(logit_row[size_t(i)]) * size_t(V);
+      std::copy_n(row_logits[size_t(i)], V, gathered.data() + size_t(i) * size_t(V));
+    }
+    ops::sample_cpu(gathered.data(), R, int(V), params.data(), hist, tokens.data());
+  } else {
+    if (any_logprobs) {
+      const float* logits = read_step_logits(R);
+      for (int i = 0; i < R; ++i) row_logits[size_t(i)] = logits + size_t(i) * size_t(V);
+    }
+    model_->ops().sample(params.data(), hist, tokens.data());
+  }
+  std::vector<TokenEvent> events(static_cast<size_t>(R));
+  if (any_logprobs)
+    parallel_for(R, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int top = rows[size_t(i)]->logprobs.top;
+        if (top >= 0 && tokens[size_t(i)] >= 0)
+          events[size_t(i)].logprobs = ops::position_logprobs(row_logits[size_t(i)], V, tokens[size_t(i)], top);
+      }
+    });
   for (int i = 0; i < R; ++i) {
     Running& r = *rows[size_t(i)];
-    TokenEvent ev{r.id, tokens[size_t(i)], FinishReason::None};
+    TokenEvent& ev = events[size_t(i)];
+    ev.request = r.id;
+    ev.token = tokens[size_t(i)];
     RequestState& st = requests_[r.id];
     if (ev.token < 0) {  // nothing drawable (all logits NaN/-inf): end the request
       st.finish = FinishReason::Error;
@@ -162,9 +199,35 @@ std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& r
       st.output.push_back(ev.token);
       finish_if_done(r, ev);
     }
-    events.push_back(ev);
   }
   return events;
+}
+
+const float* Engine::read_step_logits(int R) {
+  logits_host_.resize(size_t(R) * size_t(config().vocab_size));
+  model_->ops().read_logits(logits_host_.data());
+  return logits_host_.data();
+}
+
+void Engine::record_prompt_logprobs(const std::vector<PromptLogprobRows>& runs, const float* logits) {
+  const int64_t V = config().vocab_size;
+  for (const PromptLogprobRows& run : runs) {
+    RequestState& st = requests_.at(run.id);
+    int top = 0;
+    for (Running& r : running_)
+      if (r.id == run.id) {
+        top = r.logprobs.top;
+        r.prompt_logprob_rows = run.first + run.count;
+      }
+    // Position p's logits give the logprob of prompt token p + 1.
+    parallel_for(run.count, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const int p = run.first + int(k);
+        st.prompt_logprobs[size_t(p)] = ops::position_logprobs(logits + size_t(run.row + k) * size_t(V), V,
+                                                               st.prompt[size_t(p) + 1], top);
+      }
+    });
+  }
 }
 
 int Engine::prefill_target(int64_t id) const {
@@ -205,17 +268,39 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
   b.kind = model::StepKind::Prefill;
   b.cu_seqlens = {0};
   int budget = opt_.max_prefill_tokens;
+  int logprob_budget = kPromptLogprobRowsPerStep;  // prompt-logprob rows this step may read
   bool any_prefix = false;
   std::vector<int64_t> seqs;  // [S] sequence ids of the batch
-  auto add_run = [&](int64_t id, int start, const std::vector<int64_t>& slots) {
-    for (size_t k = 0; k < slots.size(); ++k) {
-      b.tokens.push_back(token_at(id, start + int(k)));
-      b.positions.push_back(start + int(k));
-      b.slots.push_back(slots[k]);
+  std::vector<PromptLogprobRows> logprob_runs;
+  // Prompt positions of r still without logprobs, [from, to): position p's logits give the
+  // logprob of prompt token p + 1.
+  auto logprob_span = [&](const Running& r) -> std::pair<int, int> {
+    if (!r.logprobs.prompt) return {0, 0};
+    return {r.prompt_logprob_rows, int(requests_.at(r.id).prompt.size()) - 1};
+  };
+  // The chunk from `start` cut so that its prompt-logprob rows fit the step's budget.
+  auto cap_chunk = [&](const Running& r, int start, int chunk) {
+    const auto [from, to] = logprob_span(r);
+    if (from >= to || start >= to) return chunk;
+    return std::min(chunk, std::max(0, from - start) + logprob_budget);
+  };
+  auto add_run = [&](const Running& r, int start, const std::vector<int64_t>& slots) {
+    const int64_t id = r.id;
+    const int n = int(slots.size());
+    const auto [from, to] = logprob_span(r);
+    const int first = std::max(start, from), count = std::min(start + n, to) - first;
+    if (count > 0) {
+      logprob_runs.push_back({id, first, count, b.num_tokens() + (first - start), 0});
+      logprob_budget -= count;
+    }
+    for (int k = 0; k < n; ++k) {
+      b.tokens.push_back(token_at(id, start + k));
+      b.positions.push_back(start + k);
+      b.slots.push_back(slots[size_t(k)]);
     }
     b.cu_seqlens.push_back(b.num_tokens());
     if (start > 0) any_prefix = true;
-    budget -= int(slots.size());
+    budget -= n;
     seqs.push_back(id);
   };
   // 1. The next chunk of requests already admitted but not fully prefilled (oldest first).
@@ -223,16 +308,18 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
     if (running_[i].prefilled) continue;
     const int64_t id = running_[i].id;
     const int done = cache_->seq_len(id);
-    const int chunk = std::min(prefill_target(id) - done, budget);
+    const int chunk = cap_chunk(running_[i], done, std::min(prefill_target(id) - done, budget));
+    if (chunk == 0) continue;  // its prompt logprobs wait for the next step's budget
     std::vector<int64_t> slots;
     if (!append_or_preempt(i, chunk, &slots)) break;  // it was the newest: nothing newer runs
-    add_run(id, done, slots);
+    add_run(running_[i], done, slots);
   }
   // 2. Admissions from the front of the queue: a batch slot and blocks for the first chunk,
   //    plus one block of headroom for decode unless nothing else is running.
   while (!waiting_.empty() && int(running_.size()) < opt_.max_batch && budget > 0) {
     const int64_t id = waiting_.front().id;
-    const int chunk = std::min(prefill_target(id), budget);
+    const int chunk = cap_chunk(waiting_.front(), 0, std::min(prefill_target(id), budget));
+    if (chunk == 0) break;  // prompt logprobs over budget: admitted next step
     const int need = ceil_div(chunk, opt_.kv_block_size) + (running_.empty() ? 0 : 1);
     if (need > cache_->free_blocks()) break;
     Running r = std::move(waiting_.front());
@@ -243,14 +330,23 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
     std::vector<int64_t> slots;
     const bool ok = append_or_preempt(running_.size() - 1, chunk, &slots);
     TETRA_CHECK(ok, "engine: admission of request ", id, " found fewer free blocks than counted");
-    add_run(id, 0, slots);
+    add_run(running_.back(), 0, slots);
   }
   if (seqs.empty()) return false;
-  // A sequence that reached its target samples its next token from its last row.
+  // Logit rows, ascending: a run's prompt-logprob positions, then, for a sequence that reached
+  // its target, its last row (it samples the next token).
   std::vector<Running*> rows;
+  std::vector<int> sample_rows;  // [rows] their logit rows
+  auto next_logprob_run = logprob_runs.begin();
   for (size_t s = 0; s < seqs.size(); ++s) {
     const int64_t id = seqs[s];
+    if (next_logprob_run != logprob_runs.end() && next_logprob_run->id == id) {
+      next_logprob_run->row = b.num_logit_rows();
+      for (int k = 0; k < next_logprob_run->count; ++k) b.logit_rows.push_back(next_logprob_run->token + k);
+      ++next_logprob_run;
+    }
     if (cache_->seq_len(id) < prefill_target(id)) continue;
+    sample_rows.push_back(b.num_logit_rows());
     b.logit_rows.push_back(b.cu_seqlens[s + 1] - 1);
     for (Running& r : running_)
       if (r.id == id) rows.push_back(&r);
@@ -264,7 +360,13 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
   const auto t0 = std::chrono::steady_clock::now();
   model_->forward(b);
   std::vector<TokenEvent> sampled;
-  if (!rows.empty()) sampled = sample_and_record(rows);
+  if (!logprob_runs.empty()) {
+    const float* logits = read_step_logits(b.num_logit_rows());
+    record_prompt_logprobs(logprob_runs, logits);
+    if (!rows.empty()) sampled = sample_and_record(rows, logits, sample_rows);
+  } else if (!rows.empty()) {
+    sampled = sample_and_record(rows);
+  }
   stats_.prefill_seconds += seconds_since(t0);
   stats_.prefill_tokens += b.num_tokens();
   stats_.prefill_chunks += int64_t(seqs.size());

@@ -18,10 +18,12 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "model/model.h"
+#include "ops/sampling/logprobs.h"
 #include "ops/sampling/sampling.h"
 #include "runtime/kv_cache.h"
 
@@ -44,16 +46,31 @@ enum class FinishReason { None, Length, Stop, Error, Cancelled };
 // "", "length", "stop", "error", "cancelled"
 const char* finish_reason_name(FinishReason r);
 
+// The logprobs a request asks for (ops/sampling/logprobs.h: the model's raw distribution).
+struct LogprobOptions {
+  int top = -1;         // -1: none; 0..ops::kMaxTopLogprobs: each generated token's logprob and
+                        // the `top` most likely tokens at its position
+  bool prompt = false;  // the same for every prompt token after the first (needs top >= 0)
+};
+
+// Prompt rows whose logits one prefill step reads back for prompt logprobs: at most this many
+// rows of [vocab] f32 go to the host per step (a long prompt's rows come over several steps).
+constexpr int kPromptLogprobRowsPerStep = 256;
+
 // One generated token of one request, in the order step() produced them.
 struct TokenEvent {
   int64_t request = 0;
   int32_t token = 0;
   FinishReason finish = FinishReason::None;  // set on the request's last token
+  std::optional<ops::PositionLogprobs> logprobs;  // when the request asked (LogprobOptions::top)
 };
 
 struct RequestState {
   std::vector<int32_t> prompt;
   std::vector<int32_t> output;  // generated tokens so far
+  // [prompt - 1]: prompt tokens 1.. under the logits before them (LogprobOptions::prompt);
+  // complete by the request's first token event.
+  std::vector<ops::PositionLogprobs> prompt_logprobs;
   FinishReason finish = FinishReason::None;
   bool done() const { return finish != FinishReason::None; }
 };
@@ -84,9 +101,12 @@ class Engine {
   // prompt + max_new_tokens <= max_context, and that many tokens must fit the whole KV cache
   // (else tetra::Error: a request that could never run alone is refused, not queued forever). Generation stops after
   // max_new_tokens (finish "length") or when a token in stop_ids is produced (finish "stop";
-  // the stop token is reported).
+  // the stop token is reported). `logprobs`: what each token event (and the request's state,
+  // for the prompt) carries; top outside [-1, kMaxTopLogprobs] or prompt without top >= 0 is an
+  // error.
   int64_t add_request(std::vector<int32_t> prompt, const ops::SamplingParams& params,
-                      int max_new_tokens, std::vector<int32_t> stop_ids = {});
+                      int max_new_tokens, std::vector<int32_t> stop_ids = {},
+                      LogprobOptions logprobs = {});
 
   // One scheduling step (a prefill batch and/or one decode step); the tokens it produced.
   std::vector<TokenEvent> step();
@@ -128,6 +148,15 @@ class Engine {
     std::vector<int32_t> stop_ids;
     int64_t admitted = 0;    // admission counter: the largest is the newest (preempted first)
     bool prefilled = false;  // its prompt (+ output, after a preemption) is in the cache
+    LogprobOptions logprobs;
+    int prompt_logprob_rows = 0;  // prompt positions whose logits were read (of prompt - 1)
+  };
+  // Logit rows of one prefill step that belong to a prompt's logprobs: positions
+  // [first, first + count) of request `id`, whose first is the step's token `token`, at logit
+  // rows [row, row + count).
+  struct PromptLogprobRows {
+    int64_t id = 0;
+    int first = 0, count = 0, token = 0, row = 0;
   };
   Engine() = default;
   // Prefill step: chunks of running requests, then admissions. Appends the prefilled ids to
@@ -135,7 +164,16 @@ class Engine {
   bool prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>* stepped);
   // Decode step of the prefilled running requests not in `skip`; whether a forward ran.
   bool decode_step(std::vector<TokenEvent>& events, const std::vector<int64_t>& skip);
-  std::vector<TokenEvent> sample_and_record(const std::vector<Running*>& rows);
+  // Samples one token for each of `rows` and records it. host_logits: null (the backend samples
+  // its logit rows 0..R-1, one per row) or the step's logits on the host, rows[i]'s at row
+  // logit_row[i] (then the CPU sampler draws: the same tokens as the backend's by design).
+  std::vector<TokenEvent> sample_and_record(const std::vector<Running*>& rows,
+                                            const float* host_logits = nullptr,
+                                            const std::vector<int>& logit_row = {});
+  // Reads the step's [R, vocab] logits into logits_host_; returns them.
+  const float* read_step_logits(int R);
+  // Fills the prompt logprobs of `runs` from the step's host logits.
+  void record_prompt_logprobs(const std::vector<PromptLogprobRows>& runs, const float* logits);
   void finish_if_done(Running& r, TokenEvent& ev);
   // Tokens a (re)prefill covers: prompt + output so far. Token i of that sequence.
   int prefill_target(int64_t id) const;
@@ -156,6 +194,7 @@ class Engine {
   std::vector<Running> running_;  // in admission order
   std::map<int64_t, RequestState> requests_;
   EngineStats stats_;
+  std::vector<float> logits_host_;  // [R, vocab] a step's logits, read back for logprobs
 };
 
 }  // namespace tetra::runtime

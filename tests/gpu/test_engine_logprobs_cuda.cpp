@@ -1,0 +1,63 @@
+// Logprobs through the engine on the CUDA backend against the CPU backend, same tiny checkpoint:
+// the step's logits read back from the device (read_logits) for generated tokens and for a
+// prompt longer than one step's read-back budget (kPromptLogprobRowsPerStep), and the first
+// token drawn on the host from those rows. Bound: |logprob difference| <= 0.05, from the model
+// bound (logits rows within 2e-2 relative L2, tests/gpu/test_model_cuda.cpp): the tiny model's
+// logits are O(1) with log-partition errors of a few 1e-3 measured there.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/cuda_check.h"
+#include "model_twin.h"
+#include "runtime/engine.h"
+
+namespace tetra {
+namespace {
+
+struct BackendRun {
+  std::vector<int32_t> output;
+  std::vector<ops::PositionLogprobs> logprobs, prompt_logprobs;
+};
+
+BackendRun run(const std::filesystem::path& dir, const std::string& backend,
+               const std::vector<int32_t>& prompt) {
+  runtime::EngineOptions o;
+  o.backend = backend;
+  o.max_batch = 2;
+  o.max_context = 512;
+  auto e = runtime::Engine::load(dir, o);
+  ops::SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  const int64_t id = e->add_request(prompt, greedy, 4, {}, runtime::LogprobOptions{5, true});
+  BackendRun r;
+  while (e->has_work())
+    for (const runtime::TokenEvent& ev : e->step()) r.logprobs.push_back(*ev.logprobs);
+  r.output = e->request(id).output;
+  r.prompt_logprobs = e->request(id).prompt_logprobs;
+  return r;
+}
+
+TEST(EngineLogprobsCuda, PromptAndGeneratedLogprobsMatchTheCpuBackend) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = model::test_twin::tiny_checkpoint("engine-logprobs", "tiny-glm4.5-air", "nvfp4", 17);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 300; ++i) prompt.push_back(int32_t((i * 7919 + 13) % 500));
+  const BackendRun cpu = run(dir, "cpu", prompt);
+  const BackendRun gpu = run(dir, "cuda", prompt);
+  ASSERT_EQ(cpu.prompt_logprobs.size(), prompt.size() - 1);
+  ASSERT_EQ(gpu.prompt_logprobs.size(), prompt.size() - 1);
+  double worst = 0;
+  for (size_t p = 0; p < cpu.prompt_logprobs.size(); ++p) {
+    worst = std::max(worst, double(std::abs(cpu.prompt_logprobs[p].logprob - gpu.prompt_logprobs[p].logprob)));
+    ASSERT_EQ(gpu.prompt_logprobs[p].top.size(), 5u);
+  }
+  EXPECT_LE(worst, 0.05) << "largest prompt logprob difference";
+  // Generated: compare where both chose the same token (near-ties may pick differently).
+  ASSERT_EQ(gpu.logprobs.size(), 4u);
+  for (size_t k = 0; k < 4 && cpu.output[k] == gpu.output[k]; ++k)
+    EXPECT_NEAR(cpu.logprobs[k].logprob, gpu.logprobs[k].logprob, 0.05) << "token " << k;
+}
+
+}  // namespace
+}  // namespace tetra
