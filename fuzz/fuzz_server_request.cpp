@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "ops/sampling/logprobs.h"
 #include "server/http_message.h"
 #include "server/openai_request.h"
 
@@ -46,6 +47,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       violated("generate without input_ids accepted");
     for (const std::string& s : r.stop)
       if (s.empty()) violated("empty stop string accepted");
+    if (r.logprobs < -1 || r.logprobs > tetra::ops::kMaxTopLogprobs) violated("logprobs out of range");
+    if (ep == Endpoint::Generate && r.logprobs != -1) violated("logprobs accepted on /generate");
   } catch (const ApiError& e) {
     if (e.status != 400 || std::string(e.what()).empty()) violated("ApiError without a 400 and a message");
   }

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "server/logprobs_json.h"
 #include "server/server.h"
 #include "server/stop_strings.h"
 #include "tokenizer/stream_decoder.h"
@@ -33,6 +34,7 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
     conn.respond(status, "application/json", error_json(status, msg, "", code));
   };
   GenerationRequest r;
+  runtime::LogprobOptions logprobs;
   std::vector<int32_t> prompt;
   std::shared_ptr<RequestStream> stream;
   const bool text_out = ep != Endpoint::Generate;
@@ -57,7 +59,9 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
     if (text_out && !r.ignore_eos) stop_ids.insert(stop_ids.end(), eos_ids_.begin(), eos_ids_.end());
     const int room = scheduler_->max_context() - int(prompt.size());
     const int max_new = r.max_tokens ? *r.max_tokens : std::max(room, 1);
-    stream = scheduler_->submit(prompt, r.sampling, max_new, stop_ids);
+    logprobs.top = r.logprobs;
+    logprobs.prompt = r.logprobs >= 0 && r.echo && ep == Endpoint::Completions;
+    stream = scheduler_->submit(prompt, r.sampling, max_new, stop_ids, logprobs);
   } catch (const ApiError& e) {
     return reply_error(e.status, e.what(), e.code);
   } catch (const Error& e) {  // tokenizer: invalid UTF-8 and the like
@@ -78,8 +82,30 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
   std::vector<int32_t> output;  // every generated id, the stop token included
   std::string text;             // all text sent (non-streaming: the answer)
   if (r.echo && ep == Endpoint::Completions && tokenizer_) text = r.prompt.empty() ? tokenizer_->decode(prompt) : r.prompt;
+  const bool want_logprobs = logprobs.top >= 0;
+  LogprobsJson logprobs_json(ep, tokenizer_ ? &*tokenizer_ : nullptr);
+  int64_t decoded_points = code_points(text);  // where the next token's text starts
+  // Streaming with the prompt's logprobs: the echoed prompt waits for them (they come with the
+  // first token) and goes out with them.
+  bool echo_pending = r.stream && logprobs.prompt && !text.empty();
+  bool prompt_logprobs_added = !logprobs.prompt;
+  auto add_prompt_logprobs = [&](const std::vector<ops::PositionLogprobs>& lps) {
+    if (lps.size() + 1 != prompt.size()) return;  // the request ended before its prefill
+    std::optional<tok::StreamDecoder> prompt_decoder;
+    if (tokenizer_) prompt_decoder.emplace(*tokenizer_, true);
+    int64_t offset = 0;
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      logprobs_json.add(prompt[i], i == 0 ? nullptr : &lps[i - 1], offset);
+      if (!prompt_decoder) continue;
+      try {
+        offset += code_points(prompt_decoder->push(prompt[i]));
+      } catch (const Error&) {
+      }
+    }
+  };
 
-  auto chunk = [&](const std::string& piece, const std::vector<int32_t>& ids, const char* finish) -> json {
+  auto chunk = [&](const std::string& piece, const std::vector<int32_t>& ids, const char* finish,
+                   json lp = nullptr) -> json {
     json c;
     c["id"] = id;
     c["created"] = created;
@@ -89,10 +115,10 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
       c["object"] = "chat.completion.chunk";
       json delta = json::object();
       if (!piece.empty()) delta["content"] = piece;
-      c["choices"] = json::array({{{"index", 0}, {"delta", delta}, {"finish_reason", fin}}});
+      c["choices"] = json::array({{{"index", 0}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", fin}}});
     } else if (ep == Endpoint::Completions) {
       c["object"] = "text_completion";
-      c["choices"] = json::array({{{"index", 0}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", fin}}});
+      c["choices"] = json::array({{{"index", 0}, {"text", piece}, {"logprobs", lp}, {"finish_reason", fin}}});
     } else {
       c["object"] = "generate.chunk";
       c["token_ids"] = ids;
@@ -117,7 +143,8 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
       first["choices"][0]["delta"] = {{"role", "assistant"}, {"content", ""}};
       if (!conn.send_chunk(sse(first))) return stream->cancel();
     }
-    if (!text.empty() && !conn.send_chunk(sse(chunk(text, {}, nullptr)))) return stream->cancel();
+    if (!text.empty() && !echo_pending && !conn.send_chunk(sse(chunk(text, {}, nullptr))))
+      return stream->cancel();
   }
 
   runtime::FinishReason finish = runtime::FinishReason::None;
@@ -125,12 +152,23 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
   while (finish == runtime::FinishReason::None) {
     StreamUpdate u = stream->wait(std::chrono::milliseconds(50));
     if (conn.peer_closed()) return stream->cancel();  // client gone: free its KV blocks now
+    if (!prompt_logprobs_added && !u.tokens.empty()) {  // they come with the first token
+      prompt_logprobs_added = true;
+      add_prompt_logprobs(u.prompt_logprobs);
+    }
+    if (echo_pending && (!u.tokens.empty() || u.done())) {
+      echo_pending = false;
+      json lp = logprobs_json.empty() ? json(nullptr) : logprobs_json.take();
+      if (!conn.send_chunk(sse(chunk(text, {}, nullptr, std::move(lp))))) return stream->cancel();
+    }
     std::string piece;
     std::vector<int32_t> taken;  // u.tokens up to a stop string
-    for (int32_t t : u.tokens) {
+    for (size_t i = 0; i < u.tokens.size(); ++i) {
+      const int32_t t = u.tokens[i];
       if (stops.stopped()) break;
       output.push_back(t);
       taken.push_back(t);
+      if (want_logprobs && i < u.logprobs.size()) logprobs_json.add(t, &u.logprobs[i], decoded_points);
       if (!decoder) continue;
       std::string t_text;
       try {
@@ -138,6 +176,7 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
       } catch (const Error&) {
         // An id the tokenizer lacks (vocabularies are padded past the tokenizer): no text.
       }
+      decoded_points += code_points(t_text);
       piece += stops.push(t_text);
     }
     if (stops.stopped()) {
@@ -154,8 +193,8 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
       continue;
     }
     if (finish == runtime::FinishReason::Error) break;
-    if ((!piece.empty() || ((!text_out || ids_out) && !taken.empty())) &&
-        !conn.send_chunk(sse(chunk(piece, taken, nullptr))))
+    if ((!piece.empty() || ((!text_out || ids_out || want_logprobs) && !taken.empty())) &&
+        !conn.send_chunk(sse(chunk(piece, taken, nullptr, want_logprobs ? logprobs_json.take() : json(nullptr)))))
       return stream->cancel();
   }
 
@@ -183,13 +222,16 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
     return;
   }
   json body{{"id", id}, {"created", created}, {"model", model_name_}, {"usage", usage()}};
+  const json lp = want_logprobs ? logprobs_json.take() : json(nullptr);
   if (ep == Endpoint::Chat) {
     body["object"] = "chat.completion";
-    body["choices"] = json::array(
-        {{{"index", 0}, {"message", {{"role", "assistant"}, {"content", text}}}, {"finish_reason", fin}}});
+    body["choices"] = json::array({{{"index", 0},
+                                    {"message", {{"role", "assistant"}, {"content", text}}},
+                                    {"logprobs", lp},
+                                    {"finish_reason", fin}}});
   } else if (ep == Endpoint::Completions) {
     body["object"] = "text_completion";
-    body["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", fin}}});
+    body["choices"] = json::array({{{"index", 0}, {"text", text}, {"logprobs", lp}, {"finish_reason", fin}}});
   } else {
     body["object"] = "generate";
     body["output_ids"] = output;

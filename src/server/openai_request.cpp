@@ -4,6 +4,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "ops/sampling/logprobs.h"
+
 namespace tetra::server {
 namespace {
 
@@ -56,6 +58,31 @@ std::string message_content(const json& c, size_t i) {
     text += part["text"].get<std::string>();
   }
   return text;
+}
+
+// Completions: `logprobs` N (false: none). Chat: `logprobs` true/false and `top_logprobs` N,
+// which needs `logprobs` true (as OpenAI's API has it).
+void parse_logprobs(const json& j, Endpoint endpoint, GenerationRequest& r) {
+  const json* v = field(j, "logprobs");
+  const json* top = field(j, "top_logprobs");
+  const int max_top = ops::kMaxTopLogprobs;
+  switch (endpoint) {
+    case Endpoint::Completions:
+      if (top) bad("'top_logprobs' is a chat parameter; completions take 'logprobs': N");
+      if (v && !(v->is_boolean() && !v->get<bool>())) {
+        if (!v->is_number_integer()) bad("'logprobs' must be an integer in [0, " + std::to_string(max_top) + "]");
+        r.logprobs = int(integer(*v, "logprobs", 0, max_top));
+      }
+      break;
+    case Endpoint::Chat:
+      if (v && boolean(*v, "logprobs")) r.logprobs = top ? int(integer(*top, "top_logprobs", 0, max_top)) : 0;
+      else if (top) bad("'top_logprobs' needs 'logprobs': true");
+      break;
+    case Endpoint::Generate:
+      if ((v && !(v->is_boolean() && !v->get<bool>())) || top)
+        bad("logprobs are offered on /v1/completions and /v1/chat/completions, not /generate");
+      break;
+  }
 }
 
 }  // namespace
@@ -165,8 +192,7 @@ GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view b
     if (!v->is_object()) bad("'stream_options' must be an object");
     if (const json* u = field(*v, "include_usage")) r.include_usage = boolean(*u, "stream_options.include_usage");
   }
-  if (const json* v = field(j, "logprobs"); v && !(v->is_boolean() && !v->get<bool>()))
-    bad("'logprobs' is not supported");
+  parse_logprobs(j, endpoint, r);
   return r;
 }
 

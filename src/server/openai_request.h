@@ -34,9 +34,14 @@ struct GenerationRequest {
   bool include_usage = false;          // stream_options.include_usage
   bool echo = false;                   // completions: prepend the prompt to the text
   bool return_token_ids = false;       // text endpoints: choices also carry the ids (vLLM's extension)
+  // Alternatives per token in the choice's logprobs (-1: no logprobs): completions' `logprobs`
+  // N; chat's `top_logprobs` (0 when absent) once `logprobs` is true. With echo, completions also
+  // get the prompt's.
+  int logprobs = -1;
 };
 
 // Throws ApiError(400) on malformed JSON, wrong types, out-of-range values or n != 1.
+// Logprobs are limited to ops::kMaxTopLogprobs alternatives and are not offered on /generate.
 GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view body);
 
 }  // namespace tetra::server

@@ -55,7 +55,8 @@ void Scheduler::wake() {
 }
 
 std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt, const ops::SamplingParams& params,
-                                                 int max_new_tokens, std::vector<int32_t> stop_ids) {
+                                                 int max_new_tokens, std::vector<int32_t> stop_ids,
+                                                 runtime::LogprobOptions logprobs) {
   if (prompt.empty()) throw ApiError(400, "the prompt is empty");
   for (int32_t t : prompt)
     if (t < 0 || t >= vocab_size_)
@@ -84,6 +85,7 @@ std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt, co
   s->prompt_tokens_ = int(prompt.size());
   s->prompt_ = std::move(prompt);
   s->params_ = params;
+  s->logprobs_ = logprobs;
   s->max_new_tokens_ = max_new_tokens;
   s->stop_ids_ = std::move(stop_ids);
   s->arrived_ = std::chrono::steady_clock::now();
@@ -121,7 +123,8 @@ void Scheduler::admit(std::vector<std::shared_ptr<RequestStream>>& fresh) {
       continue;
     }
     try {
-      s->engine_id_ = engine_->add_request(std::move(s->prompt_), s->params_, s->max_new_tokens_, s->stop_ids_);
+      s->engine_id_ = engine_->add_request(std::move(s->prompt_), s->params_, s->max_new_tokens_, s->stop_ids_,
+                                           s->logprobs_);
     } catch (const std::exception& e) {
       finish(s, runtime::FinishReason::Error, e.what());
       continue;
@@ -192,6 +195,9 @@ void Scheduler::run_step() {
     if (ev.finish != runtime::FinishReason::Error) {
       std::lock_guard<std::mutex> l(s.mu_);
       s.pending_.tokens.push_back(ev.token);
+      if (ev.logprobs) s.pending_.logprobs.push_back(*ev.logprobs);
+      if (s.generated_ == 1 && s.logprobs_.prompt)  // complete once the first token is out
+        s.pending_.prompt_logprobs = engine_->request(ev.request).prompt_logprobs;
     }
     s.cv_.notify_all();
     if (ev.finish != runtime::FinishReason::None) {

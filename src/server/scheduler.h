@@ -25,6 +25,9 @@ class Scheduler;
 // What a stream got since the last wait().
 struct StreamUpdate {
   std::vector<int32_t> tokens;
+  std::vector<ops::PositionLogprobs> logprobs;  // [tokens] when the request asked for them
+  // [prompt - 1] prompt tokens 1.. (LogprobOptions::prompt): in the update with the first token
+  std::vector<ops::PositionLogprobs> prompt_logprobs;
   runtime::FinishReason finish = runtime::FinishReason::None;
   std::string error;  // set when finish is Error
   bool done() const { return finish != runtime::FinishReason::None; }
@@ -45,6 +48,7 @@ class RequestStream {
   int prompt_tokens_ = 0;
   std::vector<int32_t> prompt_;
   ops::SamplingParams params_;
+  runtime::LogprobOptions logprobs_;
   int max_new_tokens_ = 0;
   std::vector<int32_t> stop_ids_;
   std::chrono::steady_clock::time_point arrived_, last_token_;
@@ -70,7 +74,8 @@ class Scheduler {
   // Queues a request. ApiError 429 when the queue is full, 400 when it cannot fit the context
   // (or the whole KV cache) or names a token outside the vocabulary.
   std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, const ops::SamplingParams& params,
-                                        int max_new_tokens, std::vector<int32_t> stop_ids);
+                                        int max_new_tokens, std::vector<int32_t> stop_ids,
+                                        runtime::LogprobOptions logprobs = {});
   // Immutable engine facts, safe from any thread.
   int max_context() const { return max_context_; }
   int64_t vocab_size() const { return vocab_size_; }
