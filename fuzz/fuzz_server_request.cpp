@@ -40,10 +40,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!(r.sampling.temperature >= 0 && r.sampling.temperature <= 2)) violated("temperature out of range");
     if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) violated("top_p out of range");
     if (r.sampling.top_k < -1) violated("top_k < -1");
-    for (int32_t t : r.input_ids)
-      if (t < 0) violated("negative token id accepted");
+    for (const std::vector<int32_t>& ids : r.token_prompts)
+      for (int32_t t : ids)
+        if (t < 0) violated("negative token id accepted");
+    const size_t prompts = ep == Endpoint::Chat ? 1 : r.prompts.size() + r.token_prompts.size();
+    if (prompts == 0) violated("a request without a prompt accepted");
+    if (r.n < 1 || prompts * size_t(r.n) > size_t(kMaxChoices)) violated("n or the choice count out of range");
+    if (ep == Endpoint::Generate && (r.n != 1 || r.token_prompts.size() != 1)) violated("/generate with several sequences");
     if (ep == Endpoint::Chat && r.messages.empty()) violated("chat without messages accepted");
-    if (ep == Endpoint::Generate && r.input_ids.empty() && text.find("input_ids") == std::string_view::npos)
+    if (ep == Endpoint::Generate && text.find("input_ids") == std::string_view::npos)
       violated("generate without input_ids accepted");
     for (const std::string& s : r.stop)
       if (s.empty()) violated("empty stop string accepted");

@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -103,23 +104,33 @@ GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view b
     if (!m->is_string()) bad("'model' must be a string");
     r.model = m->get<std::string>();
   }
-  if (const json* n = field(j, "n"); n && integer(*n, "n", 1, 1 << 20) != 1)
-    bad("only n=1 is supported");
-  if (const json* n = field(j, "best_of"); n && integer(*n, "best_of", 1, 1 << 20) != 1)
-    bad("only best_of=1 is supported");
+  if (const json* n = field(j, "n")) r.n = int(integer(*n, "n", 1, kMaxChoices));
+  if (const json* b = field(j, "best_of"); b && integer(*b, "best_of", 1, kMaxChoices) != r.n)
+    bad("'best_of' must equal n (choosing the best of more samples is not supported)");
+  if (endpoint == Endpoint::Generate && r.n != 1) bad("/generate answers one sequence: n must be 1");
   switch (endpoint) {
     case Endpoint::Completions: {
       const json* p = field(j, "prompt");
       if (!p) bad("'prompt' is required");
+      auto all = [&](auto is) { return std::all_of(p->begin(), p->end(), is); };
       if (p->is_string()) {
-        r.prompt = p->get<std::string>();
-      } else if (p->is_array() && !p->empty() && p->front().is_number_integer()) {
-        r.input_ids = token_ids(*p, "prompt");
-      } else if (p->is_array() && p->size() == 1 && p->front().is_string()) {
-        r.prompt = p->front().get<std::string>();
+        r.prompts.push_back(p->get<std::string>());
+      } else if (!p->is_array() || p->empty()) {
+        bad("'prompt' must be a string, an array of strings, an array of token ids or an array of those");
+      } else if (all([](const json& e) { return e.is_string(); })) {
+        for (const json& e : *p) r.prompts.push_back(e.get<std::string>());
+      } else if (all([](const json& e) { return e.is_number(); })) {
+        r.token_prompts.push_back(token_ids(*p, "prompt"));
+      } else if (all([](const json& e) { return e.is_array() && !e.empty(); })) {
+        for (const json& e : *p) r.token_prompts.push_back(token_ids(e, "prompt"));
       } else {
-        bad("'prompt' must be a string or an array of token ids (batched prompts are not supported)");
+        bad("'prompt' must be a string, an array of strings, an array of token ids or an array of "
+            "non-empty token-id arrays, not a mix");
       }
+      const size_t prompts = r.prompts.size() + r.token_prompts.size();
+      if (prompts * size_t(r.n) > size_t(kMaxChoices))
+        bad(std::to_string(prompts) + " prompts x n = " + std::to_string(r.n) + " asks for more than " +
+            std::to_string(kMaxChoices) + " choices");
       if (const json* e = field(j, "echo")) r.echo = boolean(*e, "echo");
       break;
     }
@@ -143,7 +154,7 @@ GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view b
     case Endpoint::Generate: {
       const json* ids = field(j, "input_ids");
       if (!ids) bad("'input_ids' is required");
-      r.input_ids = token_ids(*ids, "input_ids");
+      r.token_prompts.push_back(token_ids(*ids, "input_ids"));
       break;
     }
   }

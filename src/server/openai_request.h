@@ -1,5 +1,7 @@
 // Parsing and validating the JSON bodies of /v1/completions, /v1/chat/completions and
 // /generate into one GenerationRequest. Every problem is an ApiError (400) that names the field.
+// A completion may carry a batch of prompts and any request n choices per prompt; choice
+// prompt * n + i answers prompt `prompt`'s i-th sample (OpenAI's order).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -22,9 +24,11 @@ struct ChatMessage {
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::Completions;
   std::optional<std::string> model;
-  std::string prompt;                  // Completions with a text prompt
+  std::vector<std::string> prompts;    // Completions: text prompts (several: a batch)
   std::vector<ChatMessage> messages;   // Chat
-  std::vector<int32_t> input_ids;      // Generate, or Completions given a token-id prompt
+  // Generate's input_ids, or Completions' token-id prompts (several: a batch)
+  std::vector<std::vector<int32_t>> token_prompts;
+  int n = 1;                           // choices per prompt (sampled independently)
   std::optional<int> max_tokens;       // absent: the rest of the context
   ops::SamplingParams sampling;        // temperature, top_p, top_k, min_p, penalties, seed
   std::vector<std::string> stop;       // stop strings (text endpoints)
@@ -40,7 +44,11 @@ struct GenerationRequest {
   int logprobs = -1;
 };
 
-// Throws ApiError(400) on malformed JSON, wrong types, out-of-range values or n != 1.
+// Choices one request may ask for: prompts x n.
+constexpr int kMaxChoices = 128;
+
+// Throws ApiError(400) on malformed JSON, wrong types, out-of-range values, more than
+// kMaxChoices choices, or best_of other than n.
 // Logprobs are limited to ops::kMaxTopLogprobs alternatives and are not offered on /generate.
 GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view body);
 

@@ -10,6 +10,20 @@ double seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 
 }  // namespace
 
+void StreamBell::ring() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ++rings_;
+  }
+  cv_.notify_all();
+}
+
+uint64_t StreamBell::wait(uint64_t seen, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_for(l, timeout, [&] { return rings_ != seen; });
+  return rings_;
+}
+
 StreamUpdate RequestStream::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> l(mu_);
   cv_.wait_for(l, timeout, [&] { return !pending_.tokens.empty() || pending_.done(); });
@@ -56,7 +70,8 @@ void Scheduler::wake() {
 
 std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt, const ops::SamplingParams& params,
                                                  int max_new_tokens, std::vector<int32_t> stop_ids,
-                                                 runtime::LogprobOptions logprobs) {
+                                                 runtime::LogprobOptions logprobs,
+                                                 std::shared_ptr<StreamBell> bell) {
   if (prompt.empty()) throw ApiError(400, "the prompt is empty");
   for (int32_t t : prompt)
     if (t < 0 || t >= vocab_size_)
@@ -86,6 +101,7 @@ std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt, co
   s->prompt_ = std::move(prompt);
   s->params_ = params;
   s->logprobs_ = logprobs;
+  s->bell_ = std::move(bell);
   s->max_new_tokens_ = max_new_tokens;
   s->stop_ids_ = std::move(stop_ids);
   s->arrived_ = std::chrono::steady_clock::now();
@@ -114,6 +130,7 @@ void Scheduler::finish(const std::shared_ptr<RequestStream>& s, runtime::FinishR
     s->finished_ = true;
   }
   s->cv_.notify_all();
+  if (s->bell_) s->bell_->ring();
 }
 
 void Scheduler::admit(std::vector<std::shared_ptr<RequestStream>>& fresh) {
@@ -200,6 +217,7 @@ void Scheduler::run_step() {
         s.pending_.prompt_logprobs = engine_->request(ev.request).prompt_logprobs;
     }
     s.cv_.notify_all();
+    if (s.bell_) s.bell_->ring();
     if (ev.finish != runtime::FinishReason::None) {
       engine_->release(ev.request);
       finish(it->second, ev.finish, ev.finish == runtime::FinishReason::Error ? "no token could be sampled (all logits NaN or -inf)" : "");

@@ -33,6 +33,20 @@ struct StreamUpdate {
   bool done() const { return finish != runtime::FinishReason::None; }
 };
 
+// Rung when any of a group's streams gets tokens or its finish: a handler serving several
+// choices waits on one bell instead of on each stream.
+class StreamBell {
+ public:
+  void ring();
+  // Blocks until the bell has rung more than `seen` times or `timeout` passes; the ring count.
+  uint64_t wait(uint64_t seen, std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t rings_ = 0;
+};
+
 class RequestStream {
  public:
   // Blocks until tokens or the finish arrive, or `timeout` passes (then an empty update).
@@ -49,6 +63,7 @@ class RequestStream {
   std::vector<int32_t> prompt_;
   ops::SamplingParams params_;
   runtime::LogprobOptions logprobs_;
+  std::shared_ptr<StreamBell> bell_;  // may be null
   int max_new_tokens_ = 0;
   std::vector<int32_t> stop_ids_;
   std::chrono::steady_clock::time_point arrived_, last_token_;
@@ -72,10 +87,12 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a request. ApiError 429 when the queue is full, 400 when it cannot fit the context
-  // (or the whole KV cache) or names a token outside the vocabulary.
+  // (or the whole KV cache) or names a token outside the vocabulary. `bell` (optional) rings
+  // whenever the stream gets something.
   std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, const ops::SamplingParams& params,
                                         int max_new_tokens, std::vector<int32_t> stop_ids,
-                                        runtime::LogprobOptions logprobs = {});
+                                        runtime::LogprobOptions logprobs = {},
+                                        std::shared_ptr<StreamBell> bell = nullptr);
   // Immutable engine facts, safe from any thread.
   int max_context() const { return max_context_; }
   int64_t vocab_size() const { return vocab_size_; }

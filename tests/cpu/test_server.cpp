@@ -337,7 +337,7 @@ TEST_F(Server, ErrorsAreOpenAiShaped) {
   expect_error(server::http_call("127.0.0.1", p, "POST", "/v1/completions", "{bad json"), 400, "not valid JSON");
   expect_error(post(p, "/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}}), 400, "temperature");
   expect_error(post(p, "/v1/completions", {{"prompt", "x"}, {"model", "gpt-9"}}), 404, "gpt-9");
-  expect_error(post(p, "/v1/completions", {{"prompt", "x"}, {"n", 3}}), 400, "n=1");
+  expect_error(post(p, "/v1/completions", {{"prompt", "x"}, {"n", 3}, {"best_of", 4}}), 400, "best_of");
   expect_error(post(p, "/v1/completions", {{"prompt", "x"}, {"max_tokens", kContext * 2}}), 400, "context limit");
   expect_error(post(p, "/generate", {{"input_ids", std::vector<int32_t>(kContext + 5, 3)}}), 400, "context limit");
   expect_error(post(p, "/generate", {{"input_ids", {1, 100000}}}), 400, "vocabulary");

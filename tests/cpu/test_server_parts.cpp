@@ -53,7 +53,9 @@ TEST(OpenAiRequest, ReadsSamplingAndStop) {
       R"({"model":"m","prompt":"hi","max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":7,"seed":42,
           "stop":["a","bc"],"stream":true,"stream_options":{"include_usage":true}})");
   EXPECT_EQ(r.model.value(), "m");
-  EXPECT_EQ(r.prompt, "hi");
+  EXPECT_EQ(r.prompts, (std::vector<std::string>{"hi"}));
+  EXPECT_TRUE(r.token_prompts.empty());
+  EXPECT_EQ(r.n, 1);
   EXPECT_EQ(r.max_tokens.value(), 5);
   EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
   EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
@@ -70,9 +72,21 @@ TEST(OpenAiRequest, ChatMessagesAndTokenPrompts) {
   ASSERT_EQ(c.messages.size(), 2u);
   EXPECT_EQ(c.messages[1].content, "u1u2");
   const GenerationRequest t = parse_generation_request(Endpoint::Completions, R"({"prompt":[3,4,5]})");
-  EXPECT_EQ(t.input_ids, (std::vector<int32_t>{3, 4, 5}));
+  EXPECT_EQ(t.token_prompts, (std::vector<std::vector<int32_t>>{{3, 4, 5}}));
   const GenerationRequest g = parse_generation_request(Endpoint::Generate, R"({"input_ids":[1],"max_new_tokens":3})");
   EXPECT_EQ(g.max_tokens.value(), 3);
+}
+
+TEST(OpenAiRequest, BatchedPromptsAndChoices) {
+  const GenerationRequest texts =
+      parse_generation_request(Endpoint::Completions, R"({"prompt":["a","bc",""],"n":2,"best_of":2})");
+  EXPECT_EQ(texts.prompts, (std::vector<std::string>{"a", "bc", ""}));
+  EXPECT_EQ(texts.n, 2);
+  const GenerationRequest ids = parse_generation_request(Endpoint::Completions, R"({"prompt":[[1,2],[3]]})");
+  EXPECT_EQ(ids.token_prompts, (std::vector<std::vector<int32_t>>{{1, 2}, {3}}));
+  const GenerationRequest chat = parse_generation_request(
+      Endpoint::Chat, R"({"messages":[{"role":"user","content":"u"}],"n":3})");
+  EXPECT_EQ(chat.n, 3);
 }
 
 int status_of(Endpoint ep, const std::string& body) {
@@ -88,7 +102,17 @@ TEST(OpenAiRequest, RefusesBadBodiesWith400) {
   EXPECT_EQ(status_of(Endpoint::Completions, "{not json"), 400);
   EXPECT_EQ(status_of(Endpoint::Completions, "[1,2]"), 400);
   EXPECT_EQ(status_of(Endpoint::Completions, R"({})"), 400);
-  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","n":2})"), 400);
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","n":0})"), 400);
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","n":129})"), 400);
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","n":2,"best_of":3})"), 400);
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","best_of":2})"), 400);
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":["a","b"],"n":65})"), 400);  // 130 choices
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":[]})"), 400);
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":["a",[1]]})"), 400);
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":[[1],[]]})"), 400);
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":[1,"a"]})"), 400);
+  EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":[1.5]})"), 400);
+  EXPECT_EQ(status_of(Endpoint::Generate, R"({"input_ids":[1],"n":2})"), 400);
   EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","temperature":"hot"})"), 400);
   EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","temperature":3})"), 400);
   EXPECT_EQ(status_of(Endpoint::Completions, R"({"prompt":"x","top_p":0})"), 400);
