@@ -54,6 +54,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (s.empty()) violated("empty stop string accepted");
     if (r.logprobs < -1 || r.logprobs > tetra::ops::kMaxTopLogprobs) violated("logprobs out of range");
     if (ep == Endpoint::Generate && r.logprobs != -1) violated("logprobs accepted on /generate");
+    if (r.logit_bias.size() > size_t(tetra::ops::kMaxLogitBias)) violated("too many logit_bias entries");
+    for (const auto& [t, bias] : r.logit_bias)
+      if (t < 0 || !(bias >= -100 && bias <= 100)) violated("logit_bias entry out of range");
+    if (r.min_tokens < 0 || (r.max_tokens && r.min_tokens > *r.max_tokens)) violated("min_tokens out of range");
   } catch (const ApiError& e) {
     if (e.status != 400 || std::string(e.what()).empty()) violated("ApiError without a 400 and a message");
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -71,7 +72,8 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
 
 int64_t Engine::add_request(std::vector<int32_t> prompt, const ops::SamplingParams& params,
                             int max_new_tokens, std::vector<int32_t> stop_ids,
-                            LogprobOptions logprobs) {
+                            RequestExtras extras) {
+  const LogprobOptions& logprobs = extras.logprobs;
   const int64_t vocab = config().vocab_size;
   if (prompt.empty()) TETRA_FAIL("a request needs at least one prompt token");
   for (int32_t t : prompt)
@@ -90,8 +92,18 @@ int64_t Engine::add_request(std::vector<int32_t> prompt, const ops::SamplingPara
   if (logprobs.top < -1 || logprobs.top > ops::kMaxTopLogprobs)
     TETRA_FAIL("top logprobs ", logprobs.top, " must be in [-1, ", ops::kMaxTopLogprobs, "]");
   if (logprobs.prompt && logprobs.top < 0) TETRA_FAIL("prompt logprobs need top logprobs >= 0");
+  if (extras.logit_bias.size() > size_t(ops::kMaxLogitBias))
+    TETRA_FAIL("logit_bias has ", extras.logit_bias.size(), " entries; at most ", ops::kMaxLogitBias);
+  for (const auto& [t, bias] : extras.logit_bias) {
+    if (t < 0 || t >= vocab) TETRA_FAIL("logit_bias token id ", t, " is outside the vocabulary [0, ", vocab, ")");
+    if (!(bias >= -100.0f && bias <= 100.0f)) TETRA_FAIL("logit_bias for token ", t, " must be in [-100, 100], got ", bias);
+  }
+  if (extras.min_tokens < 0 || extras.min_tokens > max_new_tokens)
+    TETRA_FAIL("min_tokens ", extras.min_tokens, " must be in [0, max_new_tokens = ", max_new_tokens, "]");
   Running r;
   r.logprobs = logprobs;
+  r.logit_bias = std::move(extras.logit_bias);
+  r.min_tokens = extras.min_tokens;
   r.id = next_id_++;
   r.params = params;
   // Unseeded requests get distinct seeds derived from the engine seed.
@@ -160,21 +172,25 @@ std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& r
   }
   ops::TokenHistory hist{prompt_tokens.data(), prompt_off.data(), out_tokens.data(), out_off.data()};
   std::vector<int32_t> tokens(static_cast<size_t>(R));
-  std::vector<const float*> row_logits(static_cast<size_t>(R));  // [R] host rows, for logprobs
+  std::vector<const float*> row_logits(static_cast<size_t>(R));  // [R] raw host rows
   const bool any_logprobs =
       std::any_of(rows.begin(), rows.end(), [](const Running* r) { return r->logprobs.top >= 0; });
-  if (host_logits) {
-    std::vector<float> gathered(size_t(R) * size_t(V));  // [R, vocab]
+  const bool any_adjusted =
+      std::any_of(rows.begin(), rows.end(), [&](const Running* r) { return adjusts_logits(*r); });
+  if (host_logits || any_logprobs || any_adjusted) {
+    const float* logits = host_logits ? host_logits : read_step_logits(R);
+    for (int i = 0; i < R; ++i)
+      row_logits[size_t(i)] = logits + size_t(host_logits ? logit_row[size_t(i)] : i) * size_t(V);
+  }
+  if (host_logits || any_adjusted) {
+    std::vector<float> gathered(size_t(R) * size_t(V));  // [R, vocab] the rows to sample
     for (int i = 0; i < R; ++i) {
-      row_logits[size_t(i)] = host_logits + size_t(logit_row[size_t(i)]) * size_t(V);
-      std::copy_n(row_logits[size_t(i)], V, gathered.data() + size_t(i) * size_t(V));
+      float* row = gathered.data() + size_t(i) * size_t(V);
+      std::copy_n(row_logits[size_t(i)], V, row);
+      adjust_logits(*rows[size_t(i)], row);
     }
     ops::sample_cpu(gathered.data(), R, int(V), params.data(), hist, tokens.data());
   } else {
-    if (any_logprobs) {
-      const float* logits = read_step_logits(R);
-      for (int i = 0; i < R; ++i) row_logits[size_t(i)] = logits + size_t(i) * size_t(V);
-    }
     model_->ops().sample(params.data(), hist, tokens.data());
   }
   std::vector<TokenEvent> events(static_cast<size_t>(R));
@@ -201,6 +217,17 @@ std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& r
     }
   }
   return events;
+}
+
+bool Engine::adjusts_logits(const Running& r) const {
+  const int generated = int(requests_.at(r.id).output.size());
+  return !r.logit_bias.empty() || (generated < r.min_tokens && !r.stop_ids.empty());
+}
+
+void Engine::adjust_logits(const Running& r, float* row) const {
+  for (const auto& [t, bias] : r.logit_bias) row[t] += bias;
+  if (int(requests_.at(r.id).output.size()) < r.min_tokens)
+    for (int32_t t : r.stop_ids) row[t] = -std::numeric_limits<float>::infinity();
 }
 
 const float* Engine::read_step_logits(int R) {

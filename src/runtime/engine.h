@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/model.h"
@@ -51,6 +52,15 @@ struct LogprobOptions {
   int top = -1;         // -1: none; 0..ops::kMaxTopLogprobs: each generated token's logprob and
                         // the `top` most likely tokens at its position
   bool prompt = false;  // the same for every prompt token after the first (needs top >= 0)
+};
+
+// What a request asks for beyond its sampling params and stop ids.
+struct RequestExtras {
+  LogprobOptions logprobs;
+  // (token, bias) added to the raw logits before sampling (OpenAI's logit_bias; bias in
+  // [-100, 100], -100 in effect bans the token). Logprobs stay those of the raw logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  int min_tokens = 0;  // the stop ids are not drawn before this many tokens (vLLM's min_tokens)
 };
 
 // Prompt rows whose logits one prefill step reads back for prompt logprobs: at most this many
@@ -101,12 +111,13 @@ class Engine {
   // prompt + max_new_tokens <= max_context, and that many tokens must fit the whole KV cache
   // (else tetra::Error: a request that could never run alone is refused, not queued forever). Generation stops after
   // max_new_tokens (finish "length") or when a token in stop_ids is produced (finish "stop";
-  // the stop token is reported). `logprobs`: what each token event (and the request's state,
-  // for the prompt) carries; top outside [-1, kMaxTopLogprobs] or prompt without top >= 0 is an
-  // error.
+  // the stop token is reported). `extras`: the logprobs each token event (and the request's
+  // state, for the prompt) carries, token biases and a minimum length; out-of-range values
+  // (see RequestExtras, min_tokens > max_new_tokens) are errors. Rows with biases or a pending
+  // minimum are sampled on the host from the step's logits (the same draws as the backend's).
   int64_t add_request(std::vector<int32_t> prompt, const ops::SamplingParams& params,
                       int max_new_tokens, std::vector<int32_t> stop_ids = {},
-                      LogprobOptions logprobs = {});
+                      RequestExtras extras = {});
 
   // One scheduling step (a prefill batch and/or one decode step); the tokens it produced.
   std::vector<TokenEvent> step();
@@ -150,6 +161,8 @@ class Engine {
     bool prefilled = false;  // its prompt (+ output, after a preemption) is in the cache
     LogprobOptions logprobs;
     int prompt_logprob_rows = 0;  // prompt positions whose logits were read (of prompt - 1)
+    std::vector<std::pair<int32_t, float>> logit_bias;
+    int min_tokens = 0;
   };
   // Logit rows of one prefill step that belong to a prompt's logprobs: positions
   // [first, first + count) of request `id`, whose first is the step's token `token`, at logit
@@ -170,6 +183,10 @@ class Engine {
   std::vector<TokenEvent> sample_and_record(const std::vector<Running*>& rows,
                                             const float* host_logits = nullptr,
                                             const std::vector<int>& logit_row = {});
+  // Whether a row's logits are changed on the host before it is sampled this step (biases, or
+  // stop ids masked until min_tokens); and that change, on its [vocab] row.
+  bool adjusts_logits(const Running& r) const;
+  void adjust_logits(const Running& r, float* row) const;
   // Reads the step's [R, vocab] logits into logits_host_; returns them.
   const float* read_step_logits(int R);
   // Fills the prompt logprobs of `runs` from the step's host logits.

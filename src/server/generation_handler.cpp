@@ -31,11 +31,13 @@ const char* finish_name(runtime::FinishReason r) {
 // One choice: its engine request and what has been made of its tokens so far.
 struct Choice {
   Choice(int index, const std::vector<int32_t>& prompt, const GenerationRequest& r, const tok::Tokenizer* tok)
-      : index(index), prompt(prompt), stops(r.stop), logprobs(r.endpoint, tok) {
-    if (tok) decoder.emplace(*tok, true);
+      : index(index), prompt(prompt), min_tokens(r.min_tokens), stops(r.stop, r.include_stop_str_in_output),
+        logprobs(r.endpoint, tok) {
+    if (tok) decoder.emplace(*tok, r.skip_special_tokens);
   }
   int index;
   const std::vector<int32_t>& prompt;
+  int min_tokens;  // stop strings count from this many tokens on
   std::shared_ptr<RequestStream> stream;
   std::optional<tok::StreamDecoder> decoder;
   StopStringMatcher stops;
@@ -83,7 +85,7 @@ std::string take_update(Choice& c, const StreamUpdate& u, bool want_logprobs, st
       // An id the tokenizer lacks (vocabularies are padded past the tokenizer): no text.
     }
     c.decoded_points += code_points(t_text);
-    piece += c.stops.push(t_text);
+    piece += int(c.output.size()) < c.min_tokens ? t_text : c.stops.push(t_text);
   }
   if (c.stops.stopped()) {
     c.stream->cancel();
@@ -106,7 +108,8 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
   };
   const tok::Tokenizer* tok = tokenizer_ ? &*tokenizer_ : nullptr;
   GenerationRequest r;
-  runtime::LogprobOptions logprobs;
+  runtime::RequestExtras extras;
+  const runtime::LogprobOptions& logprobs = extras.logprobs;
   std::vector<std::vector<int32_t>> prompts;  // [prompts] ids
   std::vector<std::string> echo_texts;        // [prompts] completions with echo: the prompt's text
   std::vector<Choice> choices;                // [prompts x n]
@@ -141,8 +144,10 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
         echo_texts.push_back(needs_text ? r.prompts[j] : tok->decode(prompts[j]));
     std::vector<int32_t> stop_ids = r.stop_token_ids;
     if (text_out && !r.ignore_eos) stop_ids.insert(stop_ids.end(), eos_ids_.begin(), eos_ids_.end());
-    logprobs.top = r.logprobs;
-    logprobs.prompt = r.logprobs >= 0 && r.echo && ep == Endpoint::Completions;
+    extras.logprobs.top = r.logprobs;
+    extras.logprobs.prompt = r.logprobs >= 0 && r.echo && ep == Endpoint::Completions;
+    extras.logit_bias = r.logit_bias;
+    extras.min_tokens = r.min_tokens;
     choices.reserve(prompts.size() * size_t(r.n));
     for (size_t j = 0; j < prompts.size(); ++j) {
       const int room = scheduler_->max_context() - int(prompts[j].size());
@@ -156,7 +161,7 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
         // The samples of one prompt differ: a seeded request's choice i draws with seed + i.
         ops::SamplingParams sampling = r.sampling;
         if (sampling.seed != 0) sampling.seed += uint64_t(i);
-        c.stream = scheduler_->submit(prompts[j], sampling, max_new, stop_ids, logprobs, bell);
+        c.stream = scheduler_->submit(prompts[j], sampling, max_new, stop_ids, extras, bell);
       }
     }
   } catch (const ApiError& e) {
@@ -290,7 +295,7 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
     body["object"] = "generate";
     body["output_ids"] = c.output;
     body["finish_reason"] = finish_name(c.finish);
-    if (tok) body["text"] = tok->decode(c.output, true);
+    if (tok) body["text"] = tok->decode(c.output, r.skip_special_tokens);
     conn.respond(200, "application/json", dump(body));
     return;
   }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ops/sampling/logprobs.h"
+#include "ops/sampling/sampling.h"
 
 namespace tetra::server {
 namespace {
@@ -204,6 +205,23 @@ GenerationRequest parse_generation_request(Endpoint endpoint, std::string_view b
     if (const json* u = field(*v, "include_usage")) r.include_usage = boolean(*u, "stream_options.include_usage");
   }
   parse_logprobs(j, endpoint, r);
+  if (const json* v = field(j, "logit_bias")) {
+    if (!v->is_object()) bad("'logit_bias' must be an object of token id -> bias");
+    if (v->size() > size_t(ops::kMaxLogitBias))
+      bad("'logit_bias' holds at most " + std::to_string(ops::kMaxLogitBias) + " tokens");
+    for (const auto& [key, bias] : v->items()) {
+      const bool digits = !key.empty() && key.size() <= 10 &&
+                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!digits || std::stoll(key) > std::numeric_limits<int32_t>::max())
+        bad("'logit_bias' keys must be token ids, got '" + key + "'");
+      r.logit_bias.emplace_back(int32_t(std::stoll(key)), float(number(bias, "logit_bias", -100.0, 100.0)));
+    }
+  }
+  if (const json* v = field(j, "min_tokens")) r.min_tokens = int(integer(*v, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
+  if (r.max_tokens && r.min_tokens > *r.max_tokens) bad("'min_tokens' must not be over 'max_tokens'");
+  if (const json* v = field(j, "include_stop_str_in_output"))
+    r.include_stop_str_in_output = boolean(*v, "include_stop_str_in_output");
+  if (const json* v = field(j, "skip_special_tokens")) r.skip_special_tokens = boolean(*v, "skip_special_tokens");
   return r;
 }
 

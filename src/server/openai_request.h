@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ops/sampling/sampling.h"
@@ -42,6 +43,10 @@ struct GenerationRequest {
   // N; chat's `top_logprobs` (0 when absent) once `logprobs` is true. With echo, completions also
   // get the prompt's.
   int logprobs = -1;
+  std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI's {"token id": bias in [-100, 100]}
+  int min_tokens = 0;                      // vLLM's: no stop token (or stop string) before this many
+  bool include_stop_str_in_output = false; // vLLM's: the matched stop string stays in the text
+  bool skip_special_tokens = true;         // vLLM's: special tokens left out of the text
 };
 
 // Choices one request may ask for: prompts x n.

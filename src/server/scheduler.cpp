@@ -70,7 +70,7 @@ void Scheduler::wake() {
 
 std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt, const ops::SamplingParams& params,
                                                  int max_new_tokens, std::vector<int32_t> stop_ids,
-                                                 runtime::LogprobOptions logprobs,
+                                                 runtime::RequestExtras extras,
                                                  std::shared_ptr<StreamBell> bell) {
   if (prompt.empty()) throw ApiError(400, "the prompt is empty");
   for (int32_t t : prompt)
@@ -90,6 +90,11 @@ std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt, co
                             "the server has (", kv_capacity_tokens_, " tokens); ask for at most ",
                             std::max<int64_t>(0, kv_capacity_tokens_ - int64_t(prompt.size()))),
                    "context_length_exceeded");
+  for (const auto& [t, bias] : extras.logit_bias)
+    if (t < 0 || t >= vocab_size_)
+      throw ApiError(400, str("logit_bias token id ", t, " is outside the vocabulary [0, ", vocab_size_, ")"));
+  if (extras.min_tokens > max_new_tokens)
+    throw ApiError(400, str("min_tokens ", extras.min_tokens, " is over max_tokens ", max_new_tokens));
   try {
     ops::check_sampling_params(params, 0);
   } catch (const Error& e) {
@@ -100,7 +105,7 @@ std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt, co
   s->prompt_tokens_ = int(prompt.size());
   s->prompt_ = std::move(prompt);
   s->params_ = params;
-  s->logprobs_ = logprobs;
+  s->extras_ = std::move(extras);
   s->bell_ = std::move(bell);
   s->max_new_tokens_ = max_new_tokens;
   s->stop_ids_ = std::move(stop_ids);
@@ -141,7 +146,7 @@ void Scheduler::admit(std::vector<std::shared_ptr<RequestStream>>& fresh) {
     }
     try {
       s->engine_id_ = engine_->add_request(std::move(s->prompt_), s->params_, s->max_new_tokens_, s->stop_ids_,
-                                           s->logprobs_);
+                                           s->extras_);
     } catch (const std::exception& e) {
       finish(s, runtime::FinishReason::Error, e.what());
       continue;
@@ -213,7 +218,7 @@ void Scheduler::run_step() {
       std::lock_guard<std::mutex> l(s.mu_);
       s.pending_.tokens.push_back(ev.token);
       if (ev.logprobs) s.pending_.logprobs.push_back(*ev.logprobs);
-      if (s.generated_ == 1 && s.logprobs_.prompt)  // complete once the first token is out
+      if (s.generated_ == 1 && s.extras_.logprobs.prompt)  // complete once the first token is out
         s.pending_.prompt_logprobs = engine_->request(ev.request).prompt_logprobs;
     }
     s.cv_.notify_all();

@@ -62,7 +62,7 @@ class RequestStream {
   int prompt_tokens_ = 0;
   std::vector<int32_t> prompt_;
   ops::SamplingParams params_;
-  runtime::LogprobOptions logprobs_;
+  runtime::RequestExtras extras_;
   std::shared_ptr<StreamBell> bell_;  // may be null
   int max_new_tokens_ = 0;
   std::vector<int32_t> stop_ids_;
@@ -87,11 +87,12 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   // Queues a request. ApiError 429 when the queue is full, 400 when it cannot fit the context
-  // (or the whole KV cache) or names a token outside the vocabulary. `bell` (optional) rings
+  // (or the whole KV cache) or names a token outside the vocabulary (prompt, stop ids,
+  // logit_bias), or min_tokens is over max_new_tokens. `bell` (optional) rings
   // whenever the stream gets something.
   std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, const ops::SamplingParams& params,
                                         int max_new_tokens, std::vector<int32_t> stop_ids,
-                                        runtime::LogprobOptions logprobs = {},
+                                        runtime::RequestExtras extras = {},
                                         std::shared_ptr<StreamBell> bell = nullptr);
   // Immutable engine facts, safe from any thread.
   int max_context() const { return max_context_; }

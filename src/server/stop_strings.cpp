@@ -7,11 +7,17 @@ namespace tetra::server {
 std::string StopStringMatcher::push(std::string_view text) {
   if (stopped_) return {};
   held_.append(text);
-  size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+  size_t first = std::string::npos, matched = 0;  // the earliest match, and its length
+  for (const std::string& s : stops_) {
+    const size_t at = held_.find(s);
+    if (at < first || (at == first && at != std::string::npos && s.size() > matched)) {
+      first = at;
+      matched = s.size();
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
-    std::string out = held_.substr(0, first);
+    std::string out = held_.substr(0, first + (keep_stop_ ? matched : 0));
     held_.clear();
     return out;
   }

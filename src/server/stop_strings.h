@@ -10,9 +10,11 @@ namespace tetra::server {
 
 class StopStringMatcher {
  public:
-  explicit StopStringMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // keep_stop: the matched stop string is emitted too (vLLM's include_stop_str_in_output).
+  explicit StopStringMatcher(std::vector<std::string> stops, bool keep_stop = false)
+      : stops_(std::move(stops)), keep_stop_(keep_stop) {}
   // Adds text; returns the text now safe to emit. After a match, stopped() is true and further
-  // pushes return nothing.
+  // pushes return nothing. Where stop strings match at the same place, the longest counts.
   std::string push(std::string_view text);
   // End of generation without a match: the held-back tail.
   std::string flush();
@@ -20,6 +22,7 @@ class StopStringMatcher {
 
  private:
   std::vector<std::string> stops_;
+  bool keep_stop_;
   std::string held_;
   bool stopped_ = false;
 };

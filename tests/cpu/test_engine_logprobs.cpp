@@ -19,6 +19,7 @@ namespace {
 using runtime::Engine;
 using runtime::EngineOptions;
 using runtime::LogprobOptions;
+using runtime::RequestExtras;
 
 std::unique_ptr<Engine> engine(int max_context = 64, int max_prefill = 0, int kv_blocks = 0,
                                const char* preset = "tiny-glm4.5-air") {
@@ -77,7 +78,7 @@ TEST(EngineLogprobs, GeneratedTokensAreTheLogSoftmaxOfTheirLogits) {
   auto e = engine();
   const int64_t V = e->config().vocab_size;
   const std::vector<int32_t> prompt = test::test_prompt(6, V, 31);
-  const int64_t id = e->add_request(prompt, seeded(5), 8, {}, LogprobOptions{3, false});
+  const int64_t id = e->add_request(prompt, seeded(5), 8, {}, RequestExtras{.logprobs = {3, false}});
   std::vector<runtime::TokenEvent> events;
   while (e->has_work())
     for (runtime::TokenEvent& ev : e->step()) events.push_back(ev);
@@ -98,7 +99,7 @@ TEST(EngineLogprobs, AskingForThemLeavesTheTokensAsTheyWere) {
     std::vector<std::vector<int32_t>> outs;
     for (LogprobOptions lp : {LogprobOptions{}, LogprobOptions{0, false}, LogprobOptions{5, true}}) {
       auto e = engine();
-      const int64_t id = e->add_request(prompt, params, 10, {}, lp);
+      const int64_t id = e->add_request(prompt, params, 10, {}, {.logprobs = lp});
       e->run_to_completion();
       outs.push_back(e->request(id).output);
     }
@@ -116,7 +117,7 @@ void check_prompt_logprobs(const std::vector<int>& lengths, int max_context, int
   std::vector<int64_t> ids;
   for (size_t i = 0; i < lengths.size(); ++i) {
     prompts.push_back(test::test_prompt(lengths[i], V, uint32_t(40 + i)));
-    ids.push_back(e->add_request(prompts.back(), greedy(), max_new, {}, LogprobOptions{2, true}));
+    ids.push_back(e->add_request(prompts.back(), greedy(), max_new, {}, RequestExtras{.logprobs = {2, true}}));
   }
   std::vector<bool> first_seen(ids.size(), false);
   while (e->has_work())
@@ -158,9 +159,9 @@ TEST(EngineLogprobs, PromptLogprobsSurvivePreemption) {
 TEST(EngineLogprobs, RefusesBadOptions) {
   auto e = engine();
   const std::vector<int32_t> prompt = test::test_prompt(4, 512, 33);
-  EXPECT_THROW(e->add_request(prompt, greedy(), 2, {}, LogprobOptions{ops::kMaxTopLogprobs + 1, false}), Error);
-  EXPECT_THROW(e->add_request(prompt, greedy(), 2, {}, LogprobOptions{-2, false}), Error);
-  EXPECT_THROW(e->add_request(prompt, greedy(), 2, {}, LogprobOptions{-1, true}), Error);
+  EXPECT_THROW(e->add_request(prompt, greedy(), 2, {}, RequestExtras{.logprobs = {ops::kMaxTopLogprobs + 1, false}}), Error);
+  EXPECT_THROW(e->add_request(prompt, greedy(), 2, {}, RequestExtras{.logprobs = {-2, false}}), Error);
+  EXPECT_THROW(e->add_request(prompt, greedy(), 2, {}, RequestExtras{.logprobs = {-1, true}}), Error);
   EXPECT_FALSE(e->has_work());
 }
 

@@ -46,7 +46,7 @@ EngineRun engine_run(const std::vector<int32_t>& prompt, const ops::SamplingPara
   o.max_batch = 1;
   o.max_context = kContext;
   auto e = runtime::Engine::load(test::tiny_model_with_tokenizer(), o);
-  const int64_t id = e->add_request(prompt, params, n, {}, lp);
+  const int64_t id = e->add_request(prompt, params, n, {}, {.logprobs = lp});
   EngineRun run;
   while (e->has_work())
     for (const runtime::TokenEvent& ev : e->step()) run.logprobs.push_back(*ev.logprobs);

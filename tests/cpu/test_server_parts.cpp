@@ -145,6 +145,15 @@ TEST(StopStrings, HoldsBackPossibleStartsAndCutsAtTheStop) {
   EXPECT_FALSE(n.stopped());
   StopStringMatcher earliest({"bc", "ab"});
   EXPECT_EQ(earliest.push("zabc"), "z");  // the earliest match wins
+  StopStringMatcher kept({"bc", "ab", "abcd"}, true);
+  EXPECT_EQ(kept.push("zab"), "zab");  // "ab" matched (and kept) before "abcd" could complete
+  StopStringMatcher longest({"ab", "abc"}, true);
+  EXPECT_EQ(longest.push("x"), "x");
+  EXPECT_EQ(longest.push("yabcq"), "yabc");  // both match at one place: the longer is kept
+  EXPECT_TRUE(longest.stopped());
+  StopStringMatcher split({"END"}, true);
+  EXPECT_EQ(split.push("aE"), "a");
+  EXPECT_EQ(split.push("ND tail"), "END");
 }
 
 TEST(ChatFormat, RendersEachFamily) {

@@ -29,7 +29,7 @@ BackendRun run(const std::filesystem::path& dir, const std::string& backend,
   auto e = runtime::Engine::load(dir, o);
   ops::SamplingParams greedy;
   greedy.temperature = 0.0f;
-  const int64_t id = e->add_request(prompt, greedy, 4, {}, runtime::LogprobOptions{5, true});
+  const int64_t id = e->add_request(prompt, greedy, 4, {}, runtime::RequestExtras{.logprobs = {5, true}});
   BackendRun r;
   while (e->has_work())
     for (const runtime::TokenEvent& ev : e->step()) r.logprobs.push_back(*ev.logprobs);

@@ -33,6 +33,10 @@ struct SamplingParams {
   uint64_t step = 0;  // tokens this request has generated so far: a fresh draw each step
 };
 
+// The most (token, bias) pairs one request may add to its logits (logit_bias; the engine applies
+// them on the host, runtime/engine.h).
+constexpr int kMaxLogitBias = 1024;
+
 // Token history for penalties: row r's prompt tokens are prompt_tokens[prompt_offsets[r] ..
 // prompt_offsets[r+1]) (ids in [0, vocab)); likewise its output (generated) tokens. Null
 // pointers mean empty histories. All int32.
