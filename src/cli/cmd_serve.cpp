@@ -19,6 +19,7 @@ struct ServeArgs {
   std::string preset = "tiny-glm4.5-air";
   int port = 8000, max_running = 8, max_queued = 256, max_context = 2048;
   int max_prefill_tokens = 0, kv_blocks = 0, kv_block_size = 16, tp = 1, ep = 1;
+  bool no_prefix_caching = false;
 };
 
 void run_serve(const ServeArgs& a) {
@@ -38,6 +39,7 @@ void run_serve(const ServeArgs& a) {
   o.engine.max_prefill_tokens = a.max_prefill_tokens;
   o.engine.kv_num_blocks = a.kv_blocks;
   o.engine.kv_block_size = a.kv_block_size;
+  o.engine.prefix_caching = !a.no_prefix_caching;
   o.engine.tp = a.tp;  // Model::load refuses tp/ep != 1 until the parallel model lands
   o.engine.ep = a.ep;
   if (!a.profile_dir.empty()) o.profile_dir = a.profile_dir;
@@ -76,6 +78,8 @@ static void add_serve(CLI::App& app) {
                   "KV cache blocks (0: max-running full contexts; fewer: requests are preempted and "
                   "recomputed when the pool runs out)")->capture_default_str();
   cmd->add_option("--kv-block-size", a->kv_block_size, "tokens per KV cache block")->capture_default_str();
+  cmd->add_flag("--no-prefix-caching", a->no_prefix_caching,
+                "prefill every prompt whole instead of reusing cached KV blocks of earlier equal prefixes");
   cmd->add_option("--tp", a->tp, "tensor parallel GPUs")->capture_default_str();
   cmd->add_option("--ep", a->ep, "expert parallel GPUs")->capture_default_str();
   cmd->add_option("--profile-dir", a->profile_dir,

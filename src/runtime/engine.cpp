@@ -66,7 +66,7 @@ std::unique_ptr<Engine> Engine::load(const std::filesystem::path& dir, const Eng
   mo.tp = opt.tp;
   mo.ep = opt.ep;
   e->model_ = model::Model::load(dir, mo);
-  e->cache_ = std::make_unique<PagedKvCache>(e->opt_.kv_num_blocks, opt.kv_block_size);
+  e->cache_ = std::make_unique<PagedKvCache>(e->opt_.kv_num_blocks, opt.kv_block_size, opt.prefix_caching);
   return e;
 }
 
@@ -262,6 +262,18 @@ int Engine::prefill_target(int64_t id) const {
   return int(st.prompt.size() + st.output.size());
 }
 
+std::vector<int32_t> Engine::sequence_tokens(int64_t id) const {
+  const RequestState& st = requests_.at(id);
+  std::vector<int32_t> out = st.prompt;
+  out.insert(out.end(), st.output.begin(), st.output.end());
+  return out;
+}
+
+void Engine::register_written_blocks(const std::vector<int64_t>& seqs) {
+  if (!opt_.prefix_caching) return;
+  for (int64_t id : seqs) cache_->register_full_blocks(id, [&](int i) { return token_at(id, i); });
+}
+
 int32_t Engine::token_at(int64_t id, int i) const {
   const RequestState& st = requests_.at(id);
   const int P = int(st.prompt.size());
@@ -343,21 +355,31 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
   }
   // 2. Admissions from the front of the queue: a batch slot and blocks for the first chunk,
   //    plus one block of headroom for decode unless nothing else is running.
+  //    Whole blocks of its tokens already cached are taken as they are (prefix caching): not the
+  //    last token, whose logits it needs, nor with prompt logprobs, which need every row.
   while (!waiting_.empty() && int(running_.size()) < opt_.max_batch && budget > 0) {
     const int64_t id = waiting_.front().id;
-    const int chunk = cap_chunk(waiting_.front(), 0, std::min(prefill_target(id), budget));
+    const int target = prefill_target(id);
+    std::vector<int32_t> tokens;
+    PrefixHit hit;
+    if (opt_.prefix_caching && !waiting_.front().logprobs.prompt) {
+      tokens = sequence_tokens(id);
+      hit = cache_->find_prefix(tokens, target - 1);
+    }
+    const int chunk = cap_chunk(waiting_.front(), hit.tokens, std::min(target - hit.tokens, budget));
     if (chunk == 0) break;  // prompt logprobs over budget: admitted next step
-    const int need = ceil_div(chunk, opt_.kv_block_size) + (running_.empty() ? 0 : 1);
+    const int need = hit.unheld + ceil_div(chunk, opt_.kv_block_size) + (running_.empty() ? 0 : 1);
     if (need > cache_->free_blocks()) break;
     Running r = std::move(waiting_.front());
     waiting_.pop_front();
     r.admitted = next_admission_++;
-    cache_->add_sequence(id);
+    cache_->add_sequence_with_prefix(id, tokens, hit);
+    stats_.prefix_cached_tokens += hit.tokens;
     running_.push_back(std::move(r));
     std::vector<int64_t> slots;
     const bool ok = append_or_preempt(running_.size() - 1, chunk, &slots);
     TETRA_CHECK(ok, "engine: admission of request ", id, " found fewer free blocks than counted");
-    add_run(running_.back(), 0, slots);
+    add_run(running_.back(), hit.tokens, slots);
   }
   if (seqs.empty()) return false;
   // Logit rows, ascending: a run's prompt-logprob positions, then, for a sequence that reached
@@ -386,6 +408,7 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
   }
   const auto t0 = std::chrono::steady_clock::now();
   model_->forward(b);
+  register_written_blocks(seqs);
   std::vector<TokenEvent> sampled;
   if (!logprob_runs.empty()) {
     const float* logits = read_step_logits(b.num_logit_rows());
@@ -433,6 +456,7 @@ bool Engine::decode_step(std::vector<TokenEvent>& events, const std::vector<int6
   cache_->fill_block_tables(seqs, b.max_blocks_per_seq, b.block_tables.data(), b.seq_lens.data());
   const auto t0 = std::chrono::steady_clock::now();
   model_->forward(b);
+  register_written_blocks(seqs);
   std::vector<TokenEvent> sampled = sample_and_record(rows);
   stats_.decode_seconds += seconds_since(t0);
   stats_.decode_steps += 1;

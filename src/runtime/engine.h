@@ -10,6 +10,9 @@
 // queue; when readmitted, its prompt plus the tokens it generated so far are prefilled again
 // and generation continues with the same sampler stream (the seed stream is indexed by output
 // position), so its output is the same as an uninterrupted run.
+// With prefix caching, an admitted request starts holding the cached KV blocks that match its
+// first tokens and prefills only the rest (runtime/kv_cache.h); every step registers the full
+// blocks it wrote.
 // Sampling is per request (ops/sampling/sampling.h); the KV cache is paged
 // (runtime/kv_cache.h bookkeeping, storage in the backend).
 #pragma once
@@ -40,6 +43,7 @@ struct EngineOptions {
   int kv_block_size = 16;
   int kv_num_blocks = 0;              // 0: enough for max_batch full contexts
   uint64_t seed = 0;                  // seeds requests that give none (seed 0 in SamplingParams)
+  bool prefix_caching = true;         // reuse cached KV blocks of equal prefixes (runtime/kv_cache.h)
   int tp = 1, ep = 1;                 // tensor / expert parallel GPUs (model/model.h)
 };
 
@@ -93,6 +97,7 @@ struct EngineStats {
   double decode_seconds = 0;
   int64_t prefill_chunks = 0;  // sequence runs prefilled (a prompt cut in 3 chunks counts 3)
   int64_t preemptions = 0;     // requests preempted (KV freed, recomputed later)
+  int64_t prefix_cached_tokens = 0;  // admitted tokens whose KV came from the prefix cache
   double prefill_tokens_per_s() const { return prefill_seconds > 0 ? prefill_tokens / prefill_seconds : 0; }
   double decode_ms_per_step() const { return decode_steps ? 1e3 * decode_seconds / decode_steps : 0; }
 };
@@ -195,6 +200,9 @@ class Engine {
   // Tokens a (re)prefill covers: prompt + output so far. Token i of that sequence.
   int prefill_target(int64_t id) const;
   int32_t token_at(int64_t id, int i) const;
+  std::vector<int32_t> sequence_tokens(int64_t id) const;  // prompt + output so far
+  // Prefix caching: registers the full KV blocks this step's forward wrote for `seqs`.
+  void register_written_blocks(const std::vector<int64_t>& seqs);
   // Frees the newest running request's blocks and puts it at the front of the queue.
   void preempt_newest();
   // Appends n slots to running_[i]'s sequence, preempting newer requests while the pool is

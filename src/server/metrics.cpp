@@ -101,6 +101,8 @@ std::string Metrics::prometheus_text() const {
         double(gauges_.preemptions), "counter");
   gauge(out, "tetra_prefill_chunks_total", "Prefill runs of one sequence (a chunked prompt counts each chunk).",
         double(gauges_.prefill_chunks), "counter");
+  gauge(out, "tetra_prefix_cache_hit_tokens_total", "Admitted tokens whose KV came from the prefix cache (not prefilled).",
+        double(gauges_.prefix_cached_tokens), "counter");
   gauge(out, "tetra_uptime_seconds", "Seconds since the server started.", now_s() - started_);
   out += "# HELP tetra_requests_finished_total Requests finished, by finish reason.\n"
          "# TYPE tetra_requests_finished_total counter\n";

@@ -32,6 +32,7 @@ struct SchedulerGauges {
   int kv_blocks_total = 0;
   int64_t preemptions = 0;     // engine total so far (a counter)
   int64_t prefill_chunks = 0;  // engine total so far (a counter)
+  int64_t prefix_cached_tokens = 0;  // engine total so far (a counter)
 };
 
 class Metrics {

@@ -239,6 +239,7 @@ void Scheduler::publish_gauges() {
   g.kv_blocks_total = engine_->kv_blocks_total();
   g.preemptions = engine_->stats().preemptions;
   g.prefill_chunks = engine_->stats().prefill_chunks;
+  g.prefix_cached_tokens = engine_->stats().prefix_cached_tokens;
   engine_waiting_ = g.waiting;
   metrics_.set_gauges(g);
 }

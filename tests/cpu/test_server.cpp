@@ -290,6 +290,22 @@ TEST_F(Server, MetricsCountTokensAndLatencies) {
   EXPECT_EQ(after.at("tetra_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), after.at("tetra_time_to_first_token_seconds_count"));
 }
 
+TEST_F(Server, RepeatedPromptHitsThePrefixCache) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(300 + i);
+  const json req = {{"input_ids", prompt}, {"max_new_tokens", 5}, {"temperature", 0}};
+  const auto first = post(port_, "/generate", req);
+  ASSERT_EQ(first.status, 200) << first.body;
+  const auto before = settled_metrics(port_);
+  const auto again = post(port_, "/generate", req);
+  ASSERT_EQ(again.status, 200) << again.body;
+  EXPECT_EQ(parse_json(again.body)["output_ids"], parse_json(first.body)["output_ids"]);
+  EXPECT_EQ(parse_json(again.body)["output_ids"].get<std::vector<int32_t>>(), engine_greedy(prompt, 5));
+  const auto after = settled_metrics(port_);
+  // Blocks of 16: the first 32 of the 40 prompt tokens (the last one is always computed).
+  EXPECT_EQ(after.at("tetra_prefix_cache_hit_tokens_total") - before.at("tetra_prefix_cache_hit_tokens_total"), 32);
+}
+
 TEST_F(Server, ProfileTraceHoldsStepsAndRequests) {
   expect_error(post(port_, "/stop_profile", json::object()), 400, "no profile is running");
   ASSERT_EQ(post(port_, "/start_profile", json::object()).status, 200);
