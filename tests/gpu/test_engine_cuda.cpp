@@ -1,4 +1,5 @@
-// Logprobs through the engine on the CUDA backend against the CPU backend, same tiny checkpoint:
+// Engine features on the CUDA backend, same tiny checkpoint as the CPU backend.
+// Logprobs against the CPU backend:
 // the step's logits read back from the device (read_logits) for generated tokens and for a
 // prompt longer than one step's read-back budget (kPromptLogprobRowsPerStep), and the first
 // token drawn on the host from those rows. Bound: |logprob difference| <= 0.05, from the model
@@ -38,7 +39,7 @@ BackendRun run(const std::filesystem::path& dir, const std::string& backend,
   return r;
 }
 
-TEST(EngineLogprobsCuda, PromptAndGeneratedLogprobsMatchTheCpuBackend) {
+TEST(EngineCuda, LogprobsMatchTheCpuBackend) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const auto dir = model::test_twin::tiny_checkpoint("engine-logprobs", "tiny-glm4.5-air", "nvfp4", 17);
   std::vector<int32_t> prompt;
@@ -57,6 +58,44 @@ TEST(EngineLogprobsCuda, PromptAndGeneratedLogprobsMatchTheCpuBackend) {
   ASSERT_EQ(gpu.logprobs.size(), 4u);
   for (size_t k = 0; k < 4 && cpu.output[k] == gpu.output[k]; ++k)
     EXPECT_NEAR(cpu.logprobs[k].logprob, gpu.logprobs[k].logprob, 0.05) << "token " << k;
+}
+
+// Prefix caching on the device: a prompt whose first blocks were cached by an earlier request
+// prefills only the rest (through extend_attention) and gives the same first-token logprob as
+// with the cache off, within the same bound.
+TEST(EngineCuda, PrefixCachedPromptMatchesAWholePrefill) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const auto dir = model::test_twin::tiny_checkpoint("engine-prefix", "tiny-glm4.5-air", "nvfp4", 19);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 70; ++i) prompt.push_back(int32_t((i * 131 + 7) % 500));
+  auto first_token = [&](bool prefix_caching, int64_t* cached) {
+    runtime::EngineOptions o;
+    o.backend = "cuda";
+    o.max_batch = 2;
+    o.max_context = 128;
+    o.kv_block_size = 16;
+    o.prefix_caching = prefix_caching;
+    auto e = runtime::Engine::load(dir, o);
+    ops::SamplingParams greedy;
+    greedy.temperature = 0.0f;
+    e->add_request(prompt, greedy, 2);
+    e->run_to_completion();
+    const int64_t id = e->add_request(prompt, greedy, 1, {}, runtime::RequestExtras{.logprobs = {1, false}});
+    runtime::TokenEvent ev;
+    while (e->has_work())
+      for (const runtime::TokenEvent& x : e->step()) ev = x;
+    EXPECT_EQ(ev.request, id);
+    *cached = e->stats().prefix_cached_tokens;
+    return ev;
+  };
+  int64_t cached_on = 0, cached_off = 0;
+  const runtime::TokenEvent on = first_token(true, &cached_on), off = first_token(false, &cached_off);
+  EXPECT_EQ(cached_on, 64);  // 4 blocks of 16 of the 69 tokens before the last
+  EXPECT_EQ(cached_off, 0);
+  ASSERT_TRUE(on.logprobs && off.logprobs);
+  ASSERT_EQ(on.logprobs->top.size(), 1u);
+  // The most likely token's logprob: continuous even where a near-tie flips the pick.
+  EXPECT_NEAR(on.logprobs->top[0].logprob, off.logprobs->top[0].logprob, 0.05);
 }
 
 }  // namespace
