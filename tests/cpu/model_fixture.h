@@ -9,6 +9,7 @@
 
 #include "cli_runner.h"
 #include "model/model.h"
+#include "ops/sampling/sampling.h"
 #include "runtime/kv_cache.h"
 #include "tools/model_writer.h"
 
@@ -106,6 +107,14 @@ inline std::vector<int32_t> test_prompt(int n, int64_t vocab, uint32_t salt) {
     x ^= x << 5;
     p[size_t(i)] = int32_t(x % uint32_t(vocab));
   }
+  return p;
+}
+
+// Sampling params of a temperature (<= 0: greedy) and seed (0: the engine picks one).
+inline ops::SamplingParams sampling(float temperature, uint64_t seed = 0) {
+  ops::SamplingParams p;
+  p.temperature = temperature;
+  p.seed = seed;
   return p;
 }
 

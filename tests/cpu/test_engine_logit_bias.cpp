@@ -27,13 +27,6 @@ std::unique_ptr<Engine> engine() {
   return Engine::load(test::tiny_model("tiny-glm4.5-air", "nvfp4"), o);
 }
 
-ops::SamplingParams sampling(float temperature, uint64_t seed = 0) {
-  ops::SamplingParams p;
-  p.temperature = temperature;
-  p.seed = seed;
-  return p;
-}
-
 std::vector<int32_t> run(const std::vector<int32_t>& prompt, const ops::SamplingParams& params, int n,
                          RequestExtras extras, std::vector<int32_t> stop_ids = {},
                          std::vector<runtime::TokenEvent>* events = nullptr) {
@@ -47,7 +40,7 @@ std::vector<int32_t> run(const std::vector<int32_t>& prompt, const ops::Sampling
 
 TEST(EngineLogitBias, GreedyFollowsTheBiasedLogits) {
   const std::vector<int32_t> prompt = test::test_prompt(7, 512, 61);
-  const std::vector<int32_t> plain = run(prompt, sampling(0), 8, {});
+  const std::vector<int32_t> plain = run(prompt, test::sampling(0), 8, {});
   // Bias the runner-up of the first step's choice up and the choice down: the path changes.
   auto e = engine();
   const std::vector<float> first = e->score({prompt}, 0)[0];
@@ -57,7 +50,7 @@ TEST(EngineLogitBias, GreedyFollowsTheBiasedLogits) {
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row0[a] > row0[b]; });
   ASSERT_EQ(order[0], plain[0]);
   const std::vector<std::pair<int32_t, float>> bias = {{order[0], -5.0f}, {order[1], 3.0f}, {order[7], 2.5f}};
-  const std::vector<int32_t> biased = run(prompt, sampling(0), 8, {.logit_bias = bias});
+  const std::vector<int32_t> biased = run(prompt, test::sampling(0), 8, {.logit_bias = bias});
   EXPECT_NE(biased, plain);
   // Each biased pick is the argmax (lowest id on ties) of its raw row plus the biases.
   std::vector<int32_t> all = prompt;
@@ -74,15 +67,15 @@ TEST(EngineLogitBias, GreedyFollowsTheBiasedLogits) {
 TEST(EngineLogitBias, PlusHundredForcesMinusHundredBans) {
   const std::vector<int32_t> prompt = test::test_prompt(5, 512, 62);
   for (float temperature : {0.0f, 1.0f, 1.8f}) {
-    const std::vector<int32_t> forced = run(prompt, sampling(temperature, 3), 10, {.logit_bias = {{77, 100.0f}}});
+    const std::vector<int32_t> forced = run(prompt, test::sampling(temperature, 3), 10, {.logit_bias = {{77, 100.0f}}});
     EXPECT_EQ(forced, std::vector<int32_t>(10, 77)) << "temperature " << temperature;
   }
   std::vector<std::pair<int32_t, float>> ban;
   for (int32_t t = 0; t < 512; t += 2) ban.emplace_back(t, -100.0f);  // every even id
-  const std::vector<int32_t> odd = run(prompt, sampling(1.8f, 4), 40, {.logit_bias = ban});
+  const std::vector<int32_t> odd = run(prompt, test::sampling(1.8f, 4), 40, {.logit_bias = ban});
   ASSERT_EQ(odd.size(), 40u);
   for (int32_t t : odd) EXPECT_EQ(t % 2, 1) << t;
-  const std::vector<int32_t> free_run = run(prompt, sampling(1.8f, 4), 40, {});
+  const std::vector<int32_t> free_run = run(prompt, test::sampling(1.8f, 4), 40, {});
   EXPECT_TRUE(std::any_of(free_run.begin(), free_run.end(), [](int32_t t) { return t % 2 == 0; }));
 }
 
@@ -90,7 +83,7 @@ TEST(EngineLogitBias, LogprobsStayThoseOfTheRawLogits) {
   const std::vector<int32_t> prompt = test::test_prompt(6, 512, 63);
   std::vector<runtime::TokenEvent> events;
   const std::vector<int32_t> out =
-      run(prompt, sampling(0), 4, {.logprobs = {0, false}, .logit_bias = {{200, 100.0f}}}, {}, &events);
+      run(prompt, test::sampling(0), 4, {.logprobs = {0, false}, .logit_bias = {{200, 100.0f}}}, {}, &events);
   ASSERT_EQ(out, std::vector<int32_t>(4, 200));
   auto e = engine();
   std::vector<int32_t> all = prompt;
@@ -109,12 +102,12 @@ TEST(EngineLogitBias, LogprobsStayThoseOfTheRawLogits) {
 
 TEST(EngineLogitBias, MinTokensKeepsTheStopIdsOut) {
   const std::vector<int32_t> prompt = test::test_prompt(8, 512, 64);
-  const std::vector<int32_t> plain = run(prompt, sampling(0), 12, {});
+  const std::vector<int32_t> plain = run(prompt, test::sampling(0), 12, {});
   // Stopping on the greedy run's first and third tokens ends it at once...
   const std::vector<int32_t> stops = {plain[0], plain[2]};
-  EXPECT_EQ(run(prompt, sampling(0), 12, {}, stops).size(), 1u);
+  EXPECT_EQ(run(prompt, test::sampling(0), 12, {}, stops).size(), 1u);
   // ...unless they may not come before 5 tokens.
-  const std::vector<int32_t> held = run(prompt, sampling(0), 12, {.min_tokens = 5}, stops);
+  const std::vector<int32_t> held = run(prompt, test::sampling(0), 12, {.min_tokens = 5}, stops);
   ASSERT_GE(held.size(), 5u);
   for (size_t k = 0; k < 5; ++k)
     EXPECT_TRUE(std::find(stops.begin(), stops.end(), held[k]) == stops.end()) << "token " << k;
@@ -124,24 +117,24 @@ TEST(EngineLogitBias, MinTokensKeepsTheStopIdsOut) {
 TEST(EngineLogitBias, PlainRowsBesideBiasedOnesAreAsAlone) {
   auto e = engine();
   const std::vector<int32_t> p1 = test::test_prompt(9, 512, 65), p2 = test::test_prompt(4, 512, 66);
-  const int64_t a = e->add_request(p1, sampling(0.9f, 21), 10);
-  const int64_t b = e->add_request(p2, sampling(0.9f, 22), 10, {}, {.logit_bias = {{5, 4.0f}}});
+  const int64_t a = e->add_request(p1, test::sampling(0.9f, 21), 10);
+  const int64_t b = e->add_request(p2, test::sampling(0.9f, 22), 10, {}, {.logit_bias = {{5, 4.0f}}});
   e->run_to_completion();
-  EXPECT_EQ(e->request(a).output, run(p1, sampling(0.9f, 21), 10, {}));
-  EXPECT_EQ(e->request(b).output, run(p2, sampling(0.9f, 22), 10, {.logit_bias = {{5, 4.0f}}}));
+  EXPECT_EQ(e->request(a).output, run(p1, test::sampling(0.9f, 21), 10, {}));
+  EXPECT_EQ(e->request(b).output, run(p2, test::sampling(0.9f, 22), 10, {.logit_bias = {{5, 4.0f}}}));
 }
 
 TEST(EngineLogitBias, RefusesBadValues) {
   auto e = engine();
   const std::vector<int32_t> p = test::test_prompt(4, 512, 67);
-  EXPECT_THROW(e->add_request(p, sampling(0), 3, {}, {.logit_bias = {{512, 1.0f}}}), Error);
-  EXPECT_THROW(e->add_request(p, sampling(0), 3, {}, {.logit_bias = {{-1, 1.0f}}}), Error);
-  EXPECT_THROW(e->add_request(p, sampling(0), 3, {}, {.logit_bias = {{3, 100.5f}}}), Error);
-  EXPECT_THROW(e->add_request(p, sampling(0), 3, {}, {.logit_bias = {{3, std::nanf("")}}}), Error);
+  EXPECT_THROW(e->add_request(p, test::sampling(0), 3, {}, {.logit_bias = {{512, 1.0f}}}), Error);
+  EXPECT_THROW(e->add_request(p, test::sampling(0), 3, {}, {.logit_bias = {{-1, 1.0f}}}), Error);
+  EXPECT_THROW(e->add_request(p, test::sampling(0), 3, {}, {.logit_bias = {{3, 100.5f}}}), Error);
+  EXPECT_THROW(e->add_request(p, test::sampling(0), 3, {}, {.logit_bias = {{3, std::nanf("")}}}), Error);
   std::vector<std::pair<int32_t, float>> many(size_t(ops::kMaxLogitBias) + 1, {1, 1.0f});
-  EXPECT_THROW(e->add_request(p, sampling(0), 3, {}, {.logit_bias = many}), Error);
-  EXPECT_THROW(e->add_request(p, sampling(0), 3, {}, {.min_tokens = 4}), Error);
-  EXPECT_THROW(e->add_request(p, sampling(0), 3, {}, {.min_tokens = -1}), Error);
+  EXPECT_THROW(e->add_request(p, test::sampling(0), 3, {}, {.logit_bias = many}), Error);
+  EXPECT_THROW(e->add_request(p, test::sampling(0), 3, {}, {.min_tokens = 4}), Error);
+  EXPECT_THROW(e->add_request(p, test::sampling(0), 3, {}, {.min_tokens = -1}), Error);
   EXPECT_FALSE(e->has_work());
 }
 

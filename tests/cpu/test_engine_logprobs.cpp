@@ -32,17 +32,11 @@ std::unique_ptr<Engine> engine(int max_context = 64, int max_prefill = 0, int kv
   return Engine::load(test::tiny_model(preset, "nvfp4"), o);
 }
 
-ops::SamplingParams greedy() {
-  ops::SamplingParams p;
-  p.temperature = 0.0f;
-  return p;
-}
+ops::SamplingParams greedy() { return test::sampling(0); }
 
 ops::SamplingParams seeded(uint64_t seed) {
-  ops::SamplingParams p;
-  p.temperature = 0.8f;
+  ops::SamplingParams p = test::sampling(0.8f, seed);
   p.top_k = 50;
-  p.seed = seed;
   return p;
 }
 

@@ -23,13 +23,6 @@ std::unique_ptr<Engine> engine(bool prefix_caching, const char* preset = "tiny-g
   return Engine::load(test::tiny_model(preset, "nvfp4"), o);
 }
 
-ops::SamplingParams sampling(float temperature, uint64_t seed) {
-  ops::SamplingParams p;
-  p.temperature = temperature;
-  p.seed = seed;
-  return p;
-}
-
 std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
@@ -61,8 +54,8 @@ TEST_P(EnginePrefixCache, SharedPrefixesGiveTheSameTokensForLessPrefill) {
   const std::vector<int32_t> q1 = concat(system, test::test_prompt(6, 512, 82));
   const std::vector<int32_t> q2 = concat(system, test::test_prompt(9, 512, 83));
   const std::vector<std::vector<Job>> waves = {
-      {{q1, sampling(0, 0)}},
-      {{q1, sampling(0, 0)}, {q2, sampling(0.8f, 5)}, {q2, sampling(0.8f, 6)}},
+      {{q1, test::sampling(0, 0)}},
+      {{q1, test::sampling(0, 0)}, {q2, test::sampling(0.8f, 5)}, {q2, test::sampling(0.8f, 6)}},
   };
   auto off = engine(false, GetParam());
   auto on = engine(true, GetParam());
@@ -81,13 +74,13 @@ TEST_P(EnginePrefixCache, ALaterTurnReusesTheEarlierAnswer) {
   const std::vector<int32_t> turn1 = test::test_prompt(13, 512, 84);
   auto on = engine(true, GetParam());
   auto off = engine(false, GetParam());
-  const std::vector<int32_t> answer = run_waves(*on, {{{turn1, sampling(0, 0), 12}}})[0];
-  ASSERT_EQ(answer, run_waves(*off, {{{turn1, sampling(0, 0), 12}}})[0]);
+  const std::vector<int32_t> answer = run_waves(*on, {{{turn1, test::sampling(0, 0), 12}}})[0];
+  ASSERT_EQ(answer, run_waves(*off, {{{turn1, test::sampling(0, 0), 12}}})[0]);
   // The next turn: the conversation so far plus a new question. Its KV up to the answer's last
   // written token (the last sampled one was never fed back) is cached, decode blocks included.
   const std::vector<int32_t> turn2 = concat(concat(turn1, answer), test::test_prompt(5, 512, 85));
   const int64_t before = on->stats().prefix_cached_tokens;
-  EXPECT_EQ(run_waves(*on, {{{turn2, sampling(0.7f, 9)}}}), run_waves(*off, {{{turn2, sampling(0.7f, 9)}}}));
+  EXPECT_EQ(run_waves(*on, {{{turn2, test::sampling(0.7f, 9)}}}), run_waves(*off, {{{turn2, test::sampling(0.7f, 9)}}}));
   EXPECT_EQ(on->stats().prefix_cached_tokens - before, ((13 + 12 - 1) / 4) * 4);
 }
 
@@ -95,7 +88,7 @@ TEST_P(EnginePrefixCache, SmallPoolWithPreemptionGivesTheSameTokens) {
   const std::vector<int32_t> system = test::test_prompt(11, 512, 86);
   std::vector<Job> wave;
   for (int i = 0; i < 4; ++i)
-    wave.push_back({concat(system, test::test_prompt(3 + i, 512, 90 + uint32_t(i))), sampling(i % 2 ? 0.9f : 0.0f, 40 + uint64_t(i)), 18});
+    wave.push_back({concat(system, test::test_prompt(3 + i, 512, 90 + uint32_t(i))), test::sampling(i % 2 ? 0.9f : 0.0f, 40 + uint64_t(i)), 18});
   auto off = engine(false, GetParam(), 16);
   auto on = engine(true, GetParam(), 16);
   EXPECT_EQ(run_waves(*on, {wave, wave}), run_waves(*off, {wave, wave}));
@@ -107,13 +100,13 @@ TEST_P(EnginePrefixCache, SmallPoolWithPreemptionGivesTheSameTokens) {
 TEST_P(EnginePrefixCache, PromptLogprobsAreNeverCached) {
   const std::vector<int32_t> prompt = test::test_prompt(21, 512, 87);
   auto on = engine(true, GetParam());
-  run_waves(*on, {{{prompt, sampling(0, 0), 2}}});
+  run_waves(*on, {{{prompt, test::sampling(0, 0), 2}}});
   const int64_t before = on->stats().prefix_cached_tokens;
-  const int64_t id = on->add_request(prompt, sampling(0, 0), 2, {}, {.logprobs = {1, true}});
+  const int64_t id = on->add_request(prompt, test::sampling(0, 0), 2, {}, {.logprobs = {1, true}});
   on->run_to_completion();
   EXPECT_EQ(on->stats().prefix_cached_tokens, before);
   auto off = engine(false, GetParam());
-  const int64_t ref = off->add_request(prompt, sampling(0, 0), 2, {}, {.logprobs = {1, true}});
+  const int64_t ref = off->add_request(prompt, test::sampling(0, 0), 2, {}, {.logprobs = {1, true}});
   off->run_to_completion();
   const auto& got = on->request(id).prompt_logprobs;
   const auto& want = off->request(ref).prompt_logprobs;

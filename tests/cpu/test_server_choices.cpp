@@ -10,9 +10,7 @@
 #include <thread>
 
 #include "runtime/engine.h"
-#include "server/server.h"
-#include "server_fixture.h"
-#include "tokenizer/tokenizer.h"
+#include "tiny_server_suite.h"
 
 namespace tetra {
 namespace {
@@ -22,7 +20,7 @@ using test::get;
 using test::parse_json;
 using test::post;
 
-constexpr int kContext = 128;
+constexpr int kContext = test::kTinyServerContext;
 
 // One engine request alone: the reference for each choice.
 std::vector<int32_t> engine_alone(const std::vector<int32_t>& prompt, const ops::SamplingParams& params, int n) {
@@ -35,37 +33,7 @@ std::vector<int32_t> engine_alone(const std::vector<int32_t>& prompt, const ops:
   return e->request(id).output;
 }
 
-ops::SamplingParams sampling(float temperature, uint64_t seed) {
-  ops::SamplingParams p;
-  p.temperature = temperature;
-  p.seed = seed;
-  return p;
-}
-
-class ServerChoices : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    server::ServerOptions o;
-    o.model_dir = test::tiny_model_with_tokenizer();
-    o.served_model_name = "tiny";
-    o.engine.backend = "cpu";
-    o.engine.max_batch = 4;  // fewer slots than some requests' choices: they queue
-    o.engine.max_context = kContext;
-    srv_ = new server::Server(o);
-    port_ = srv_->start("127.0.0.1", 0);
-    tok_ = new tok::Tokenizer(tok::Tokenizer::from_file(test::tiny_model_with_tokenizer() / "tokenizer.json"));
-  }
-  static void TearDownTestSuite() {
-    delete srv_;
-    delete tok_;
-  }
-  static server::Server* srv_;
-  static int port_;
-  static tok::Tokenizer* tok_;
-};
-server::Server* ServerChoices::srv_ = nullptr;
-int ServerChoices::port_ = 0;
-tok::Tokenizer* ServerChoices::tok_ = nullptr;
+using ServerChoices = test::TinyServerSuite;
 
 TEST_F(ServerChoices, BatchedTextPromptsAnswerEachPrompt) {
   const std::vector<std::string> prompts = {"first prompt", "the second one", "3"};
@@ -79,7 +47,7 @@ TEST_F(ServerChoices, BatchedTextPromptsAnswerEachPrompt) {
     const std::vector<int32_t> ids = tok_->encode(prompts[k], true);
     prompt_tokens += ids.size();
     EXPECT_EQ(j["choices"][k]["index"], k);
-    EXPECT_EQ(j["choices"][k]["text"], tok_->decode(engine_alone(ids, sampling(0, 0), 5), true)) << k;
+    EXPECT_EQ(j["choices"][k]["text"], tok_->decode(engine_alone(ids, test::sampling(0, 0), 5), true)) << k;
     EXPECT_EQ(j["choices"][k]["finish_reason"], "length");
   }
   EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
@@ -95,7 +63,7 @@ TEST_F(ServerChoices, BatchedTokenPromptsWithEcho) {
   const json j = parse_json(r.body);
   ASSERT_EQ(j["choices"].size(), 2u);
   for (size_t k = 0; k < 2; ++k) {
-    const std::vector<int32_t> out = engine_alone(prompts[k], sampling(0, 0), 4);
+    const std::vector<int32_t> out = engine_alone(prompts[k], test::sampling(0, 0), 4);
     EXPECT_EQ(j["choices"][k]["token_ids"].get<std::vector<int32_t>>(), out);
     EXPECT_EQ(j["choices"][k]["prompt_token_ids"].get<std::vector<int32_t>>(), prompts[k]);
     EXPECT_EQ(j["choices"][k]["text"], tok_->decode(prompts[k]) + tok_->decode(out, true)) << k;
@@ -113,7 +81,7 @@ TEST_F(ServerChoices, NSamplesDrawWithSeedPlusIndex) {
   std::set<std::vector<int32_t>> distinct;
   for (size_t k = 0; k < 5; ++k) {
     const std::vector<int32_t> got = j["choices"][k]["token_ids"].get<std::vector<int32_t>>();
-    EXPECT_EQ(got, engine_alone(ids, sampling(1.0f, 40 + k), 6)) << "choice " << k;
+    EXPECT_EQ(got, engine_alone(ids, test::sampling(1.0f, 40 + k), 6)) << "choice " << k;
     distinct.insert(got);
   }
   EXPECT_GT(distinct.size(), 1u);
@@ -184,20 +152,8 @@ TEST_F(ServerChoices, ChatTakesN) {
   }
 }
 
-// Metrics once no request runs or waits and no KV block is held (or after 10 s).
-std::map<std::string, double> settled_metrics(int port) {
-  std::map<std::string, double> m;
-  for (int i = 0; i < 200; ++i) {
-    m = test::parse_metrics(get(port, "/metrics").body);
-    if (m["tetra_requests_running"] == 0 && m["tetra_requests_waiting"] == 0 && m["tetra_kv_cache_blocks_used"] == 0)
-      break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return m;
-}
-
 TEST_F(ServerChoices, DroppedStreamOfSeveralChoicesFreesEveryBlock) {
-  const double before = settled_metrics(port_)["tetra_generation_tokens_total"];
+  const double before = test::settled_metrics(port_)["tetra_generation_tokens_total"];
   int events = 0;
   server::SseReader reader;
   const auto r = server::http_call("127.0.0.1", port_, "POST", "/v1/completions",
@@ -208,7 +164,7 @@ TEST_F(ServerChoices, DroppedStreamOfSeveralChoicesFreesEveryBlock) {
                                      return events < 3;
                                    });
   EXPECT_EQ(r.status, 200);
-  std::map<std::string, double> m = settled_metrics(port_);
+  std::map<std::string, double> m = test::settled_metrics(port_);
   EXPECT_EQ(m["tetra_kv_cache_blocks_used"], 0);
   EXPECT_EQ(m["tetra_requests_running"], 0);
   EXPECT_EQ(m["tetra_requests_waiting"], 0);
@@ -225,7 +181,7 @@ TEST_F(ServerChoices, LimitsAre400) {
   // A prompt too long for the context refuses the whole request; nothing is left running.
   std::vector<int32_t> long_prompt(kContext, 7);
   EXPECT_EQ(status("/v1/completions", {{"prompt", {std::vector<int32_t>{1, 2}, long_prompt}}, {"max_tokens", 100}}), 400);
-  std::map<std::string, double> m = settled_metrics(port_);
+  std::map<std::string, double> m = test::settled_metrics(port_);
   EXPECT_EQ(m["tetra_kv_cache_blocks_used"], 0);
   EXPECT_EQ(m["tetra_requests_running"], 0);
   EXPECT_EQ(m["tetra_requests_waiting"], 0);

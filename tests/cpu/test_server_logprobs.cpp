@@ -7,9 +7,7 @@
 #include <cmath>
 
 #include "runtime/engine.h"
-#include "server/server.h"
-#include "server_fixture.h"
-#include "tokenizer/tokenizer.h"
+#include "tiny_server_suite.h"
 
 namespace tetra {
 namespace {
@@ -18,17 +16,7 @@ using nlohmann::json;
 using test::parse_json;
 using test::post;
 
-constexpr int kContext = 128;
-
-server::ServerOptions options(const std::filesystem::path& dir) {
-  server::ServerOptions o;
-  o.model_dir = dir;
-  o.served_model_name = "tiny";
-  o.engine.backend = "cpu";
-  o.engine.max_batch = 4;
-  o.engine.max_context = kContext;
-  return o;
-}
+constexpr int kContext = test::kTinyServerContext;
 
 // A token's text as the server writes it (its raw bytes, invalid UTF-8 replaced).
 std::string token_text(const tok::Tokenizer& tok, int32_t id) {
@@ -55,31 +43,7 @@ EngineRun engine_run(const std::vector<int32_t>& prompt, const ops::SamplingPara
   return run;
 }
 
-ops::SamplingParams sampling(float temperature, uint64_t seed) {
-  ops::SamplingParams p;
-  p.temperature = temperature;
-  p.seed = seed;
-  return p;
-}
-
-class ServerLogprobs : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    srv_ = new server::Server(options(test::tiny_model_with_tokenizer()));
-    port_ = srv_->start("127.0.0.1", 0);
-    tok_ = new tok::Tokenizer(tok::Tokenizer::from_file(test::tiny_model_with_tokenizer() / "tokenizer.json"));
-  }
-  static void TearDownTestSuite() {
-    delete srv_;
-    delete tok_;
-  }
-  static server::Server* srv_;
-  static int port_;
-  static tok::Tokenizer* tok_;
-};
-server::Server* ServerLogprobs::srv_ = nullptr;
-int ServerLogprobs::port_ = 0;
-tok::Tokenizer* ServerLogprobs::tok_ = nullptr;
+using ServerLogprobs = test::TinyServerSuite;
 
 // A completion choice's logprobs entry k against the engine's logprobs of `token`.
 void expect_completion_entry(const json& lp, size_t k, const tok::Tokenizer& tok, int32_t token,
@@ -102,7 +66,7 @@ TEST_F(ServerLogprobs, CompletionLogprobsAreTheEngines) {
                                                  {"seed", 3}, {"ignore_eos", true}, {"logprobs", 3}});
   ASSERT_EQ(r.status, 200) << r.body;
   const json c = parse_json(r.body)["choices"][0];
-  const EngineRun want = engine_run(tok_->encode(prompt, true), sampling(0.7f, 3), 6, {3, false});
+  const EngineRun want = engine_run(tok_->encode(prompt, true), test::sampling(0.7f, 3), 6, {3, false});
   const json& lp = c["logprobs"];
   ASSERT_EQ(lp["tokens"].size(), 6u) << r.body;
   ASSERT_EQ(lp["token_logprobs"].size(), 6u);
@@ -128,7 +92,7 @@ TEST_F(ServerLogprobs, EchoGivesThePromptsLogprobs) {
   ASSERT_EQ(r.status, 200) << r.body;
   const json c = parse_json(r.body)["choices"][0];
   const std::vector<int32_t> ids = tok_->encode(prompt, true);
-  const EngineRun want = engine_run(ids, sampling(0, 0), 1, {1, true});
+  const EngineRun want = engine_run(ids, test::sampling(0, 0), 1, {1, true});
   const json& lp = c["logprobs"];
   ASSERT_EQ(lp["tokens"].size(), ids.size() + 1) << r.body;
   EXPECT_TRUE(lp["token_logprobs"][0].is_null());
@@ -239,7 +203,11 @@ TEST_F(ServerLogprobs, BadValuesAre400) {
 
 // Without a tokenizer a token-id completion names its tokens by id.
 TEST(ServerLogprobsNoTokenizer, TokensAreNamedByTheirIds) {
-  server::Server s(options(test::server_model_plain()));
+  server::ServerOptions o;
+  o.model_dir = test::server_model_plain();
+  o.engine.backend = "cpu";
+  o.engine.max_context = kContext;
+  server::Server s(o);
   const int port = s.start("127.0.0.1", 0);
   const auto r = post(port, "/v1/completions",
                       {{"prompt", {3, 4, 5}}, {"max_tokens", 3}, {"temperature", 0}, {"logprobs", 2}, {"echo", true}});

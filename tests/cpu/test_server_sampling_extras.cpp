@@ -4,9 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "runtime/engine.h"
-#include "server/server.h"
-#include "server_fixture.h"
-#include "tokenizer/tokenizer.h"
+#include "tiny_server_suite.h"
 
 namespace tetra {
 namespace {
@@ -15,35 +13,14 @@ using nlohmann::json;
 using test::parse_json;
 using test::post;
 
-class ServerExtras : public ::testing::Test {
+class ServerExtras : public test::TinyServerSuite {
  protected:
-  static void SetUpTestSuite() {
-    server::ServerOptions o;
-    o.model_dir = test::tiny_model_with_tokenizer();
-    o.served_model_name = "tiny";
-    o.engine.backend = "cpu";
-    o.engine.max_batch = 4;
-    o.engine.max_context = 128;
-    srv_ = new server::Server(o);
-    port_ = srv_->start("127.0.0.1", 0);
-    tok_ = new tok::Tokenizer(tok::Tokenizer::from_file(test::tiny_model_with_tokenizer() / "tokenizer.json"));
-  }
-  static void TearDownTestSuite() {
-    delete srv_;
-    delete tok_;
-  }
   static json complete(const json& req) {
     const auto r = post(port_, "/v1/completions", req);
     EXPECT_EQ(r.status, 200) << r.body;
     return parse_json(r.body)["choices"][0];
   }
-  static server::Server* srv_;
-  static int port_;
-  static tok::Tokenizer* tok_;
 };
-server::Server* ServerExtras::srv_ = nullptr;
-int ServerExtras::port_ = 0;
-tok::Tokenizer* ServerExtras::tok_ = nullptr;
 
 TEST_F(ServerExtras, LogitBiasForcesAndBans) {
   const json forced = complete({{"prompt", "x"}, {"max_tokens", 6}, {"temperature", 1.0}, {"seed", 1},
