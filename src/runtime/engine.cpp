@@ -356,7 +356,14 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
   // 2. Admissions from the front of the queue: a batch slot and blocks for the first chunk,
   //    plus one block of headroom for decode unless nothing else is running.
   //    Whole blocks of its tokens already cached are taken as they are (prefix caching): not the
-  //    last token, whose logits it needs, nor with prompt logprobs, which need every row.
+  //    last token, whose logits it needs, nor with prompt logprobs, which need every row. A
+  //    request whose next blocks an admission of this step is about to write waits one step and
+  //    takes them from the cache then (n samples of a prompt, prompts sharing a system prompt).
+  struct Admitted {
+    std::vector<int32_t> tokens;
+    int written = 0;  // its tokens this step's forward leaves in the cache
+  };
+  std::vector<Admitted> admitted;  // this step's admissions (prefix caching)
   while (!waiting_.empty() && int(running_.size()) < opt_.max_batch && budget > 0) {
     const int64_t id = waiting_.front().id;
     const int target = prefill_target(id);
@@ -365,6 +372,14 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
     if (opt_.prefix_caching && !waiting_.front().logprobs.prompt) {
       tokens = sequence_tokens(id);
       hit = cache_->find_prefix(tokens, target - 1);
+      int pending = 0;  // tokens of whole blocks that this step's admissions will have cached
+      for (const Admitted& a : admitted) {
+        const int limit = std::min(a.written, target - 1);
+        int common = 0;
+        while (common < limit && a.tokens[size_t(common)] == tokens[size_t(common)]) ++common;
+        pending = std::max(pending, common / opt_.kv_block_size * opt_.kv_block_size);
+      }
+      if (pending > hit.tokens) break;
     }
     const int chunk = cap_chunk(waiting_.front(), hit.tokens, std::min(target - hit.tokens, budget));
     if (chunk == 0) break;  // prompt logprobs over budget: admitted next step
@@ -380,6 +395,7 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
     const bool ok = append_or_preempt(running_.size() - 1, chunk, &slots);
     TETRA_CHECK(ok, "engine: admission of request ", id, " found fewer free blocks than counted");
     add_run(running_.back(), hit.tokens, slots);
+    if (!tokens.empty()) admitted.push_back({std::move(tokens), hit.tokens + chunk});
   }
   if (seqs.empty()) return false;
   // Logit rows, ascending: a run's prompt-logprob positions, then, for a sequence that reached

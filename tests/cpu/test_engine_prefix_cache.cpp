@@ -61,13 +61,25 @@ TEST_P(EnginePrefixCache, SharedPrefixesGiveTheSameTokensForLessPrefill) {
   auto on = engine(true, GetParam());
   const auto want = run_waves(*off, waves);
   EXPECT_EQ(run_waves(*on, waves), want);
-  // Wave 2: q1 again (its 44 - 1 tokens hold 10 full blocks of 4), q2 twice (the 37-token system
-  // prompt: 9 full blocks; the second q2 may also reuse the first's blocks if admitted after it
-  // registered them, which one step's admission does not).
-  EXPECT_GE(on->stats().prefix_cached_tokens, 40 + 36 + 36);
+  // Wave 2: q1 again (its 44 - 1 tokens hold 10 full blocks of 4), q2 (the 37-token system
+  // prompt: 9 full blocks), and q2 again a step later (all of the first q2's 45 - 1: 11 blocks).
+  EXPECT_EQ(on->stats().prefix_cached_tokens, 40 + 36 + 44);
   EXPECT_EQ(off->stats().prefix_cached_tokens, 0);
   EXPECT_EQ(on->stats().prefill_tokens + on->stats().prefix_cached_tokens, off->stats().prefill_tokens);
   EXPECT_EQ(on->kv_blocks_used(), 0);
+}
+
+// n samples of one prompt submitted together: the first prefills it, the others wait one step
+// and take its blocks from the cache.
+TEST_P(EnginePrefixCache, SamplesSubmittedTogetherSharePrefill) {
+  const std::vector<int32_t> prompt = test::test_prompt(40, 512, 88);
+  std::vector<Job> wave;
+  for (uint64_t i = 0; i < 3; ++i) wave.push_back({prompt, test::sampling(1.0f, 60 + i)});
+  auto on = engine(true, GetParam());
+  auto off = engine(false, GetParam());
+  EXPECT_EQ(run_waves(*on, {wave}), run_waves(*off, {wave}));
+  EXPECT_EQ(on->stats().prefix_cached_tokens, 2 * 36);  // 39 tokens before the last: 9 blocks of 4
+  EXPECT_EQ(on->stats().prefill_tokens, 40 + 2 * 4);
 }
 
 TEST_P(EnginePrefixCache, ALaterTurnReusesTheEarlierAnswer) {

@@ -89,6 +89,20 @@ TEST_F(ServerChoices, NSamplesDrawWithSeedPlusIndex) {
   EXPECT_EQ(j["usage"]["completion_tokens"], 30);
 }
 
+TEST_F(ServerChoices, NSamplesPrefillTheirPromptOnce) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(200 + (i * 7) % 97);
+  const double before = test::settled_metrics(port_)["tetra_prefix_cache_hit_tokens_total"];
+  const auto r = post(port_, "/v1/completions", {{"prompt", prompt}, {"n", 3}, {"max_tokens", 3}, {"temperature", 1.0},
+                                                 {"seed", 70}, {"ignore_eos", true}, {"return_token_ids", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = parse_json(r.body);
+  for (size_t k = 0; k < 3; ++k)
+    EXPECT_EQ(j["choices"][k]["token_ids"].get<std::vector<int32_t>>(), engine_alone(prompt, test::sampling(1.0f, 70 + k), 3));
+  // Blocks of 16: two of the three read the first 32 prompt tokens from the first's blocks.
+  EXPECT_EQ(test::settled_metrics(port_)["tetra_prefix_cache_hit_tokens_total"] - before, 64);
+}
+
 TEST_F(ServerChoices, StreamedChoicesAddUpToTheWholeAnswer) {
   const json req = {{"prompt", {"alpha", "beta gamma"}}, {"n", 3}, {"max_tokens", 7}, {"temperature", 0.9},
                     {"seed", 2}, {"ignore_eos", true}, {"logprobs", 1}};
