@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "core/cuda_check.h"
+#include "model/cuda/cuda_model_ops.h"
 #include "model_twin.h"
 #include "runtime/engine.h"
 
@@ -23,6 +24,7 @@ struct BackendRun {
 
 BackendRun run(const std::filesystem::path& dir, const std::string& backend,
                const std::vector<int32_t>& prompt) {
+  model::cuda::link_cuda_model_ops();  // the engine finds backends by name: keep "cuda" linked
   runtime::EngineOptions o;
   o.backend = backend;
   o.max_batch = 2;
@@ -68,6 +70,7 @@ TEST(EngineCuda, PrefixCachedPromptMatchesAWholePrefill) {
   const auto dir = model::test_twin::tiny_checkpoint("engine-prefix", "tiny-glm4.5-air", "nvfp4", 19);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 70; ++i) prompt.push_back(int32_t((i * 131 + 7) % 500));
+  model::cuda::link_cuda_model_ops();
   auto first_token = [&](bool prefix_caching, int64_t* cached) {
     runtime::EngineOptions o;
     o.backend = "cuda";
