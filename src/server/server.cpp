@@ -98,6 +98,8 @@ void Server::handle(const HttpRequest& req, HttpConnection& conn) {
     if (require("POST")) handle_generation(Endpoint::Chat, req, conn);
   } else if (p == "/generate") {
     if (require("POST")) handle_generation(Endpoint::Generate, req, conn);
+  } else if (p == "/tokenize" || p == "/detokenize") {
+    if (require("POST")) handle_tokenize(req, conn, p == "/detokenize");
   } else {
     reply_error(404, str("no route ", p));
   }

@@ -1,6 +1,7 @@
 // `tetra serve`: the OpenAI-compatible HTTP API over one Engine.
 //   GET  /health, /v1/models, /metrics (Prometheus text)
 //   POST /v1/completions, /v1/chat/completions (SSE when "stream": true), /generate (token ids)
+//   POST /tokenize, /detokenize (the served tokenizer)
 //   POST /start_profile, /stop_profile (Chrome trace JSON, also written to profile_dir; engine
 //        steps and requests, plus one event per GPU kernel on the cuda backend via CUPTI;
 //        stop without start: 400; CUPTI missing on the cuda backend: 500 at start)
@@ -45,6 +46,7 @@ class Server {
  private:
   void handle(const HttpRequest& req, HttpConnection& conn);
   void handle_generation(Endpoint ep, const HttpRequest& req, HttpConnection& conn);
+  void handle_tokenize(const HttpRequest& req, HttpConnection& conn, bool detokenize);
 
   ServerOptions opt_;
   std::string model_name_;

@@ -1,6 +1,6 @@
 // logit_bias, min_tokens, include_stop_str_in_output and skip_special_tokens over real HTTP
 // (loopback, CPU backend, tiny model with a tokenizer), against the engine or the text of a
-// plain run; and 400s for bad values.
+// plain run; /tokenize and /detokenize against the tokenizer; and 400s for bad values.
 #include <gtest/gtest.h>
 
 #include "runtime/engine.h"
@@ -76,6 +76,30 @@ TEST_F(ServerExtras, SkipSpecialTokensFalseKeepsThemInTheText) {
   EXPECT_EQ(complete(req)["text"], "");
   req["skip_special_tokens"] = false;
   EXPECT_EQ(complete(req)["text"], "<|assistant|><|assistant|>");
+}
+
+TEST_F(ServerExtras, TokenizeAndDetokenizeUseTheServedTokenizer) {
+  const std::string text = "Hello tokenizer, \u00e9t\u00e9!";
+  const json t = parse_json(post(port_, "/tokenize", {{"prompt", text}}).body);
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), tok_->encode(text, true));
+  EXPECT_EQ(t["count"], t["tokens"].size());
+  EXPECT_EQ(t["max_model_len"], test::kTinyServerContext);
+  const json bare = parse_json(post(port_, "/tokenize", {{"prompt", text}, {"add_special_tokens", false}}).body);
+  EXPECT_EQ(bare["tokens"].get<std::vector<int32_t>>(), tok_->encode(text, false));
+  EXPECT_LT(bare["count"].get<int>(), t["count"].get<int>());  // GLM's [gMASK]<sop> left out
+  const json d = parse_json(post(port_, "/detokenize", {{"tokens", bare["tokens"]}}).body);
+  EXPECT_EQ(d["prompt"], text);
+  // Chat messages count as the chat endpoint renders them: its prompt_tokens.
+  const json msgs = {{{"role", "user"}, {"content", "count me"}}};
+  const json c = parse_json(post(port_, "/tokenize", {{"messages", msgs}}).body);
+  const json chat = parse_json(post(port_, "/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 1}}).body);
+  EXPECT_EQ(c["count"], chat["usage"]["prompt_tokens"]);
+  EXPECT_EQ(post(port_, "/tokenize", {{"prompt", 5}}).status, 400);
+  EXPECT_EQ(post(port_, "/tokenize", {{"prompt", "x"}, {"add_special_tokens", "no"}}).status, 400);
+  EXPECT_EQ(post(port_, "/tokenize", json::array()).status, 400);
+  EXPECT_EQ(post(port_, "/detokenize", {{"tokens", {1, 512}}}).status, 400);
+  EXPECT_EQ(post(port_, "/detokenize", {{"tokens", "1 2"}}).status, 400);
+  EXPECT_EQ(test::get(port_, "/tokenize").status, 405);
 }
 
 TEST_F(ServerExtras, BadValuesAre400) {
