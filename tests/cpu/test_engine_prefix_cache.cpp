@@ -5,6 +5,8 @@
 // the cache; the KV pool is whole again at the end.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "model_fixture.h"
 #include "runtime/engine.h"
 
@@ -124,6 +126,56 @@ TEST_P(EnginePrefixCache, PromptLogprobsAreNeverCached) {
   const auto& want = off->request(ref).prompt_logprobs;
   ASSERT_EQ(got.size(), want.size());
   for (size_t p = 0; p < got.size(); ++p) EXPECT_FLOAT_EQ(got[p].logprob, want[p].logprob) << p;
+}
+
+// Random workloads: requests drawn from a few shared prefixes, arriving in waves while earlier
+// ones still run, some with biases, minimum lengths, stop ids or logprobs, in a pool small
+// enough to preempt. Every output equals the one without prefix caching, and the pool ends whole.
+TEST_P(EnginePrefixCache, RandomWorkloadsMatchTheEngineWithoutIt) {
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    std::mt19937 rng(seed);
+    std::vector<std::vector<int32_t>> prefixes;
+    for (uint32_t k = 0; k < 3; ++k) prefixes.push_back(test::test_prompt(5 + int(rng() % 20), 512, seed * 10 + k));
+    struct Request {
+      std::vector<int32_t> prompt;
+      ops::SamplingParams params;
+      int max_new;
+      std::vector<int32_t> stops;
+      runtime::RequestExtras extras;
+      int wave;
+    };
+    std::vector<Request> reqs;
+    for (int i = 0; i < 14; ++i) {
+      Request r;
+      r.prompt = concat(prefixes[rng() % 3], test::test_prompt(1 + int(rng() % 9), 512, seed * 100 + uint32_t(i)));
+      r.params = test::sampling(rng() % 2 ? 0.0f : 0.9f, 1000 + uint64_t(i));
+      r.max_new = 4 + int(rng() % 12);
+      if (rng() % 3 == 0) r.stops = {int32_t(rng() % 512), int32_t(rng() % 512)};
+      if (rng() % 4 == 0) r.extras.logit_bias = {{int32_t(rng() % 512), 2.5f}, {int32_t(rng() % 512), -100.0f}};
+      if (rng() % 4 == 0) r.extras.min_tokens = int(rng() % 4);
+      if (rng() % 5 == 0) r.extras.logprobs = {1, rng() % 2 == 0};
+      r.wave = i / 4;
+      reqs.push_back(std::move(r));
+    }
+    auto run_all = [&](bool prefix_caching, int64_t* cached) {
+      auto e = engine(prefix_caching, GetParam(), 20);
+      std::vector<int64_t> ids;
+      for (int wave = 0; wave <= reqs.back().wave; ++wave) {
+        for (const Request& r : reqs)
+          if (r.wave == wave) ids.push_back(e->add_request(r.prompt, r.params, r.max_new, r.stops, r.extras));
+        for (int s = 0; s < 3 && e->has_work(); ++s) e->step();  // the next wave arrives mid-run
+      }
+      e->run_to_completion();
+      EXPECT_EQ(e->kv_blocks_used(), 0);
+      *cached = e->stats().prefix_cached_tokens;
+      std::vector<std::vector<int32_t>> outs;
+      for (int64_t id : ids) outs.push_back(e->request(id).output);
+      return outs;
+    };
+    int64_t cached_on = 0, cached_off = 0;
+    EXPECT_EQ(run_all(true, &cached_on), run_all(false, &cached_off)) << "seed " << seed;
+    EXPECT_GT(cached_on, 0) << "seed " << seed;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyPresets, EnginePrefixCache, ::testing::Values("tiny-glm4.5-air", "tiny-deepseek-v3", "tiny-qwen3-30b-a3b", "tiny-glm5"),
