@@ -1,12 +1,13 @@
 // Engine features on the CUDA backend, same tiny checkpoint as the CPU backend.
-// Logprobs against the CPU backend:
-// the step's logits read back from the device (read_logits) for generated tokens and for a
-// prompt longer than one step's read-back budget (kPromptLogprobRowsPerStep), and the first
-// token drawn on the host from those rows. Bound: |logprob difference| <= 0.05, from the model
-// bound (logits rows within 2e-2 relative L2, tests/gpu/test_model_cuda.cpp): the tiny model's
-// logits are O(1) with log-partition errors of a few 1e-3 measured there.
+// Logprobs: the step's logits read back from the device (read_logits), for generated tokens and
+// for a prompt longer than one step's read-back budget (kPromptLogprobRowsPerStep). Bound, per
+// position: logprob = z_t - logsumexp(z), so |logprob_gpu - logprob_cpu| <= 2 max_i |z_gpu,i -
+// z_cpu,i| for the backends' logits z of that position (score(), one prefill), plus 0.02 for the
+// prefill being cut in two steps here (bf16 rounding of the other chunk's KV). A row read from the
+// wrong position or a wrong log-partition breaks it by the logits' spread, not by their error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/cuda_check.h"
@@ -18,6 +19,7 @@ namespace tetra {
 namespace {
 
 struct BackendRun {
+  std::vector<float> logits;  // [prompt, vocab] score() of the prompt
   std::vector<int32_t> output;
   std::vector<ops::PositionLogprobs> logprobs, prompt_logprobs;
 };
@@ -30,10 +32,11 @@ BackendRun run(const std::filesystem::path& dir, const std::string& backend,
   o.max_batch = 2;
   o.max_context = 512;
   auto e = runtime::Engine::load(dir, o);
+  BackendRun r;
+  r.logits = e->score({prompt}, 0)[0];
   ops::SamplingParams greedy;
   greedy.temperature = 0.0f;
   const int64_t id = e->add_request(prompt, greedy, 4, {}, runtime::RequestExtras{.logprobs = {5, true}});
-  BackendRun r;
   while (e->has_work())
     for (const runtime::TokenEvent& ev : e->step()) r.logprobs.push_back(*ev.logprobs);
   r.output = e->request(id).output;
@@ -48,18 +51,27 @@ TEST(EngineCuda, LogprobsMatchTheCpuBackend) {
   for (int i = 0; i < 300; ++i) prompt.push_back(int32_t((i * 7919 + 13) % 500));
   const BackendRun cpu = run(dir, "cpu", prompt);
   const BackendRun gpu = run(dir, "cuda", prompt);
+  const size_t V = cpu.logits.size() / prompt.size();
   ASSERT_EQ(cpu.prompt_logprobs.size(), prompt.size() - 1);
   ASSERT_EQ(gpu.prompt_logprobs.size(), prompt.size() - 1);
-  double worst = 0;
-  for (size_t p = 0; p < cpu.prompt_logprobs.size(); ++p) {
-    worst = std::max(worst, double(std::abs(cpu.prompt_logprobs[p].logprob - gpu.prompt_logprobs[p].logprob)));
+  double worst = 0, worst_bound = 0, spread = 0;
+  for (size_t p = 0; p + 1 < prompt.size(); ++p) {
+    double dz = 0;
+    for (size_t i = 0; i < V; ++i) dz = std::max(dz, double(std::abs(gpu.logits[p * V + i] - cpu.logits[p * V + i])));
+    const double diff = std::abs(cpu.prompt_logprobs[p].logprob - gpu.prompt_logprobs[p].logprob);
+    EXPECT_LE(diff, 2 * dz + 0.02) << "position " << p;
+    worst = std::max(worst, diff);
+    worst_bound = std::max(worst_bound, 2 * dz + 0.02);
+    spread = std::max(spread, double(std::abs(cpu.prompt_logprobs[p].logprob - cpu.prompt_logprobs[p].top[0].logprob)));
     ASSERT_EQ(gpu.prompt_logprobs[p].top.size(), 5u);
   }
-  EXPECT_LE(worst, 0.05) << "largest prompt logprob difference";
-  // Generated: compare where both chose the same token (near-ties may pick differently).
+  std::printf("prompt logprobs: largest |gpu - cpu| %.4f (bound up to %.4f; logprob spread %.2f)\n", worst,
+              worst_bound, spread);
+  // Generated: where both chose the same token (near-ties may pick differently), the same bound
+  // with the last prompt row's logits difference as a stand-in, and a floor of 0.05.
   ASSERT_EQ(gpu.logprobs.size(), 4u);
   for (size_t k = 0; k < 4 && cpu.output[k] == gpu.output[k]; ++k)
-    EXPECT_NEAR(cpu.logprobs[k].logprob, gpu.logprobs[k].logprob, 0.05) << "token " << k;
+    EXPECT_NEAR(cpu.logprobs[k].logprob, gpu.logprobs[k].logprob, std::max(0.05, worst_bound)) << "token " << k;
 }
 
 // Prefix caching on the device: a prompt whose first blocks were cached by an earlier request
