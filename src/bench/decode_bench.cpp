@@ -137,8 +137,11 @@ class TimedOps final : public model::ModelOps {
   void moe(int l, Buf i, Buf o) override { timed("moe", [&] { in_.moe(l, i, o); }); }
   void logits(Buf i) override { timed("lm_head", [&] { in_.logits(i); }); }
   void read_logits(float* o) override { in_.read_logits(o); }
-  void sample(const ops::SamplingParams* p, const ops::TokenHistory& h, int32_t* t) override {
-    timed("sampling", [&] { in_.sample(p, h, t); });
+  void sample(const model::SampleBatch& b, int32_t* t) override {
+    timed("sampling", [&] { in_.sample(b, t); });
+  }
+  void logprobs(const ops::LogprobQuery* q, int n, ops::PositionLogprobs* o) override {
+    in_.logprobs(q, n, o);
   }
   void copy_kv_blocks(const std::vector<runtime::BlockCopy>& c) override { in_.copy_kv_blocks(c); }
 
@@ -401,7 +404,7 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
     sampled.resize(st.logit_rows.size());
     const auto t0 = clock::now();
     model::run_forward(m, w, st);
-    m.sample(greedy.data(), ops::TokenHistory{}, sampled.data());
+    m.sample(model::SampleBatch{.rows = int(greedy.size()), .params = greedy.data()}, sampled.data());
     ops->synchronize();  // every GPU's stream
     return std::chrono::duration<double, std::micro>(clock::now() - t0).count();
   };

@@ -282,10 +282,33 @@ class CpuModelOps final : public ModelOps {
                 size_t(step_->num_logit_rows()) * size_t(c_.vocab_size) * sizeof(float));
   }
 
-  void sample(const ops::SamplingParams* params, const ops::TokenHistory& history,
-              int32_t* tokens) override {
-    ops::sample_cpu(logits_.data(), step_->num_logit_rows(), int(c_.vocab_size), params, history,
-                    tokens);
+  void sample(const SampleBatch& s, int32_t* tokens) override {
+    const int R = step_->num_logit_rows();
+    const size_t V = size_t(c_.vocab_size);
+    if (s.logit_rows == nullptr) {
+      TETRA_CHECK(s.rows <= R, "sample: ", s.rows, " rows of a step with ", R, " logit rows");
+      ops::sample_cpu(logits_.data(), s.rows, int(V), s.params, s.history, tokens, s.bias);
+      return;
+    }
+    std::vector<float> picked(size_t(s.rows) * V);  // [rows, vocab] the sampled logit rows
+    for (int i = 0; i < s.rows; ++i) {
+      const int r = s.logit_rows[i];
+      TETRA_CHECK(r >= 0 && r < R, "sample: logit row ", r, " outside [0, ", R, ")");
+      std::copy_n(logits_.data() + size_t(r) * V, V, picked.data() + size_t(i) * V);
+    }
+    ops::sample_cpu(picked.data(), s.rows, int(V), s.params, s.history, tokens, s.bias);
+  }
+
+  void logprobs(const ops::LogprobQuery* queries, int n, ops::PositionLogprobs* out) override {
+    for (int i = 0; i < n; ++i)
+      ops::check_logprob_query(queries[i], step_->num_logit_rows(), c_.vocab_size);
+    parallel_for(n, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const ops::LogprobQuery& q = queries[i];
+        out[i] = ops::position_logprobs(logits_.data() + size_t(q.row) * size_t(c_.vocab_size),
+                                        c_.vocab_size, q.token, q.top);
+      }
+    });
   }
 
   void copy_kv_blocks(const std::vector<runtime::BlockCopy>& copies) override {

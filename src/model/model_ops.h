@@ -8,8 +8,8 @@
 //     (runtime/kv_cache.h does the block bookkeeping on the host),
 //   - the logits of the current step, f32 [R, vocab] for the step's logit_rows.
 // Every op works on the first T = step.num_tokens() rows of its buffers (decode: T = S).
-// Ops may run asynchronously (one stream); read_logits and sample return host data and so
-// synchronise. Ops never allocate after prepare() (CUDA graph capture of decode steps).
+// Ops may run asynchronously (one stream); read_logits, sample and logprobs return host data and
+// so synchronise. Ops never allocate after prepare() (CUDA graph capture of decode steps).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -20,10 +20,21 @@
 #include "core/error.h"
 #include "model/model_weights.h"
 #include "model/step_batch.h"
+#include "ops/sampling/logprobs.h"
 #include "ops/sampling/sampling.h"
 #include "runtime/kv_cache.h"
 
 namespace tetra::model {
+
+// One step's draws (ops/sampling/sampling.h): token i from logit row logit_rows[i] (null: row i)
+// with params[i] and row i of the histories and biases, all on the host.
+struct SampleBatch {
+  int rows = 0;
+  const int32_t* logit_rows = nullptr;          // [rows] or null
+  const ops::SamplingParams* params = nullptr;  // [rows]
+  ops::TokenHistory history;
+  ops::LogitBias bias;
+};
 
 // Named activation buffers, bf16 row-major [max_tokens, width]:
 enum class Buf : int {
@@ -180,10 +191,11 @@ class ModelOps {
   virtual void logits(Buf in) = 0;
   // Copies the step's logits to host: out [R, vocab] f32.
   virtual void read_logits(float* out) = 0;
-  // Samples one token per logit row: params [R], history rows as in ops/sampling/sampling.h;
-  // tokens [R] int32 on the host.
-  virtual void sample(const ops::SamplingParams* params, const ops::TokenHistory& history,
-                      int32_t* tokens) = 0;
+  // Samples batch.rows tokens from the step's logits -> tokens [batch.rows] int32 on the host.
+  virtual void sample(const SampleBatch& batch, int32_t* tokens) = 0;
+  // Log-probabilities under the step's raw logits (ops/sampling/logprobs.h): queries [n] (rows
+  // index the step's logit rows) -> out [n].
+  virtual void logprobs(const ops::LogprobQuery* queries, int n, ops::PositionLogprobs* out) = 0;
   // Tensor parallel: b [T, H] (a row-split layer's partial sums) becomes the sum over all ranks.
   // A no-op on a backend that runs the whole model on one device.
   virtual void all_reduce(Buf b) { (void)b; }

@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "core/error.h"
-#include "core/parallel.h"
 #include "format/model_config.h"
 
 namespace tetra::runtime {
@@ -155,53 +154,50 @@ void Engine::finish_if_done(Running& r, TokenEvent& ev) {
 }
 
 std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& rows,
-                                                  const float* host_logits,
-                                                  const std::vector<int>& logit_row) {
+                                                  const std::vector<int32_t>& logit_row) {
   const int R = int(rows.size());
-  const int64_t V = config().vocab_size;
   std::vector<ops::SamplingParams> params(static_cast<size_t>(R));
   std::vector<int32_t> prompt_tokens, prompt_off{0}, out_tokens, out_off{0};
+  std::vector<int32_t> bias_tokens, bias_off{0};
+  std::vector<float> bias_values;
   for (int i = 0; i < R; ++i) {
-    const RequestState& st = requests_[rows[size_t(i)]->id];
-    params[size_t(i)] = rows[size_t(i)]->params;
+    const Running& r = *rows[size_t(i)];
+    const RequestState& st = requests_[r.id];
+    params[size_t(i)] = r.params;
     params[size_t(i)].step = st.output.size();
     prompt_tokens.insert(prompt_tokens.end(), st.prompt.begin(), st.prompt.end());
     prompt_off.push_back(int32_t(prompt_tokens.size()));
     out_tokens.insert(out_tokens.end(), st.output.begin(), st.output.end());
     out_off.push_back(int32_t(out_tokens.size()));
-  }
-  ops::TokenHistory hist{prompt_tokens.data(), prompt_off.data(), out_tokens.data(), out_off.data()};
-  std::vector<int32_t> tokens(static_cast<size_t>(R));
-  std::vector<const float*> row_logits(static_cast<size_t>(R));  // [R] raw host rows
-  const bool any_logprobs =
-      std::any_of(rows.begin(), rows.end(), [](const Running* r) { return r->logprobs.top >= 0; });
-  const bool any_adjusted =
-      std::any_of(rows.begin(), rows.end(), [&](const Running* r) { return adjusts_logits(*r); });
-  if (host_logits || any_logprobs || any_adjusted) {
-    const float* logits = host_logits ? host_logits : read_step_logits(R);
-    for (int i = 0; i < R; ++i)
-      row_logits[size_t(i)] = logits + size_t(host_logits ? logit_row[size_t(i)] : i) * size_t(V);
-  }
-  if (host_logits || any_adjusted) {
-    std::vector<float> gathered(size_t(R) * size_t(V));  // [R, vocab] the rows to sample
-    for (int i = 0; i < R; ++i) {
-      float* row = gathered.data() + size_t(i) * size_t(V);
-      std::copy_n(row_logits[size_t(i)], V, row);
-      adjust_logits(*rows[size_t(i)], row);
+    for (const auto& [t, bias] : logit_bias_row(r)) {
+      bias_tokens.push_back(t);
+      bias_values.push_back(bias);
     }
-    ops::sample_cpu(gathered.data(), R, int(V), params.data(), hist, tokens.data());
-  } else {
-    model_->ops().sample(params.data(), hist, tokens.data());
+    bias_off.push_back(int32_t(bias_tokens.size()));
   }
+  model::SampleBatch batch;
+  batch.rows = R;
+  batch.logit_rows = logit_row.empty() ? nullptr : logit_row.data();
+  batch.params = params.data();
+  batch.history = {prompt_tokens.data(), prompt_off.data(), out_tokens.data(), out_off.data()};
+  if (!bias_tokens.empty()) batch.bias = {bias_tokens.data(), bias_values.data(), bias_off.data()};
+  std::vector<int32_t> tokens(static_cast<size_t>(R));
+  model_->ops().sample(batch, tokens.data());
+
   std::vector<TokenEvent> events(static_cast<size_t>(R));
-  if (any_logprobs)
-    parallel_for(R, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const int top = rows[size_t(i)]->logprobs.top;
-        if (top >= 0 && tokens[size_t(i)] >= 0)
-          events[size_t(i)].logprobs = ops::position_logprobs(row_logits[size_t(i)], V, tokens[size_t(i)], top);
-      }
-    });
+  std::vector<ops::LogprobQuery> queries;  // rows asking for logprobs, under the raw logits
+  std::vector<int> asked;                  // [queries] their rows
+  for (int i = 0; i < R; ++i) {
+    const int top = rows[size_t(i)]->logprobs.top;
+    if (top < 0 || tokens[size_t(i)] < 0) continue;
+    queries.push_back({logit_row.empty() ? i : logit_row[size_t(i)], tokens[size_t(i)], top});
+    asked.push_back(i);
+  }
+  if (!queries.empty()) {
+    std::vector<ops::PositionLogprobs> answers(queries.size());
+    model_->ops().logprobs(queries.data(), int(queries.size()), answers.data());
+    for (size_t q = 0; q < queries.size(); ++q) events[size_t(asked[q])].logprobs = std::move(answers[q]);
+  }
   for (int i = 0; i < R; ++i) {
     Running& r = *rows[size_t(i)];
     TokenEvent& ev = events[size_t(i)];
@@ -219,27 +215,18 @@ std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& r
   return events;
 }
 
-bool Engine::adjusts_logits(const Running& r) const {
-  const int generated = int(requests_.at(r.id).output.size());
-  return !r.logit_bias.empty() || (generated < r.min_tokens && !r.stop_ids.empty());
-}
-
-void Engine::adjust_logits(const Running& r, float* row) const {
-  for (const auto& [t, bias] : r.logit_bias) row[t] += bias;
+std::vector<std::pair<int32_t, float>> Engine::logit_bias_row(const Running& r) const {
+  std::map<int32_t, float> bias;  // token -> summed bias (a token given twice adds up)
+  for (const auto& [t, b] : r.logit_bias) bias[t] += b;
   if (int(requests_.at(r.id).output.size()) < r.min_tokens)
-    for (int32_t t : r.stop_ids) row[t] = -std::numeric_limits<float>::infinity();
+    for (int32_t t : r.stop_ids) bias[t] = -std::numeric_limits<float>::infinity();
+  return {bias.begin(), bias.end()};
 }
 
-const float* Engine::read_step_logits(int R) {
-  logits_host_.resize(size_t(R) * size_t(config().vocab_size));
-  model_->ops().read_logits(logits_host_.data());
-  return logits_host_.data();
-}
-
-void Engine::record_prompt_logprobs(const std::vector<PromptLogprobRows>& runs, const float* logits) {
-  const int64_t V = config().vocab_size;
+void Engine::record_prompt_logprobs(const std::vector<PromptLogprobRows>& runs) {
+  std::vector<ops::LogprobQuery> queries;
   for (const PromptLogprobRows& run : runs) {
-    RequestState& st = requests_.at(run.id);
+    const RequestState& st = requests_.at(run.id);
     int top = 0;
     for (Running& r : running_)
       if (r.id == run.id) {
@@ -247,13 +234,14 @@ void Engine::record_prompt_logprobs(const std::vector<PromptLogprobRows>& runs, 
         r.prompt_logprob_rows = run.first + run.count;
       }
     // Position p's logits give the logprob of prompt token p + 1.
-    parallel_for(run.count, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        const int p = run.first + int(k);
-        st.prompt_logprobs[size_t(p)] = ops::position_logprobs(logits + size_t(run.row + k) * size_t(V), V,
-                                                               st.prompt[size_t(p) + 1], top);
-      }
-    });
+    for (int k = 0; k < run.count; ++k) queries.push_back({run.row + k, st.prompt[size_t(run.first + k) + 1], top});
+  }
+  std::vector<ops::PositionLogprobs> answers(queries.size());
+  model_->ops().logprobs(queries.data(), int(queries.size()), answers.data());
+  size_t q = 0;
+  for (const PromptLogprobRows& run : runs) {
+    RequestState& st = requests_.at(run.id);
+    for (int k = 0; k < run.count; ++k) st.prompt_logprobs[size_t(run.first + k)] = std::move(answers[q++]);
   }
 }
 
@@ -401,7 +389,7 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
   // Logit rows, ascending: a run's prompt-logprob positions, then, for a sequence that reached
   // its target, its last row (it samples the next token).
   std::vector<Running*> rows;
-  std::vector<int> sample_rows;  // [rows] their logit rows
+  std::vector<int32_t> sample_rows;  // [rows] their logit rows
   auto next_logprob_run = logprob_runs.begin();
   for (size_t s = 0; s < seqs.size(); ++s) {
     const int64_t id = seqs[s];
@@ -426,13 +414,8 @@ bool Engine::prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>*
   model_->forward(b);
   register_written_blocks(seqs);
   std::vector<TokenEvent> sampled;
-  if (!logprob_runs.empty()) {
-    const float* logits = read_step_logits(b.num_logit_rows());
-    record_prompt_logprobs(logprob_runs, logits);
-    if (!rows.empty()) sampled = sample_and_record(rows, logits, sample_rows);
-  } else if (!rows.empty()) {
-    sampled = sample_and_record(rows);
-  }
+  if (!logprob_runs.empty()) record_prompt_logprobs(logprob_runs);
+  if (!rows.empty()) sampled = sample_and_record(rows, sample_rows);
   stats_.prefill_seconds += seconds_since(t0);
   stats_.prefill_tokens += b.num_tokens();
   stats_.prefill_chunks += int64_t(seqs.size());

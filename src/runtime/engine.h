@@ -118,8 +118,8 @@ class Engine {
   // max_new_tokens (finish "length") or when a token in stop_ids is produced (finish "stop";
   // the stop token is reported). `extras`: the logprobs each token event (and the request's
   // state, for the prompt) carries, token biases and a minimum length; out-of-range values
-  // (see RequestExtras, min_tokens > max_new_tokens) are errors. Rows with biases or a pending
-  // minimum are sampled on the host from the step's logits (the same draws as the backend's).
+  // (see RequestExtras, min_tokens > max_new_tokens) are errors. Biases, minimum lengths and
+  // logprobs all run where the logits are (the backend's sampler and logprobs ops).
   int64_t add_request(std::vector<int32_t> prompt, const ops::SamplingParams& params,
                       int max_new_tokens, std::vector<int32_t> stop_ids = {},
                       RequestExtras extras = {});
@@ -182,20 +182,15 @@ class Engine {
   bool prefill_step(std::vector<TokenEvent>& events, std::vector<int64_t>* stepped);
   // Decode step of the prefilled running requests not in `skip`; whether a forward ran.
   bool decode_step(std::vector<TokenEvent>& events, const std::vector<int64_t>& skip);
-  // Samples one token for each of `rows` and records it. host_logits: null (the backend samples
-  // its logit rows 0..R-1, one per row) or the step's logits on the host, rows[i]'s at row
-  // logit_row[i] (then the CPU sampler draws: the same tokens as the backend's by design).
+  // Samples one token for each of `rows` (rows[i] from the step's logit row logit_row[i]; empty:
+  // row i) on the backend, with logprobs where asked, and records it.
   std::vector<TokenEvent> sample_and_record(const std::vector<Running*>& rows,
-                                            const float* host_logits = nullptr,
-                                            const std::vector<int>& logit_row = {});
-  // Whether a row's logits are changed on the host before it is sampled this step (biases, or
-  // stop ids masked until min_tokens); and that change, on its [vocab] row.
-  bool adjusts_logits(const Running& r) const;
-  void adjust_logits(const Running& r, float* row) const;
-  // Reads the step's [R, vocab] logits into logits_host_; returns them.
-  const float* read_step_logits(int R);
-  // Fills the prompt logprobs of `runs` from the step's host logits.
-  void record_prompt_logprobs(const std::vector<PromptLogprobRows>& runs, const float* logits);
+                                            const std::vector<int32_t>& logit_row = {});
+  // A row's logit biases this step, ascending ids: its logit_bias, and -inf on its stop ids
+  // until min_tokens are out.
+  std::vector<std::pair<int32_t, float>> logit_bias_row(const Running& r) const;
+  // Fills the prompt logprobs of `runs` from the step's logits.
+  void record_prompt_logprobs(const std::vector<PromptLogprobRows>& runs);
   void finish_if_done(Running& r, TokenEvent& ev);
   // Tokens a (re)prefill covers: prompt + output so far. Token i of that sequence.
   int prefill_target(int64_t id) const;
@@ -219,7 +214,6 @@ class Engine {
   std::vector<Running> running_;  // in admission order
   std::map<int64_t, RequestState> requests_;
   EngineStats stats_;
-  std::vector<float> logits_host_;  // [R, vocab] a step's logits, read back for logprobs
 };
 
 }  // namespace tetra::runtime

@@ -118,6 +118,60 @@ TEST(Sampling, PenaltiesChangeTheGreedyChoice) {
   EXPECT_EQ(sample_one(l2, q, h2), 0);
 }
 
+int32_t sample_biased(const std::vector<float>& logits, const SamplingParams& p,
+                      const std::vector<int32_t>& ids, const std::vector<float>& values,
+                      const TokenHistory& h = {}) {
+  const std::vector<int32_t> off = {0, int32_t(ids.size())};
+  int32_t tok = -2;
+  sample_cpu(logits.data(), 1, int(logits.size()), &p, h, &tok, LogitBias{ids.data(), values.data(), off.data()});
+  return tok;
+}
+
+TEST(Sampling, LogitBiasAddsBansAndComesBeforePenalties) {
+  const std::vector<float> logits = {2.5f, 2.0f, 1.0f, NAN};
+  SamplingParams p;
+  p.temperature = 0.0f;
+  EXPECT_EQ(sample_biased(logits, p, {}, {}), 0);
+  EXPECT_EQ(sample_biased(logits, p, {2}, {1.6f}), 2);         // 2.6 > 2.5
+  EXPECT_EQ(sample_biased(logits, p, {0}, {-INFINITY}), 1);    // banned
+  EXPECT_EQ(sample_biased(logits, p, {3}, {100.0f}), 0);       // NaN + bias stays NaN
+  EXPECT_EQ(sample_biased(logits, p, {0, 1, 2}, {-INFINITY, -INFINITY, -INFINITY}), -1);
+  // Penalties still act on a biased token: seen once in the output, presence 0.7:
+  // (1.0 + 1.6) - 0.7 = 1.9 < 2.5.
+  const std::vector<int32_t> out = {2}, off = {0, 1};
+  const TokenHistory h{nullptr, nullptr, out.data(), off.data()};
+  p.presence_penalty = 0.7f;
+  EXPECT_EQ(sample_biased(logits, p, {2}, {1.6f}, h), 0);
+  // Repetition acts on the biased logit: (-1 + 1.5) / 2 = 0.25 beats token 1's 0.3 / 2 (the
+  // other order would give -1 * 2 + 1.5 = -0.5).
+  const std::vector<float> l2 = {-1.0f, 0.3f};
+  SamplingParams q;
+  q.temperature = 0.0f;
+  q.repetition_penalty = 2.0f;
+  const std::vector<int32_t> seen = {0, 1}, seen_off = {0, 2};
+  const TokenHistory h2{seen.data(), seen_off.data(), nullptr, nullptr};
+  EXPECT_EQ(sample_biased(l2, q, {0}, {1.5f}, h2), 0);
+  EXPECT_EQ(sample_biased(l2, q, {}, {}, h2), 1);
+  // A sampled row never draws a banned token.
+  SamplingParams t;
+  t.temperature = 1.0f;
+  for (uint64_t step = 0; step < 200; ++step) {
+    t.step = step;
+    EXPECT_NE(sample_biased({1.0f, 1.0f, 1.0f}, t, {1}, {-INFINITY}), 1);
+  }
+}
+
+TEST(Sampling, RefusesBadLogitBiases) {
+  const std::vector<float> logits = {1.0f, 2.0f, 3.0f};
+  SamplingParams p;
+  EXPECT_THROW(sample_biased(logits, p, {3}, {1.0f}), Error);          // outside the vocab
+  EXPECT_THROW(sample_biased(logits, p, {-1}, {1.0f}), Error);
+  EXPECT_THROW(sample_biased(logits, p, {1, 1}, {1.0f, 2.0f}), Error);  // twice
+  EXPECT_THROW(sample_biased(logits, p, {1}, {NAN}), Error);
+  EXPECT_THROW(sample_biased(logits, p, {1}, {INFINITY}), Error);
+  EXPECT_EQ(sample_biased(logits, p, {0, 2}, {5.0f, -INFINITY}), 0);  // temperature 1, 6 vs 2
+}
+
 TEST(Sampling, RefusesHistoryOutsideTheVocabAndBadParams) {
   const std::vector<int32_t> out = {5}, off = {0, 1};
   const TokenHistory h{nullptr, nullptr, out.data(), off.data()};

@@ -32,10 +32,12 @@
 #include "core/error.h"
 #include "format/checkpoint.h"
 #include "format/presets.h"
+#include "model/cpu_model_ops.h"
 #include "model/cuda/cuda_model_ops.h"
 #include "moe/moe_layer.h"
 #include "model/model.h"
 #include "model/model_ops.h"
+#include "ops/sampling/logprobs.h"
 #include "ops/sampling/sampling.h"
 #include "runtime/kv_cache.h"
 
@@ -275,7 +277,7 @@ TEST(ModelCudaSampling, DeviceSamplerMatchesCpuSampler) {
   const ops::TokenHistory hist{prompt_tokens.data(), prompt_off.data(), out_tokens.data(),
                                out_off.data()};
   std::vector<int32_t> on_gpu(static_cast<size_t>(R)), on_cpu(static_cast<size_t>(R));
-  t.ops[0]->sample(params.data(), hist, on_gpu.data());
+  t.ops[0]->sample({.rows = R, .params = params.data(), .history = hist}, on_gpu.data());
   ops::sample_cpu(logits.data(), R, V, params.data(), hist, on_cpu.data());
   EXPECT_EQ(on_gpu, on_cpu);
   int drawn_off_argmax = 0;  // the draws are exercised, not only greedy picks
@@ -283,9 +285,58 @@ TEST(ModelCudaSampling, DeviceSamplerMatchesCpuSampler) {
     drawn_off_argmax += on_cpu[size_t(r)] != argmax(logits.data() + int64_t(r) * V, V);
   EXPECT_GT(drawn_off_argmax, 0);
 
+  // A subset of the logit rows, out of order, with biases: each row's argmax banned and a
+  // random token pushed up (the engine's logit_bias and min_tokens), on the CPU backend too.
+  t.add(make_cpu_model_ops());  // the CPU backend runs the same step
+  t.run(pre);
+  const std::vector<int32_t> pick = {R - 1, 3, 64, 0, 17};
+  const int P = int(pick.size());
+  std::vector<int32_t> bias_tokens, bias_off{0};
+  std::vector<float> bias_values;
+  for (int i = 0; i < P; ++i) {
+    const int32_t top = argmax(logits.data() + int64_t(pick[size_t(i)]) * V, V);
+    bias_tokens.insert(bias_tokens.end(), {top, int32_t((top + 1 + i) % V)});
+    bias_values.insert(bias_values.end(), {-INFINITY, i % 2 ? 30.0f : 0.5f});
+    bias_off.push_back(int32_t(bias_tokens.size()));
+  }
+  std::vector<ops::SamplingParams> picked(params.begin(), params.begin() + P);
+  std::vector<int32_t> off0(size_t(P) + 1, 0);  // empty histories
+  const SampleBatch sub{.rows = P,
+                                  .logit_rows = pick.data(),
+                                  .params = picked.data(),
+                                  .history = {nullptr, off0.data(), nullptr, off0.data()},
+                                  .bias = {bias_tokens.data(), bias_values.data(), bias_off.data()}};
+  std::vector<int32_t> sub_gpu(size_t(P), -2), sub_cpu(size_t(P), -3);
+  t.ops[0]->sample(sub, sub_gpu.data());
+  t.ops[1]->sample(sub, sub_cpu.data());
+  EXPECT_EQ(sub_gpu, sub_cpu);
+  for (int i = 0; i < P; ++i) {
+    EXPECT_NE(sub_gpu[size_t(i)], bias_tokens[size_t(2 * i)]) << "a banned token was drawn";
+    if (i % 2) EXPECT_EQ(sub_gpu[size_t(i)], bias_tokens[size_t(2 * i + 1)]) << "pick " << i;
+  }
+
+  // Logprobs of the step's rows on both backends: same top ids, logprobs within 2e-2 (the
+  // backends' logits differ by their kernels' rounding).
+  std::vector<ops::LogprobQuery> queries;
+  for (int r = 0; r < R; r += 7) queries.push_back({r, pre.tokens[size_t(r)], (r / 7) % 21});
+  std::vector<ops::PositionLogprobs> lp_gpu(queries.size()), lp_cpu(queries.size());
+  t.ops[0]->logprobs(queries.data(), int(queries.size()), lp_gpu.data());
+  t.ops[1]->logprobs(queries.data(), int(queries.size()), lp_cpu.data());
+  for (size_t i = 0; i < queries.size(); ++i) {
+    EXPECT_NEAR(lp_gpu[i].logprob, lp_cpu[i].logprob, 2e-2) << "query " << i;
+    ASSERT_EQ(lp_gpu[i].top.size(), lp_cpu[i].top.size()) << "query " << i;
+    // The GPU's own logits give the GPU's top ids exactly.
+    const ops::PositionLogprobs own = ops::position_logprobs(
+        logits.data() + size_t(queries[i].row) * size_t(V), V, queries[i].token, queries[i].top);
+    for (size_t j = 0; j < own.top.size(); ++j) {
+      EXPECT_EQ(lp_gpu[i].top[j].token, own.top[j].token) << "query " << i << " rank " << j;
+      EXPECT_NEAR(lp_gpu[i].top[j].logprob, own.top[j].logprob, 1e-5) << "query " << i;
+    }
+  }
+
   out_tokens.at(0) = V;  // row 1's first output token (row 0 has none)
   try {
-    t.ops[0]->sample(params.data(), hist, on_gpu.data());
+    t.ops[0]->sample({.rows = R, .params = params.data(), .history = hist}, on_gpu.data());
     ADD_FAILURE() << "a history token outside the vocabulary was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("history token " + std::to_string(V) + " outside vocab"),

@@ -23,6 +23,7 @@
 #include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_kv_cuda.h"
 #include "ops/sampling/sampling.h"
+#include "ops/sampling/logprobs_cuda.h"
 #include "ops/sampling/sampling_cuda.h"
 
 namespace tetra::ops {
@@ -466,19 +467,39 @@ TEST_P(SamplingVocab, SamplingPicksTheSameTokensAsTheCpu) {
     po.push_back(int32_t(pt.size()));
     oo.push_back(int32_t(ot.size()));
   }
-  Dev<float> dlogits(logits);
-  Dev<int32_t> dpt(pt), dpo(po), dot(ot), doo(oo), dtok(rows);
+  // Logit biases on every third row: the row's argmax banned, a random token pushed up by 8
+  // (the greedy rows then draw it), a few small biases; distinct ids per row.
+  std::vector<int32_t> bt, bo = {0};
+  std::vector<float> bv;
+  for (int r = 0; r < rows; ++r) {
+    if (r % 3 == 0) {
+      const float* row = logits.data() + size_t(r) * V;
+      const int top = int(std::max_element(row, row + V) - row);
+      std::vector<int32_t> ids = {top};
+      while (ids.size() < 6) {
+        const int32_t t = int32_t(rng() % V);
+        if (std::find(ids.begin(), ids.end(), t) == ids.end()) ids.push_back(t);
+      }
+      const float values[6] = {-INFINITY, 8.0f, -0.5f, 0.25f, -100.0f, 100.0f};
+      for (int i = 0; i < 6; ++i) bt.push_back(ids[size_t(i)]), bv.push_back(values[i]);
+    }
+    bo.push_back(int32_t(bt.size()));
+  }
+  Dev<float> dlogits(logits), dbv(bv);
+  Dev<int32_t> dpt(pt), dpo(po), dot(ot), doo(oo), dtok(rows), dbt(bt);
   const TokenHistory host_hist{pt.data(), po.data(), ot.data(), oo.data()};
   const TokenHistory dev_hist{dpt.ptr(), dpo.ptr(), dot.ptr(), doo.ptr()};
+  const LogitBias host_bias{bt.data(), bv.data(), bo.data()};
+  const LogitBias dev_bias{dbt.ptr(), dbv.ptr(), bo.data()};  // offsets stay on the host
   Dev<unsigned char> ws(std::vector<unsigned char>(cuda::sampling_workspace_bytes(rows, V), 0));
   int mismatches = 0;
   for (int round = 0; round < 8; ++round) {  // new steps: new draws
     for (auto& p : params) ++p.step;
     std::vector<int32_t> want(rows);
-    sample_cpu(logits.data(), rows, V, params.data(), host_hist, want.data());
+    sample_cpu(logits.data(), rows, V, params.data(), host_hist, want.data(), host_bias);
     dtok.poison();
-    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), dev_hist, ws.ptr(), ws.size(),
-                         dtok.ptr(), nullptr));
+    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), dev_hist, dev_bias, ws.ptr(),
+                         ws.size(), dtok.ptr(), nullptr));
     const auto got = dtok.download();
     for (int r = 0; r < rows; ++r) {
       EXPECT_EQ(got[r], want[r]) << "round " << round << " row " << r;
@@ -488,6 +509,13 @@ TEST_P(SamplingVocab, SamplingPicksTheSameTokensAsTheCpu) {
     EXPECT_TRUE(dtok.guards_intact() && ws.guards_intact());
   }
   EXPECT_EQ(mismatches, 0);
+  // The bias moved draws: row 0 (greedy) takes its +8 token instead of its banned argmax.
+  std::vector<int32_t> unbiased(rows);
+  sample_cpu(logits.data(), rows, V, params.data(), host_hist, unbiased.data());
+  std::vector<int32_t> biased(rows);
+  sample_cpu(logits.data(), rows, V, params.data(), host_hist, biased.data(), host_bias);
+  EXPECT_EQ(biased[0], bt[1]);
+  EXPECT_NE(unbiased[0], biased[0]);
 }
 
 // Plain greedy rows only: the argmax kernel alone, with the workspace of no scratch rows. Rows of
@@ -521,13 +549,13 @@ TEST_P(SamplingVocab, GreedyRowsTakeTheArgmaxKernel) {
     Dev<float> dlogits(logits);
     Dev<int32_t> dtok(rows);
     dtok.poison();
-    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), TokenHistory{}, ws.ptr(),
-                         ws.size(), dtok.ptr(), nullptr));
+    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), TokenHistory{}, LogitBias{},
+                         ws.ptr(), ws.size(), dtok.ptr(), nullptr));
     EXPECT_EQ(dtok.download(), want) << rows << " rows";
     // The kernel left its keys and counters zero for the next call: the same tokens again.
     dtok.poison();
-    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), TokenHistory{}, ws.ptr(),
-                         ws.size(), dtok.ptr(), nullptr));
+    sync_ok(cuda::sample(dlogits.ptr(), rows, V, params.data(), TokenHistory{}, LogitBias{},
+                         ws.ptr(), ws.size(), dtok.ptr(), nullptr));
     EXPECT_EQ(dtok.download(), want) << rows << " rows, second call";
     EXPECT_EQ(ws.download(), std::vector<unsigned char>(ws.size(), 0)) << "argmax state not reset";
     EXPECT_EQ(want[0], -1);
@@ -535,6 +563,58 @@ TEST_P(SamplingVocab, GreedyRowsTakeTheArgmaxKernel) {
     if (rows > 2) EXPECT_EQ(want[2], V - 2);
     EXPECT_TRUE(dtok.guards_intact());
   }
+}
+
+// ---------------------------------------------------------------- logprobs
+// The device logprobs against position_logprobs on fresh random rows: peaked and flat rows, ties
+// at the top (lowest id first), -0 against +0, NaN and -inf entries, a row of nothing finite, a row
+// with +inf entries, tops 0..20, queries in any order and the same row asked twice.
+TEST_P(SamplingVocab, LogprobsMatchTheCpu) {
+  std::mt19937 rng(112);
+  const int V = GetParam(), rows = 9;
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::vector<float> logits(size_t(rows) * V);
+  for (int r = 0; r < rows; ++r)
+    for (int v = 0; v < V; ++v) logits[size_t(r) * V + v] = n01(rng) * (r % 2 ? 1.0f : 6.0f);
+  float* tied = logits.data() + size_t(2) * V;
+  tied[V - 1] = tied[V / 3] = tied[11] = 40.0f;  // three-way tie at the top
+  tied[5] = -0.0f, tied[6] = 0.0f;
+  float* holes = logits.data() + size_t(3) * V;
+  for (int v = 0; v < V; v += 7) holes[v] = (v / 7) % 2 ? NAN : -INFINITY;
+  float* none = logits.data() + size_t(4) * V;
+  for (int v = 0; v < V; ++v) none[v] = v % 2 ? NAN : -INFINITY;
+  float* inf = logits.data() + size_t(5) * V;
+  inf[17] = inf[V - 3] = INFINITY;
+  float* flat = logits.data() + size_t(6) * V;
+  std::fill_n(flat, V, 1.5f);
+  std::vector<LogprobQuery> queries;
+  for (int r = rows - 1; r >= 0; --r)
+    queries.push_back({r, int32_t(rng() % V), r == 0 ? 0 : (r * 7) % (kMaxTopLogprobs + 1)});
+  queries.push_back({2, 11, kMaxTopLogprobs});
+  queries.push_back({5, 17, 3});
+  queries.push_back({1, V - 1, 1});
+  const int n = int(queries.size());
+  Dev<float> dlogits(logits);
+  Dev<LogprobQuery> dq(queries);
+  Dev<cuda::PositionLogprobsOut> dout(n);
+  sync_ok(cuda::position_logprobs(dlogits.ptr(), V, dq.ptr(), n, dout.ptr(), nullptr));
+  const auto got = dout.download();
+  for (int i = 0; i < n; ++i) {
+    const LogprobQuery& q = queries[size_t(i)];
+    const PositionLogprobs want =
+        position_logprobs(logits.data() + size_t(q.row) * V, V, q.token, q.top);
+    const PositionLogprobs have = cuda::to_position_logprobs(got[size_t(i)]);
+    auto near = [](float a, float b) {
+      return (std::isinf(a) && a == b) || std::fabs(a - b) <= 1e-6f * std::max(1.0f, std::fabs(b));
+    };
+    EXPECT_TRUE(near(have.logprob, want.logprob)) << "query " << i << ": " << have.logprob << " vs " << want.logprob;
+    ASSERT_EQ(have.top.size(), want.top.size()) << "query " << i;
+    for (size_t j = 0; j < want.top.size(); ++j) {
+      EXPECT_EQ(have.top[j].token, want.top[j].token) << "query " << i << " rank " << j;
+      EXPECT_TRUE(near(have.top[j].logprob, want.top[j].logprob)) << "query " << i << " rank " << j;
+    }
+  }
+  EXPECT_TRUE(dout.guards_intact());
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocab, SamplingVocab, ::testing::Values(151936, 32003));

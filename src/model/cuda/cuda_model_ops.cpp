@@ -522,9 +522,11 @@ class CudaModelOps final : public CudaModelOpsApi {
                                      cudaMemcpyDeviceToHost, stream_));
     TETRA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
-  void sample(const ops::SamplingParams* params, const ops::TokenHistory& history,
-              int32_t* tokens) override {
-    sampler_.sample(logits_.as<float>(), R_, int(c_.vocab_size), params, history, tokens, stream_);
+  void sample(const SampleBatch& batch, int32_t* tokens) override {
+    sampler_.sample(logits_.as<float>(), R_, int(c_.vocab_size), batch, tokens, stream_);
+  }
+  void logprobs(const ops::LogprobQuery* queries, int n, ops::PositionLogprobs* out) override {
+    sampler_.logprobs(logits_.as<float>(), R_, int(c_.vocab_size), queries, n, out, stream_);
   }
   void set_all_reduce_hook(AllReduceHook hook) override { all_reduce_ = std::move(hook); }
   void all_reduce(Buf b) override {

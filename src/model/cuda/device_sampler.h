@@ -1,15 +1,19 @@
 // Samples a step's tokens where its logits are: on the GPU, by ops::cuda::sample (the same token
-// ids as the CPU twin sample_cpu). The params go to the kernels by value; the histories are copied
-// up (one copy, staged in pinned memory) only when some row has penalties; the kernels write the
-// tokens straight into mapped host memory. A decode step so moves R int32 to the host instead of
-// R x vocab f32 logits, and a greedy step is a launch and a stream sync.
+// ids as the CPU twin sample_cpu). The params go to the kernels by value; the histories (when some
+// row has penalties) and the logit biases are copied up in one copy, staged in pinned memory; the
+// kernels write the tokens straight into mapped host memory. A decode step so moves R int32 to the
+// host instead of R x vocab f32 logits, and a greedy step is a launch and a stream sync. Logprobs
+// come from ops::cuda::position_logprobs the same way: ~170 bytes per position, not its logits.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "model/cuda/device_mem.h"
+#include "model/model_ops.h"
+#include "ops/sampling/logprobs.h"
 #include "ops/sampling/sampling.h"
 
 namespace tetra::model::cuda {
@@ -34,19 +38,39 @@ class PinnedBuffer {
 
 class DeviceSampler {
  public:
-  // logits [rows, vocab] f32 on the device; params [rows] and history on the host (checked here
-  // as sample_cpu checks them) -> tokens [rows] on the host. Synchronises `stream`.
-  void sample(const float* logits, int rows, int vocab, const ops::SamplingParams* params,
-              const ops::TokenHistory& history, int32_t* tokens, cudaStream_t stream);
+  // logits [logit_rows, vocab] f32 on the device (the step's); the batch on the host (checked here
+  // as sample_cpu checks it) -> tokens [batch.rows] on the host. Synchronises `stream`.
+  void sample(const float* logits, int logit_rows, int vocab, const SampleBatch& batch,
+              int32_t* tokens, cudaStream_t stream);
+  // The same logits; queries [n] on the host (checked here) -> out [n]. Synchronises `stream`.
+  void logprobs(const float* logits, int logit_rows, int vocab, const ops::LogprobQuery* queries,
+                int n, ops::PositionLogprobs* out, cudaStream_t stream);
 
  private:
-  // The histories' device copy: offsets and tokens, laid out as staged.
-  ops::TokenHistory upload_history(int rows, const ops::TokenHistory& h, cudaStream_t stream);
+  // Host arrays staged into one pinned buffer and copied up at once: add() returns an array's
+  // byte offset, upload() copies them all and returns the device base the offsets start from.
+  class Staging {
+   public:
+    size_t add(const void* host, size_t bytes);
+    const char* upload(DeviceMem& dev, PinnedBuffer& pinned, cudaStream_t stream);
 
-  DeviceMem workspace_;             // ops::cuda::sampling_workspace_bytes (zeroed when made)
-  PinnedBuffer history_host_{false};  // the histories, staged for one copy
-  DeviceMem history_dev_;           // and their device copy
-  PinnedBuffer tokens_{true};       // [rows] int32, written by the kernels
+   private:
+    struct Part {
+      const void* host;
+      size_t bytes, at;
+    };
+    std::vector<Part> parts_;
+    size_t end_ = 0;
+  };
+
+  DeviceMem workspace_;               // ops::cuda::sampling_workspace_bytes (zeroed when made)
+  DeviceMem gathered_;                // [rows, vocab] f32: the sampled rows, where not 0..rows-1
+  PinnedBuffer staged_host_{false};   // histories and biases, staged for one copy
+  DeviceMem staged_dev_;              // and their device copy
+  Staging staging_;
+  PinnedBuffer tokens_{true};         // [rows] int32, written by the kernels
+  PinnedBuffer queries_{true};        // [n] ops::LogprobQuery, read by the logprobs kernel
+  PinnedBuffer answers_{true};        // [n] ops::cuda::PositionLogprobsOut, written by it
 };
 
 }  // namespace tetra::model::cuda

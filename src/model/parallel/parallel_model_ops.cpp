@@ -112,10 +112,13 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
     flush();
     workers_.run_one(0, [&] { ranks_[0]->read_logits(out); });
   }
-  void sample(const ops::SamplingParams* params, const ops::TokenHistory& history,
-              int32_t* tokens) override {
+  void sample(const SampleBatch& batch, int32_t* tokens) override {
     flush();
-    workers_.run_one(0, [&] { ranks_[0]->sample(params, history, tokens); });
+    workers_.run_one(0, [&] { ranks_[0]->sample(batch, tokens); });
+  }
+  void logprobs(const ops::LogprobQuery* queries, int n, ops::PositionLogprobs* out) override {
+    flush();
+    workers_.run_one(0, [&] { ranks_[0]->logprobs(queries, n, out); });
   }
   void copy_kv_blocks(const std::vector<runtime::BlockCopy>& copies) override {
     flush();

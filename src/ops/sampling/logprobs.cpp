@@ -50,4 +50,11 @@ PositionLogprobs position_logprobs(const float* logits, int64_t vocab, int32_t t
   return out;
 }
 
+void check_logprob_query(const LogprobQuery& q, int rows, int64_t vocab) {
+  TETRA_CHECK(q.row >= 0 && q.row < rows, "logprobs: logit row ", q.row, " outside [0, ", rows, ")");
+  TETRA_CHECK(q.token >= 0 && q.token < vocab, "logprobs: token ", q.token, " outside vocab ", vocab);
+  TETRA_CHECK(q.top >= 0 && q.top <= kMaxTopLogprobs, "logprobs: top ", q.top, " outside [0, ",
+              kMaxTopLogprobs, "]");
+}
+
 }  // namespace tetra::ops

@@ -26,4 +26,14 @@ struct PositionLogprobs {
 // logits [vocab] f32; token in [0, vocab); top in [0, kMaxTopLogprobs].
 PositionLogprobs position_logprobs(const float* logits, int64_t vocab, int32_t token, int top);
 
+// One position asked of a step's logits: the logprob of `token` under logit row `row`, and the
+// `top` most likely tokens. The CUDA twin (logprobs_cuda.h) answers many at once.
+struct LogprobQuery {
+  int32_t row = 0;
+  int32_t token = 0;
+  int32_t top = 0;
+};
+// Refuses a query outside [0, rows) x [0, vocab) x [0, kMaxTopLogprobs] with a tetra::Error.
+void check_logprob_query(const LogprobQuery& q, int rows, int64_t vocab);
+
 }  // namespace tetra::ops

@@ -1,5 +1,6 @@
 // Sampling kernel: one block of 1024 threads per row. Passes over the row (vocab):
-//   penalties + temperature into x (workspace) and the block argmax; min-p; top-k and top-p cuts
+//   the row's logit biases (sparse: their tokens marked in the count words, their x written
+//   first); penalties + temperature into x (workspace) and the block argmax; min-p; top-k and top-p cuts
 //   by radix select (largest key cut with weight(key >= cut) >= target, built byte by byte from
 //   shared-memory histograms); the Gumbel-max draw. Dropped tokens become NaN in x, which
 //   sampling_math::order_key maps to 0 ("not a candidate"). After the first pass (4 tokens per
@@ -21,7 +22,11 @@ namespace sm = sampling_math;
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kSeenBit = 1 << 30;  // history count word: bit 30 = seen, low bits = output count
+// Count word of a token: bit 30 = seen in the history, bit 29 = biased (its x is written before
+// the main pass), the low bits its output count.
+constexpr int kSeenBit = 1 << 30;
+constexpr int kBiasBit = 1 << 29;
+constexpr int kCountMask = kBiasBit - 1;
 
 // Best (value, index): larger value, then lower index. Index -1 means "none" and always loses.
 template <typename T>
@@ -120,8 +125,11 @@ __device__ __forceinline__ void walk_logits(const float* lg, int V, int begin, i
 }
 
 // A launch's rows, passed by value (kernel parameter space): no copy to the device per step.
+// Row r's biases are entries [bias_begin[r], bias_end[r]) of the device bias arrays.
 struct ChunkParams {
   SamplingParams row[kMaxRowsPerLaunch];
+  int32_t bias_begin[kMaxRowsPerLaunch];
+  int32_t bias_end[kMaxRowsPerLaunch];
 };
 static_assert(sizeof(ChunkParams) + 128 <= 4096, "kernel parameters are limited to 4 KB");
 
@@ -130,7 +138,8 @@ __device__ __forceinline__ bool takes_row(uint64_t mask, int r) { return (mask >
 
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* __restrict__ logits, int V, const __grid_constant__ ChunkParams params,
-                  uint64_t mask, TokenHistory hist, float* __restrict__ x_ws,
+                  uint64_t mask, TokenHistory hist, const int32_t* __restrict__ bias_tokens,
+                  const float* __restrict__ bias_values, float* __restrict__ x_ws,
                   int32_t* __restrict__ count_ws, int32_t* __restrict__ tokens) {
   __shared__ Shared sh;
   const int r = blockIdx.x;
@@ -141,9 +150,15 @@ __global__ void __launch_bounds__(kThreads)
   int32_t* cnt = count_ws + int64_t(r) * V;
 
   const bool penalties = has_penalties(p);
-  if (penalties) {
+  const int bias_begin = params.bias_begin[r], bias_end = params.bias_end[r];
+  const bool biased = bias_end > bias_begin;
+  const bool counts = penalties || biased;  // cnt is read in the main pass
+  const bool greedy = p.temperature <= 0.0f;
+  if (counts) {
     for (int v = threadIdx.x; v < V; v += kThreads) cnt[v] = 0;
     __syncthreads();
+  }
+  if (penalties) {
     if (hist.prompt_tokens != nullptr && hist.prompt_offsets != nullptr)
       for (int i = hist.prompt_offsets[r] + threadIdx.x; i < hist.prompt_offsets[r + 1]; i += kThreads) {
         const int t = hist.prompt_tokens[i];
@@ -156,17 +171,29 @@ __global__ void __launch_bounds__(kThreads)
       }
     __syncthreads();
   }
-  const bool greedy = p.temperature <= 0.0f;
+  // x of a token after its bias, penalties and temperature; c: its count word.
+  auto processed = [&](float logit, int c) {
+    float xv = sm::penalised(logit, (c & ~kBiasBit) != 0, c & kCountMask, p.repetition_penalty,
+                             p.frequency_penalty, p.presence_penalty) + 0.0f;
+    return greedy ? xv : xv / p.temperature;
+  };
+  if (biased) {  // ids distinct (check_sampling_inputs): one writer per token
+    for (int i = bias_begin + int(threadIdx.x); i < bias_end; i += kThreads) {
+      const int t = bias_tokens[i];
+      if (t < 0 || t >= V) continue;  // refused by the CPU twin
+      x[t] = processed(sm::biased(lg[t], bias_values[i]), cnt[t]);
+      cnt[t] |= kBiasBit;
+    }
+    __syncthreads();
+  }
   float best = 0.0f;
   int best_i = -1;
   auto visit = [&](int v, float logit) {
-    const int c = penalties ? cnt[v] : 0;
-    float xv = sm::penalised(logit, c != 0, c & (kSeenBit - 1), p.repetition_penalty,
-                             p.frequency_penalty, p.presence_penalty) + 0.0f;
-    if (!greedy) {  // a greedy row ends at this pass's argmax: nothing reads x
-      xv = xv / p.temperature;
-      x[v] = xv;
-    }
+    const int c = counts ? cnt[v] : 0;
+    // A biased token's x was written above; a greedy row writes x only there (nothing else
+    // reads it: the row ends at this pass's argmax).
+    const float xv = (c & kBiasBit) ? x[v] : processed(logit, c);
+    if (!greedy) x[v] = xv;
     if (sm::order_key(xv) != 0 && better(xv, v, best, best_i)) best = xv, best_i = v;
   };
   walk_logits<kThreads>(lg, V, 0, V, visit);
@@ -265,6 +292,10 @@ __global__ void __launch_bounds__(kGreedyThreads)
 
 bool plain_greedy(const SamplingParams& p) { return p.temperature <= 0.0f && !has_penalties(p); }
 
+int bias_count(const LogitBias& bias, int row) {
+  return bias.offsets ? bias.offsets[row + 1] - bias.offsets[row] : 0;
+}
+
 // Blocks per row: about 512 blocks in all (4 per SM), at least ~2 KB of logits per block.
 int greedy_parts(int rows, int V) {
   return std::clamp(std::min(512 / std::max(rows, 1), V / 512), 1, 256);
@@ -277,15 +308,18 @@ size_t sampling_workspace_bytes(int rows, int vocab) {
          size_t(std::min(rows, kMaxRowsPerLaunch)) * size_t(vocab) * (sizeof(float) + sizeof(int32_t));
 }
 
-bool sampling_needs_scratch(const SamplingParams* params, int rows) {
-  return !std::all_of(params, params + rows, plain_greedy);
+bool sampling_needs_scratch(const SamplingParams* params, int rows, const LogitBias& bias) {
+  for (int r = 0; r < rows; ++r)
+    if (!plain_greedy(params[r]) || bias_count(bias, r) > 0) return true;
+  return false;
 }
 
 cudaError_t sample(const float* logits, int rows, int vocab, const SamplingParams* params,
-                   const TokenHistory& history, void* workspace, size_t workspace_bytes,
-                   int32_t* tokens, cudaStream_t stream) {
+                   const TokenHistory& history, const LogitBias& bias, void* workspace,
+                   size_t workspace_bytes, int32_t* tokens, cudaStream_t stream) {
   TETRA_CHECK(rows >= 0 && vocab > 0, "sampling: rows=", rows, " vocab=", vocab);
-  const size_t least = sampling_workspace_bytes(sampling_needs_scratch(params, rows) ? rows : 0, vocab);
+  const size_t least =
+      sampling_workspace_bytes(sampling_needs_scratch(params, rows, bias) ? rows : 0, vocab);
   TETRA_CHECK(workspace != nullptr && workspace_bytes >= least, "sampling: workspace ",
               workspace_bytes, " bytes, needs ", least);
   auto* state = static_cast<GreedyState*>(workspace);
@@ -295,7 +329,9 @@ cudaError_t sample(const float* logits, int rows, int vocab, const SamplingParam
     uint64_t greedy = 0;
     for (int r = 0; r < n; ++r) {
       chunk.row[r] = params[r0 + r];
-      if (plain_greedy(chunk.row[r])) greedy |= uint64_t(1) << r;
+      chunk.bias_begin[r] = bias.offsets ? bias.offsets[r0 + r] : 0;
+      chunk.bias_end[r] = chunk.bias_begin[r] + bias_count(bias, r0 + r);
+      if (plain_greedy(chunk.row[r]) && bias_count(bias, r0 + r) == 0) greedy |= uint64_t(1) << r;
     }
     const uint64_t all = n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
     const float* lg = logits + size_t(r0) * vocab;
@@ -311,8 +347,8 @@ cudaError_t sample(const float* logits, int rows, int vocab, const SamplingParam
     if (part.output_offsets != nullptr) part.output_offsets += r0;
     float* x = reinterpret_cast<float*>(static_cast<char*>(workspace) + sizeof(GreedyState));
     int32_t* counts = reinterpret_cast<int32_t*>(x + size_t(n) * vocab);
-    sample_kernel<<<n, kThreads, 0, stream>>>(lg, vocab, chunk, all & ~greedy, part, x, counts,
-                                              tokens + r0);
+    sample_kernel<<<n, kThreads, 0, stream>>>(lg, vocab, chunk, all & ~greedy, part, bias.tokens,
+                                              bias.values, x, counts, tokens + r0);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

@@ -25,7 +25,7 @@ void check_sampling_params(const SamplingParams& p, int row) {
 }
 
 void check_sampling_inputs(const SamplingParams* params, int rows, int vocab,
-                           const TokenHistory& h) {
+                           const TokenHistory& h, const LogitBias& bias) {
   for (int r = 0; r < rows; ++r) check_sampling_params(params[r], r);
   auto check = [&](const int32_t* tokens, const int32_t* offsets, int row) {
     if (tokens == nullptr || offsets == nullptr) return;
@@ -37,13 +37,31 @@ void check_sampling_inputs(const SamplingParams* params, int rows, int vocab,
     check(h.prompt_tokens, h.prompt_offsets, r);
     check(h.output_tokens, h.output_offsets, r);
   }
+  for (int r = 0; r < rows; ++r) {
+    if (!has_logit_bias(bias, r)) continue;
+    std::vector<int32_t> ids(bias.tokens + bias.offsets[r], bias.tokens + bias.offsets[r + 1]);
+    for (int32_t i = bias.offsets[r]; i < bias.offsets[r + 1]; ++i) {
+      if (bias.tokens[i] < 0 || bias.tokens[i] >= vocab)
+        TETRA_FAIL("sampling row ", r, ": logit bias token ", bias.tokens[i], " outside vocab ", vocab);
+      if (std::isnan(bias.values[i]) || bias.values[i] == INFINITY)
+        TETRA_FAIL("sampling row ", r, ": logit bias ", bias.values[i], " for token ", bias.tokens[i],
+                   " (NaN and +inf are refused)");
+    }
+    std::sort(ids.begin(), ids.end());
+    const auto dup = std::adjacent_find(ids.begin(), ids.end());
+    if (dup != ids.end()) TETRA_FAIL("sampling row ", r, ": logit bias token ", *dup, " given twice");
+  }
 }
 
 namespace {
 
-// Penalised logits of one row: x [V] (history ids checked by check_sampling_inputs).
+// Biased, then penalised logits of one row: x [V] (ids checked by check_sampling_inputs).
 std::vector<float> penalised_row(const float* logits, int V, const SamplingParams& p,
-                                 const TokenHistory& h, int row) {
+                                 const TokenHistory& h, const LogitBias& bias, int row) {
+  std::vector<float> raw(logits, logits + V);  // [V]
+  if (has_logit_bias(bias, row))
+    for (int32_t i = bias.offsets[row]; i < bias.offsets[row + 1]; ++i)
+      raw[size_t(bias.tokens[i])] = sm::biased(raw[size_t(bias.tokens[i])], bias.values[i]);
   std::vector<int> count(V, 0);   // [V] occurrences in the output
   std::vector<char> seen(V, 0);   // [V] in prompt or output
   auto walk = [&](const int32_t* tokens, const int32_t* offsets, bool is_output) {
@@ -58,7 +76,7 @@ std::vector<float> penalised_row(const float* logits, int V, const SamplingParam
   walk(h.output_tokens, h.output_offsets, true);
   std::vector<float> x(V);
   for (int v = 0; v < V; ++v)
-    x[v] = sm::penalised(logits[v], seen[v] != 0, count[v], p.repetition_penalty,
+    x[v] = sm::penalised(raw[size_t(v)], seen[v] != 0, count[v], p.repetition_penalty,
                          p.frequency_penalty, p.presence_penalty) + 0.0f;  // -0 -> +0
   return x;
 }
@@ -74,8 +92,8 @@ std::vector<int> kept_by_key_desc(const std::vector<float>& x, const std::vector
 }
 
 int32_t sample_row(const float* logits, int V, const SamplingParams& p, const TokenHistory& h,
-                   int row) {
-  std::vector<float> x = penalised_row(logits, V, p, h, row);
+                   const LogitBias& bias, int row) {
+  std::vector<float> x = penalised_row(logits, V, p, h, bias, row);
   if (p.temperature <= 0.0f) {
     int32_t best = -1;
     for (int v = 0; v < V; ++v)
@@ -127,11 +145,11 @@ int32_t sample_row(const float* logits, int V, const SamplingParams& p, const To
 }  // namespace
 
 void sample_cpu(const float* logits, int rows, int vocab, const SamplingParams* params,
-                const TokenHistory& history, int32_t* tokens) {
+                const TokenHistory& history, int32_t* tokens, const LogitBias& bias) {
   TETRA_CHECK(rows >= 0 && vocab > 0, "sampling: rows=", rows, " vocab=", vocab);
-  check_sampling_inputs(params, rows, vocab, history);
+  check_sampling_inputs(params, rows, vocab, history, bias);
   for (int r = 0; r < rows; ++r)
-    tokens[r] = sample_row(logits + size_t(r) * vocab, vocab, params[r], history, r);
+    tokens[r] = sample_row(logits + size_t(r) * vocab, vocab, params[r], history, bias, r);
 }
 
 }  // namespace tetra::ops

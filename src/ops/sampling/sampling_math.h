@@ -60,6 +60,11 @@ TETRA_HD uint32_t order_key(float x) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// The logit after its bias (step 0): a -inf bias bans the token whatever its logit (NaN too).
+TETRA_HD float biased(float logit, float bias) {
+  return bias == -INFINITY ? -INFINITY : logit + bias;
+}
+
 // The logit after penalties (vLLM / OpenAI definitions):
 //   seen in prompt or output (repetition): x > 0 ? x / rep : x * rep;
 //   count times in the output: x -= frequency * count, then x -= presence.
