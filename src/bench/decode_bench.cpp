@@ -387,6 +387,7 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
   r.commit = git_commit();
   r.date = today();
   r.command_line = o.command_line;
+  r.logprobs_top = o.logprobs_top;
   cudaDeviceProp prop{};
   TETRA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   r.gpu = prop.name;
@@ -399,12 +400,21 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
   // logit rows on the GPU with the tokens copied to the host.
   std::vector<ops::SamplingParams> greedy;
   std::vector<int32_t> sampled;
+  std::vector<ops::LogprobQuery> queries;      // [rows] with --logprobs
+  std::vector<ops::PositionLogprobs> answers;  // [rows]
   auto timed_forward = [&](model::ModelOps& m, const model::StepBatch& st) {
     greedy.assign(st.logit_rows.size(), ops::SamplingParams{.temperature = 0.0f});
     sampled.resize(st.logit_rows.size());
     const auto t0 = clock::now();
     model::run_forward(m, w, st);
     m.sample(model::SampleBatch{.rows = int(greedy.size()), .params = greedy.data()}, sampled.data());
+    if (o.logprobs_top >= 0) {
+      queries.clear();
+      for (int i = 0; i < int(sampled.size()); ++i)
+        queries.push_back({i, std::max(sampled[size_t(i)], 0), o.logprobs_top});
+      answers.resize(queries.size());
+      m.logprobs(queries.data(), int(queries.size()), answers.data());
+    }
     ops->synchronize();  // every GPU's stream
     return std::chrono::duration<double, std::micro>(clock::now() - t0).count();
   };
@@ -511,7 +521,10 @@ std::string decode_bench_markdown(const DecodeBenchReport& r) {
      << "- command: `" << r.command_line << "`\n"
      << "- weights on the GPU" << (r.tp * r.ep > 1 ? "s (all together)" : "") << ": " << r.weight_gb
      << " GB\n"
-     << "- a step: the forward, greedy sampling on the GPU, the tokens on the host; floor at "
+     << "- a step: the forward, greedy sampling on the GPU, the tokens on the host"
+     << (r.logprobs_top >= 0 ? str(", each row's logprobs with ", r.logprobs_top, " alternatives")
+                             : std::string())
+     << "; floor at "
      << std::setprecision(2) << r.bandwidth_bytes_per_s / 1e12 << std::setprecision(1)
      << " TB/s (" << r.bandwidth_source << ")\n";
   if (r.prefill_tokens > 0)
@@ -564,6 +577,7 @@ nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
   j["commit"] = r.commit;
   j["date"] = r.date;
   j["command"] = r.command_line;
+  j["logprobs_top"] = r.logprobs_top;
   j["weight_gb"] = r.weight_gb;
   j["floor_bandwidth_bytes_per_s"] = r.bandwidth_bytes_per_s;
   j["floor_bandwidth_source"] = r.bandwidth_source;

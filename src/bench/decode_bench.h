@@ -50,6 +50,8 @@ struct DecodeBenchOptions {
   int timeline_steps = 0;         // > 0: trace that many steps per row with CUPTI (one GPU)
   std::string block_stamps_path;  // non-empty: per-block stamps of one step per row to
                                   // PATH.b<batch>.c<context>.bin (perf/block_stamps.h, one GPU)
+  int logprobs_top = -1;           // >= 0: a timed step also answers each row's logprobs with
+                                  // that many alternatives (what a logprobs request adds)
   uint64_t seed = 1;
   double bandwidth = 0;           // bytes/s for the floor; 0: the detected GPU's (perf/gpu_spec.h)
   int tp = 1, ep = 1;             // tensor / expert parallel: GPUs 0 .. max(tp, ep) - 1
@@ -90,6 +92,7 @@ struct DecodeBenchReport {
   bool nvfp4 = true;
   double weight_gb = 0;  // all GPUs together
   int tp = 1, ep = 1;
+  int logprobs_top = -1;  // DecodeBenchOptions::logprobs_top
   int prefill_tokens = 0;
   double prefill_us = 0, prefill_tokens_per_s = 0;
   PrefillFlops prefill_model_flops;  // perf/prefill_flops.h, for the timed prompt

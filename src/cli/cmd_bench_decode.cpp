@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "ops/sampling/logprobs.h"
 
 namespace tetra::cli {
 namespace {
@@ -98,6 +99,10 @@ static void add_bench_decode(CLI::App& app) {
   cmd->add_option("--prefill-tokens", a->opts.prefill_tokens,
                   "tokens of the one-sequence prefill figure (default 4096; 0: none)");
   cmd->add_option("--iters", a->opts.iters, "timed decode steps per row (default 30)");
+  cmd->add_option("--logprobs", a->opts.logprobs_top,
+                  "each timed step also computes every row's logprobs with N alternatives "
+                  "(0-20; what an OpenAI logprobs request adds to a step)")
+      ->check(CLI::Range(0, ops::kMaxTopLogprobs));
   cmd->add_option("--tp", a->opts.tp, "tensor parallel GPUs (default 1)");
   cmd->add_option("--ep", a->opts.ep, "expert parallel GPUs (default 1); runs on max(tp, ep) GPUs");
   cmd->add_flag("--no-graphs", a->no_graphs, "run decode steps eagerly (no CUDA graphs)");
