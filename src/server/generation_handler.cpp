@@ -237,7 +237,7 @@ void Server::handle_generation(Endpoint ep, const HttpRequest& req, HttpConnecti
     if (conn.peer_closed()) return cancel_all();  // client gone: free the KV blocks now
     for (Choice& c : choices) {
       if (c.finish != runtime::FinishReason::None) continue;
-      const StreamUpdate u = c.stream->wait(std::chrono::milliseconds(0));
+      const StreamUpdate u = c.stream->poll();
       if (u.tokens.empty() && !u.done()) continue;
       if (!c.prompt_logprobs_added && !u.tokens.empty()) {  // they come with the first token
         c.prompt_logprobs_added = true;

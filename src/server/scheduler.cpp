@@ -24,9 +24,8 @@ uint64_t StreamBell::wait(uint64_t seen, std::chrono::milliseconds timeout) {
   return rings_;
 }
 
-StreamUpdate RequestStream::wait(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait_for(l, timeout, [&] { return !pending_.tokens.empty() || pending_.done(); });
+StreamUpdate RequestStream::poll() {
+  std::lock_guard<std::mutex> l(mu_);
   StreamUpdate out = std::move(pending_);
   pending_ = StreamUpdate{};
   if (out.done()) pending_.finish = out.finish;  // later waits keep reporting the finish
@@ -100,6 +99,7 @@ std::shared_ptr<RequestStream> Scheduler::submit(std::vector<int32_t> prompt, co
   } catch (const Error& e) {
     throw ApiError(400, e.what());
   }
+  TETRA_CHECK(bell != nullptr, "Scheduler::submit: a stream needs a bell");
   auto s = std::make_shared<RequestStream>();
   s->owner_ = this;
   s->prompt_tokens_ = int(prompt.size());
@@ -134,8 +134,7 @@ void Scheduler::finish(const std::shared_ptr<RequestStream>& s, runtime::FinishR
     s->pending_.error = error;
     s->finished_ = true;
   }
-  s->cv_.notify_all();
-  if (s->bell_) s->bell_->ring();
+  s->bell_->ring();
 }
 
 void Scheduler::admit(std::vector<std::shared_ptr<RequestStream>>& fresh) {
@@ -221,8 +220,7 @@ void Scheduler::run_step() {
       if (s.generated_ == 1 && s.extras_.logprobs.prompt)  // complete once the first token is out
         s.pending_.prompt_logprobs = engine_->request(ev.request).prompt_logprobs;
     }
-    s.cv_.notify_all();
-    if (s.bell_) s.bell_->ring();
+    s.bell_->ring();
     if (ev.finish != runtime::FinishReason::None) {
       engine_->release(ev.request);
       finish(it->second, ev.finish, ev.finish == runtime::FinishReason::Error ? "no token could be sampled (all logits NaN or -inf)" : "");

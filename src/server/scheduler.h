@@ -49,8 +49,8 @@ class StreamBell {
 
 class RequestStream {
  public:
-  // Blocks until tokens or the finish arrive, or `timeout` passes (then an empty update).
-  StreamUpdate wait(std::chrono::milliseconds timeout);
+  // What arrived since the last poll (empty if nothing did): the caller waits on its StreamBell.
+  StreamUpdate poll();
   // Asks the loop to end this request (client gone, stop string seen). Safe to call twice.
   void cancel();
   int prompt_tokens() const { return prompt_tokens_; }
@@ -63,15 +63,14 @@ class RequestStream {
   std::vector<int32_t> prompt_;
   ops::SamplingParams params_;
   runtime::RequestExtras extras_;
-  std::shared_ptr<StreamBell> bell_;  // may be null
+  std::shared_ptr<StreamBell> bell_;  // rung on every update
   int max_new_tokens_ = 0;
   std::vector<int32_t> stop_ids_;
   std::chrono::steady_clock::time_point arrived_, last_token_;
   int generated_ = 0;
   std::atomic<bool> cancel_requested_{false};
   std::mutex mu_;
-  std::condition_variable cv_;
-  StreamUpdate pending_;  // filled by the loop, drained by wait()
+  StreamUpdate pending_;  // filled by the loop, drained by poll()
   bool finished_ = false;
 };
 
@@ -88,12 +87,12 @@ class Scheduler {
 
   // Queues a request. ApiError 429 when the queue is full, 400 when it cannot fit the context
   // (or the whole KV cache) or names a token outside the vocabulary (prompt, stop ids,
-  // logit_bias), or min_tokens is over max_new_tokens. `bell` (optional) rings
-  // whenever the stream gets something.
+  // logit_bias), or min_tokens is over max_new_tokens. `bell` rings whenever the stream gets
+  // something (one bell may serve several streams).
   std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, const ops::SamplingParams& params,
                                         int max_new_tokens, std::vector<int32_t> stop_ids,
-                                        runtime::RequestExtras extras = {},
-                                        std::shared_ptr<StreamBell> bell = nullptr);
+                                        runtime::RequestExtras extras,
+                                        std::shared_ptr<StreamBell> bell);
   // Immutable engine facts, safe from any thread.
   int max_context() const { return max_context_; }
   int64_t vocab_size() const { return vocab_size_; }
