@@ -467,8 +467,8 @@ TEST_P(SamplingVocab, SamplingPicksTheSameTokensAsTheCpu) {
     po.push_back(int32_t(pt.size()));
     oo.push_back(int32_t(ot.size()));
   }
-  // Logit biases on every third row: the row's argmax banned, a random token pushed up by 8
-  // (the greedy rows then draw it), a few small biases; distinct ids per row.
+  // Logit biases on every third row: the row's argmax banned, a random token pushed up by 100
+  // (the greedy rows then draw it), a few other biases; distinct ids per row.
   std::vector<int32_t> bt, bo = {0};
   std::vector<float> bv;
   for (int r = 0; r < rows; ++r) {
@@ -480,7 +480,7 @@ TEST_P(SamplingVocab, SamplingPicksTheSameTokensAsTheCpu) {
         const int32_t t = int32_t(rng() % V);
         if (std::find(ids.begin(), ids.end(), t) == ids.end()) ids.push_back(t);
       }
-      const float values[6] = {-INFINITY, 8.0f, -0.5f, 0.25f, -100.0f, 100.0f};
+      const float values[6] = {-INFINITY, 100.0f, -0.5f, 0.25f, -100.0f, 3.0f};
       for (int i = 0; i < 6; ++i) bt.push_back(ids[size_t(i)]), bv.push_back(values[i]);
     }
     bo.push_back(int32_t(bt.size()));
@@ -509,7 +509,7 @@ TEST_P(SamplingVocab, SamplingPicksTheSameTokensAsTheCpu) {
     EXPECT_TRUE(dtok.guards_intact() && ws.guards_intact());
   }
   EXPECT_EQ(mismatches, 0);
-  // The bias moved draws: row 0 (greedy) takes its +8 token instead of its banned argmax.
+  // The bias moved draws: row 0 (greedy) takes its +100 token instead of its banned argmax.
   std::vector<int32_t> unbiased(rows);
   sample_cpu(logits.data(), rows, V, params.data(), host_hist, unbiased.data());
   std::vector<int32_t> biased(rows);
@@ -593,28 +593,37 @@ TEST_P(SamplingVocab, LogprobsMatchTheCpu) {
   queries.push_back({2, 11, kMaxTopLogprobs});
   queries.push_back({5, 17, 3});
   queries.push_back({1, V - 1, 1});
-  const int n = int(queries.size());
+  // One query (256 parts of its row), all of them (many parts each), and 600 (one part each).
+  for (int i = 0; queries.size() < 600; ++i) queries.push_back(queries[size_t(i) % 12]);
   Dev<float> dlogits(logits);
-  Dev<LogprobQuery> dq(queries);
-  Dev<cuda::PositionLogprobsOut> dout(n);
-  sync_ok(cuda::position_logprobs(dlogits.ptr(), V, dq.ptr(), n, dout.ptr(), nullptr));
-  const auto got = dout.download();
-  for (int i = 0; i < n; ++i) {
-    const LogprobQuery& q = queries[size_t(i)];
-    const PositionLogprobs want =
-        position_logprobs(logits.data() + size_t(q.row) * V, V, q.token, q.top);
-    const PositionLogprobs have = cuda::to_position_logprobs(got[size_t(i)]);
-    auto near = [](float a, float b) {
-      return (std::isinf(a) && a == b) || std::fabs(a - b) <= 1e-6f * std::max(1.0f, std::fabs(b));
-    };
-    EXPECT_TRUE(near(have.logprob, want.logprob)) << "query " << i << ": " << have.logprob << " vs " << want.logprob;
-    ASSERT_EQ(have.top.size(), want.top.size()) << "query " << i;
-    for (size_t j = 0; j < want.top.size(); ++j) {
-      EXPECT_EQ(have.top[j].token, want.top[j].token) << "query " << i << " rank " << j;
-      EXPECT_TRUE(near(have.top[j].logprob, want.top[j].logprob)) << "query " << i << " rank " << j;
+  for (const int n : {1, 12, 600}) {
+    const std::vector<LogprobQuery> asked(queries.begin(), queries.begin() + n);
+    Dev<LogprobQuery> dq(asked);
+    Dev<cuda::PositionLogprobsOut> dout(n);
+    Dev<unsigned char> ws(std::vector<unsigned char>(cuda::logprobs_workspace_bytes(n, V), 0));
+    for (int call = 0; call < 2; ++call)  // the second call finds the counters zero again
+      sync_ok(cuda::position_logprobs(dlogits.ptr(), V, dq.ptr(), n, ws.ptr(), ws.size(), dout.ptr(), nullptr));
+    const auto got = dout.download();
+    for (int i = 0; i < n; ++i) {
+      const LogprobQuery& q = queries[size_t(i)];
+      const PositionLogprobs want =
+          position_logprobs(logits.data() + size_t(q.row) * V, V, q.token, q.top);
+      const PositionLogprobs have = cuda::to_position_logprobs(got[size_t(i)]);
+      auto near = [](float a, float b) {
+        return (std::isinf(a) && a == b) || std::fabs(a - b) <= 1e-6f * std::max(1.0f, std::fabs(b));
+      };
+      EXPECT_TRUE(near(have.logprob, want.logprob)) << "query " << i << ": " << have.logprob << " vs " << want.logprob;
+      ASSERT_EQ(have.top.size(), want.top.size()) << "query " << i;
+      for (size_t j = 0; j < want.top.size(); ++j) {
+        EXPECT_EQ(have.top[j].token, want.top[j].token) << "query " << i << " rank " << j;
+        EXPECT_TRUE(near(have.top[j].logprob, want.top[j].logprob)) << "query " << i << " rank " << j;
+      }
     }
+    EXPECT_TRUE(dout.guards_intact() && ws.guards_intact()) << n << " queries";
+    const auto counters = ws.download();
+    EXPECT_TRUE(std::all_of(counters.begin(), counters.begin() + 4 * n, [](unsigned char b) { return b == 0; }))
+        << "counters not reset, " << n << " queries";
   }
-  EXPECT_TRUE(dout.guards_intact());
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocab, SamplingVocab, ::testing::Values(151936, 32003));

@@ -125,8 +125,14 @@ void DeviceSampler::logprobs(const float* logits, int logit_rows, int vocab,
   queries_.reserve(size_t(n) * sizeof(ops::LogprobQuery));
   answers_.reserve(size_t(n) * sizeof(Answer));
   std::memcpy(queries_.host(), queries, size_t(n) * sizeof(ops::LogprobQuery));
+  const size_t ws = ops::cuda::logprobs_workspace_bytes(n, vocab);
+  if (logprobs_workspace_.bytes() < ws) {
+    logprobs_workspace_ = DeviceMem(ws);
+    TETRA_CUDA_CHECK(cudaMemset(logprobs_workspace_.as(), 0, ws));  // the counters, once
+  }
   TETRA_CUDA_CHECK(ops::cuda::position_logprobs(
       logits, vocab, reinterpret_cast<const ops::LogprobQuery*>(queries_.device()), n,
+      logprobs_workspace_.as(), logprobs_workspace_.bytes(),
       reinterpret_cast<Answer*>(answers_.device()), stream));
   TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
   const auto* answers = reinterpret_cast<const Answer*>(answers_.host());

@@ -69,6 +69,7 @@ class DeviceSampler {
   DeviceMem staged_dev_;              // and their device copy
   Staging staging_;
   PinnedBuffer tokens_{true};         // [rows] int32, written by the kernels
+  DeviceMem logprobs_workspace_;      // ops::cuda::logprobs_workspace_bytes (zeroed when made)
   PinnedBuffer queries_{true};        // [n] ops::LogprobQuery, read by the logprobs kernel
   PinnedBuffer answers_{true};        // [n] ops::cuda::PositionLogprobsOut, written by it
 };

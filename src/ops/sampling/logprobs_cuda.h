@@ -19,10 +19,16 @@ struct PositionLogprobsOut {
   float top_logprobs[kMaxTopLogprobs];
 };
 
+// The workspace of n queries: per-query counters (zero them once when allocating: every launch
+// leaves them zero), then each query's parts' partial results.
+size_t logprobs_workspace_bytes(int n, int64_t vocab);
+
 // logits [rows, vocab] f32 on the device; queries [n] (device or mapped host memory; checked by
-// the caller with check_logprob_query) -> out [n]. One block per query.
+// the caller with check_logprob_query) -> out [n] (device or mapped host memory). Each query's
+// row is split over up to 256 blocks (about 512 in all); its last block writes the answer.
 cudaError_t position_logprobs(const float* logits, int64_t vocab, const LogprobQuery* queries,
-                              int n, PositionLogprobsOut* out, cudaStream_t stream);
+                              int n, void* workspace, size_t workspace_bytes,
+                              PositionLogprobsOut* out, cudaStream_t stream);
 
 // The host form of one answer.
 PositionLogprobs to_position_logprobs(const PositionLogprobsOut& o);
