@@ -139,30 +139,39 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (!last) return;
     __threadfence();  // the other parts' writes are visible to this block's loads below
-    // Merge: every thread inserts its share of the parts' candidates.
+    // Merge: every thread loads its share of the parts' candidates (parts * kTop <= kTop *
+    // kThreads: at most kTop each, all loads in flight at once), then inserts them.
+    const PartResult* all = parts_out + int64_t(qi) * parts;
+    Key mine_keys[kTop];
+#pragma unroll
+    for (int j = 0; j < kTop; ++j) {
+      const int i = int(threadIdx.x) + j * kThreads;
+      mine_keys[j] = i < parts * kTop ? __ldcg(&all[i / kTop].best[i % kTop]) : 0;
+    }
 #pragma unroll
     for (int j = 0; j < kTop; ++j) list[j] = 0;
-    const PartResult* all = parts_out + int64_t(qi) * parts;
-    for (int i = threadIdx.x; i < parts * kTop; i += kThreads) insert(list, __ldcg(&all[i / kTop].best[i % kTop]));
+#pragma unroll
+    for (int j = 0; j < kTop; ++j) insert(list, mine_keys[j]);
     block_top(list, cand, best);
   }
-  if (threadIdx.x != 0) return;
-  if (parts > 1) counters[qi] = 0;  // for the next launch
-  // The row's peak, and the parts' sums rescaled to it, in part order.
+  // The row's peak (the best key's value), and the parts' sums rescaled to it: thread p takes
+  // part p (parts <= kThreads), added in a fixed order.
   const PartResult* all = parts_out + int64_t(qi) * parts;
-  float row_peak = -INFINITY;
-  for (int p = 0; p < parts; ++p) row_peak = fmaxf(row_peak, __ldcg(&all[p].peak));
+  const float row_peak = best[0] == 0 ? -INFINITY : value_of(row[id_of(best[0])]);
   const bool row_inf = row_peak == INFINITY;
-  double sum = 0.0;
-  for (int p = 0; p < parts; ++p) {
-    const float pk = __ldcg(&all[p].peak);
-    const double ps = __ldcg(&all[p].sum);
+  double contribution = 0.0;
+  if (int(threadIdx.x) < parts) {
+    const float pk = __ldcg(&all[threadIdx.x].peak);
+    const double ps = __ldcg(&all[threadIdx.x].sum);
     if (row_inf) {
-      if (pk == INFINITY) sum += ps;
+      if (pk == INFINITY) contribution = ps;
     } else if (pk != -INFINITY) {
-      sum += ps * exp(double(pk) - double(row_peak));
+      contribution = ps * exp(double(pk) - double(row_peak));
     }
   }
+  const double sum = block_sum(contribution, sums);
+  if (threadIdx.x != 0) return;
+  if (parts > 1) counters[qi] = 0;  // for the next launch
   const double lse = row_peak == -INFINITY ? -INFINITY : (row_inf ? 0.0 : double(row_peak)) + log(sum);
   auto logprob = [&](float x) {
     if (row_inf) return x == row_peak ? float(-lse) : -INFINITY;
