@@ -28,7 +28,7 @@ StreamUpdate RequestStream::poll() {
   std::lock_guard<std::mutex> l(mu_);
   StreamUpdate out = std::move(pending_);
   pending_ = StreamUpdate{};
-  if (out.done()) pending_.finish = out.finish;  // later waits keep reporting the finish
+  if (out.done()) pending_.finish = out.finish;  // later polls keep reporting the finish
   if (out.done()) pending_.error = out.error;
   return out;
 }
