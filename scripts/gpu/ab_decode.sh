@@ -6,6 +6,7 @@
 #   VARIANT: name=BINARY             the tetra binary as it is
 #            name=BINARY@K=V,K2=V2   the same with environment knobs set (experiments' switches)
 # Environment: BATCHES (default 1,2,4), PRESET (glm4.5-air), CONTEXT (1024), ITERS (20),
+# BENCH_ARGS (more arguments for every `bench decode`, e.g. "--logprobs 20"; default none),
 # MOE_PRESETS (default empty: e.g. "glm4.5-air glm5" adds `tetra bench moe --tokens MOE_TOKENS`,
 # MOE_TOKENS default 1, per variant and round), NULL_CONTROL (default 1: the first variant runs
 # twice per round, the second time as "<name>-again", so the summary shows how far identical code
@@ -27,7 +28,7 @@ run_variant() {  # run_variant SPEC ROUND
   if [ "$rest" != "$bin" ]; then IFS=',' read -r -a knobs <<< "${rest#*@}"; fi
   env "${knobs[@]}" timeout 120 "$bin" bench decode --preset "${PRESET:-glm4.5-air}" \
     --random-weights --context "${CONTEXT:-1024}" --prefill-tokens 0 --iters "${ITERS:-20}" \
-    --no-per-op --batch "$batches" > "$logs/$name.r$r.decode.log" 2>&1 ||
+    --no-per-op --batch "$batches" ${BENCH_ARGS:-} > "$logs/$name.r$r.decode.log" 2>&1 ||
     echo "$name round $r: decode exit $?" >> "$logs/errors.txt"
   for p in ${MOE_PRESETS:-}; do
     env "${knobs[@]}" timeout 120 "$bin" bench moe --preset "$p" --tokens "${MOE_TOKENS:-1}" \

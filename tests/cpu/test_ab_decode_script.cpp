@@ -1,8 +1,9 @@
 // scripts/gpu/ab_decode.sh against a stand-in `tetra` that prints the tables of `bench decode` and
 // `bench moe` with figures set by an environment knob and a per-call counter: the summary must
 // give each variant's lowest, highest and median (of the rounds' medians) per batch, apply `@K=V`
-// knobs to its variant only, name the variants whose binary failed, and (unless NULL_CONTROL=0)
-// run the first variant a second time per round as "<name>-again", knobs included.
+// knobs to its variant only, name the variants whose binary failed, (unless NULL_CONTROL=0)
+// run the first variant a second time per round as "<name>-again", knobs included, and pass
+// BENCH_ARGS to every `bench decode` and to nothing else.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -35,6 +36,7 @@ void write_fake_tetra(const fs::path& dir) {
        "shift_us=${SHIFT:-0}\n"
        "n=$(cat \"$(dirname \"$0\")/calls\" 2>/dev/null || echo 0); echo $((n + 1)) > "
        "\"$(dirname \"$0\")/calls\"\n"
+       "echo \"$*\" >> \"$(dirname \"$0\")/args\"\n"
        "if [ \"$2\" = decode ]; then\n"
        "  echo '| batch | context | median us/step | p90 us | tokens/s | floor us | efficiency | "
        "unique experts/layer |'\n"
@@ -107,6 +109,30 @@ TEST(AbDecodeScript, NullControlRerunsTheFirstVariantLastInEachRound) {
   EXPECT_NE(summary.find("| base-again | 2 | 4803.0-4803.0 |"), std::string::npos) << summary;
   EXPECT_NE(summary.find("| other | 2 | 4800.0-4800.0 |"), std::string::npos) << summary;
   EXPECT_TRUE(fs::exists(dir / "out" / "logs" / "base-again.r2.decode.log"));
+  fs::remove_all(dir);
+}
+
+TEST(AbDecodeScript, BenchArgsReachEveryDecodeRunOnly) {
+  const fs::path dir = scratch_with_fake_tetra("tetra_ab_args_");
+  const std::string bin = (dir / "tetra").string();
+  ASSERT_EQ(run_script(dir, "NULL_CONTROL=0 MOE_PRESETS=glm5 BENCH_ARGS='--logprobs 20'",
+                       "a=" + bin + " b=" + bin),
+            0)
+      << read_file(dir / "stdout.txt");
+  std::istringstream calls(read_file(dir / "args"));
+  int decode = 0, moe = 0;
+  for (std::string line; std::getline(calls, line);) {
+    const bool with = line.find("--logprobs 20") != std::string::npos;
+    if (line.rfind("bench decode ", 0) == 0) {
+      ++decode;
+      EXPECT_TRUE(with) << line;
+    } else {
+      ++moe;
+      EXPECT_FALSE(with) << line;
+    }
+  }
+  EXPECT_EQ(decode, 4);  // 2 variants x 2 rounds
+  EXPECT_EQ(moe, 4);
   fs::remove_all(dir);
 }
 
