@@ -507,6 +507,7 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
     }
   r.folded_post_norms = ops->folded_post_norms();
   r.folded_routers = ops->folded_routers();
+  r.folded_input_norms = ops->folded_input_norms();
   return r;
 }
 
@@ -537,6 +538,9 @@ std::string decode_bench_markdown(const DecodeBenchReport& r) {
   if (r.folded_post_norms > 0)
     os << "- one-token folds recorded: the post-attention norm in " << r.folded_post_norms
        << " layer launches, the MoE router with it in " << r.folded_routers << "\n";
+  if (r.folded_input_norms > 0)
+    os << "- input norms folded into q/k/v (up to 8 tokens): " << r.folded_input_norms
+       << " layer launches\n";
   os << "\n| batch | context | median us/step | p90 us | tokens/s | floor us | efficiency | "
      << (r.tp * r.ep > 1 ? "achieved TB/s per GPU" : "achieved TB/s") << " | unique experts/layer |\n"
      << "|---|---|---|---|---|---|---|---|---|\n";
@@ -573,6 +577,7 @@ nlohmann::json decode_bench_json(const DecodeBenchReport& r) {
   j["layers"] = r.config.num_layers;
   j["folded_post_norms"] = r.folded_post_norms;  // layers recorded with the one-token folds
   j["folded_routers"] = r.folded_routers;
+  j["folded_input_norms"] = r.folded_input_norms;  // layers recorded with q/k/v's input norm folded
   j["gpu"] = r.gpu;
   j["commit"] = r.commit;
   j["date"] = r.date;

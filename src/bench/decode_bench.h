@@ -102,6 +102,8 @@ struct DecodeBenchReport {
   // Layers recorded with the one-token folds (eager steps and graph captures; replays add none):
   // the post-attention norm into o_proj, and of those the MoE router too (moe/router_fold.h).
   int64_t folded_post_norms = 0, folded_routers = 0;
+  // Layers recorded with their input norm folded into q/k/v (CudaOpsOptions::fold_input_norm).
+  int64_t folded_input_norms = 0;
 };
 
 // The prefill's achieved FLOP rate: its model FLOPs over its median time (0 without a prefill).

@@ -117,8 +117,9 @@ class MoeLayerRunner {
   virtual void forward(const uint16_t* x, int T, uint16_t* out, const uint16_t* residual,
                        cudaStream_t stream) = 0;
   // forward(x, T, out, nullptr, stream), then the decoder's add + RMSNorm in the same launches
-  // (moe/add_rms_norm_step.h; norm.normed may be x). false: this backend does not fuse it at
-  // this T and nothing ran.
+  // (moe/add_rms_norm_step.h; norm.normed may be x; with norm.fold, gx and the sums of squares
+  // for a reader that applies 1/rms). false: this backend does not fuse it at this T (or this
+  // fold) and nothing ran.
   // With `pre`, x is the un-normalised row and the norm before the block runs in its first
   // launch (moe/add_rms_norm_step.h PreRmsNormStep); only where takes_pre_norm(T).
   virtual bool forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out,

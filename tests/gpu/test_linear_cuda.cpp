@@ -392,6 +392,96 @@ TEST_F(LinearCuda, Nvfp4GemvRouterFoldMatchesTwin) {
   }
 }
 
+// q/k/v over gx with the input norm's 1/rms folded in (linear_nvfp4_gemv_norm_folded): against
+// the CPU linear's f32 dot products of gx, scaled per row by the host twin's inv_rms, rounded,
+// plus the bias, as the epilogue does (NMSE <= 1e-5, the bound of the plain GEMV). The sums give
+// every row its own inv_rms (a row mix-up is an error of order 1). Batched, Rolling where k
+// allows, Auto; bit-identical on a second run; Stream, nine rows, a residual output, too many
+// parts and H != k refused.
+TEST_F(LinearCuda, Nvfp4GemvNormFoldedMatchesTwin) {
+  std::mt19937 rng(37);
+  cuda::RowCountTable rows(8);
+  struct Case { int k; std::vector<GemvOut> outs; int parts; };
+  const Case cases[] = {{4096, {{12288, true}, {1024, true}, {1024, true}}, 16},  // GLM-4.5-Air
+                        {5120, {{6656, true}}, 20},                              // Rolling, 5 slots
+                        {2048, {{4096, true}, {512, true}, {512, true}}, 8},     // Qwen3-30B-A3B
+                        {192, {{96, true}, {32, false}}, 1},
+                        {1408, {{224, false}, {4096, true}}, 32}};
+  std::uniform_real_distribution<float> part_sum(0.5f, 4.0f);
+  for (const Case& c : cases)
+    for (int M : {1, 3, 8}) {
+      size_t n_total = 0;
+      for (const GemvOut& o : c.outs) n_total += size_t(o.n);
+      if (size_t(c.k) * n_total > (size_t(30) << 20) && M == 3) continue;  // CPU time
+      GemvProblem pb(c.k, c.outs, M, rng, rows);
+      const std::string what = pb.what + " parts=" + std::to_string(c.parts);
+      std::vector<float> sums(size_t(M) * c.parts);
+      for (int r = 0; r < M; ++r)  // row r's mean square ~ (r + 1)^2: distinct inv_rms per row
+        for (int p = 0; p < c.parts; ++p)
+          sums[size_t(r) * c.parts + p] = part_sum(rng) * float((r + 1) * (r + 1)) * float(c.k) /
+                                          float(c.parts);
+      Dev<float> dsums(sums);
+      const moe::NormFold f{dsums.ptr(), c.parts, c.k, 1e-5f};
+      const std::vector<uint16_t> gx = pb.dx.download();
+      std::vector<std::vector<uint16_t>> want(pb.outs.size());
+      for (size_t i = 0; i < pb.outs.size(); ++i) {
+        const int n = c.outs[i].n;
+        std::vector<float> dot(size_t(M) * n);
+        linear_nvfp4_cpu(gx.data(), M, pb.hw[i].view, nullptr, dot.data(), DType::F32);
+        want[i].resize(dot.size());
+        for (int r = 0; r < M; ++r) {
+          const float inv = moe::norm_fold_inv_rms(&sums[size_t(r) * c.parts], c.parts, c.k, 1e-5f);
+          for (int j = 0; j < n; ++j) {
+            float y = bf16_to_float(float_to_bf16(dot[size_t(r) * n + j] * inv));
+            if (c.outs[i].bias) y += bf16_to_float(pb.bias[i][size_t(j)]);
+            want[i][size_t(r) * n + j] = float_to_bf16(y);
+          }
+        }
+      }
+      ASSERT_EQ(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), int(pb.outs.size()), M, f), "")
+          << what;
+      const cuda::Nvfp4GemvKernel kernels[] = {cuda::Nvfp4GemvKernel::Auto, cuda::Nvfp4GemvKernel::Batched,
+                                               cuda::Nvfp4GemvKernel::Rolling};
+      for (const cuda::Nvfp4GemvKernel kernel : kernels) {
+        if (kernel == cuda::Nvfp4GemvKernel::Rolling && cuda::nvfp4_gemv_rolling_shape(c.k).slots == 0)
+          continue;
+        const std::string wk = what + " kernel " + std::to_string(int(kernel));
+        auto launch = [&] {
+          sync_ok(cuda::linear_nvfp4_gemv_norm_folded(pb.outs.data(), int(pb.outs.size()),
+                                                      pb.dx.ptr(), M, f, nullptr, kernel));
+        };
+        pb.poison();
+        launch();
+        std::vector<std::vector<uint16_t>> first;
+        for (size_t i = 0; i < pb.outs.size(); ++i) {
+          first.push_back(pb.dy[i]->download());
+          EXPECT_LE(nmse(first[i], want[i], from_bf16, from_bf16, wk), 1e-5) << wk << " output " << i;
+          EXPECT_TRUE(pb.dy[i]->guards_intact()) << wk;
+        }
+        launch();
+        for (size_t i = 0; i < pb.outs.size(); ++i)
+          EXPECT_EQ(pb.dy[i]->download(), first[i]) << wk << " output " << i << " second run differs";
+      }
+      EXPECT_THROW(cuda::linear_nvfp4_gemv_norm_folded(pb.outs.data(), int(pb.outs.size()),
+                                                       pb.dx.ptr(), M, f, nullptr,
+                                                       cuda::Nvfp4GemvKernel::Stream),
+                   Error)
+          << what;
+      const moe::NormFold too_many{dsums.ptr(), moe::kNormFoldMaxParts + 1, c.k, 1e-5f};
+      EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), 1, M, too_many), "");
+      const moe::NormFold other_h{dsums.ptr(), c.parts, c.k + 64, 1e-5f};
+      EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), 1, M, other_h), "");
+      cuda::Nvfp4GemvOutput with_residual = pb.outs[0];
+      with_residual.residual = with_residual.y;
+      EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(&with_residual, 1, M, f), "");
+    }
+  cuda::RowCountTable rows9(9);
+  GemvProblem pb(256, {{64, false}}, 9, rng, rows9);
+  Dev<float> dsums(std::vector<float>(9, 1.0f));
+  const moe::NormFold f{dsums.ptr(), 1, 256, 1e-5f};
+  EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), 1, 9, f), "");
+}
+
 // The small-M kernel (9..64 rows; linear_nvfp4_gemv dispatches there above 8 rows for k <= 4096;
 // called directly here for every k and configuration, M <= 8 too): every token-tile
 // count, outputs whose row counts leave the last 128/256-row group part empty, chunk counts not

@@ -113,7 +113,10 @@ TEST_P(ModelCuda, ChunkedPrefillMatchesCpu) {
 // equal up to the norm's summation order: at most 1e-3 relative per row). The fold must happen
 // for nvfp4 and not for bf16. 40 steps: the CPU bound allows routing flips in 10% of the rows.
 // With the defaults the router folds into o_proj too (moe/router_fold.h) for NVFP4 models with
-// sigmoid routing: within the CPU bounds, and it must happen exactly there.
+// sigmoid routing: within the CPU bounds, and it must happen exactly there. Every CUDA backend
+// but `plain` folds the next layer's input norm into its q/k/v (CudaOpsOptions::fold_input_norm)
+// in NVFP4 GQA models (MLA and BF16: never): against `plain` within the CPU twin's bounds (it
+// rounds g * h instead of the normalised row).
 TEST_P(ModelCuda, SingleSequenceDecodeMatchesCpuAndUnfolded) {
   const auto [preset, dtype] = GetParam();
   Twin t(tiny_checkpoint("model-cuda", preset, dtype, 11));
@@ -129,17 +132,22 @@ TEST_P(ModelCuda, SingleSequenceDecodeMatchesCpuAndUnfolded) {
   auto router = cuda::make_cuda_model_ops_api();  // the defaults: the router folded too
   cuda::CudaModelOpsApi* r = router.get();
   t.add(std::move(router));
+  auto plain = cuda::make_cuda_model_ops_api();  // the post-attention norm only, no input fold
+  plain->set_options({.router_fold = false, .fold_input_norm = false});
+  cuda::CudaModelOpsApi* p = plain.get();
+  t.add(std::move(plain));
   std::mt19937 rng(9);
   const std::vector<int64_t> ids = {4};
   auto out = t.run(t.prefill(ids, {prompt(21, t.vocab(), rng)}));
   std::vector<int32_t> next = {argmax(out[0].data(), t.vocab())};
-  test::LogitRowErrors vs_cpu, vs_unfolded, router_vs_cpu;
+  test::LogitRowErrors vs_cpu, vs_unfolded, router_vs_cpu, vs_plain;
   for (int step = 0; step < 40; ++step) {
     out = t.run(t.decode(ids, next));
     const std::string what = preset + " " + dtype + " decode " + std::to_string(step);
     vs_cpu.add(out[1], out[0], t.vocab(), what);
     vs_unfolded.add(out[1], out[2], t.vocab(), what + " vs unfolded");
     router_vs_cpu.add(out[3], out[0], t.vocab(), what + " router folded");
+    vs_plain.add(out[1], out[4], t.vocab(), what + " vs no input fold");
     next[0] = argmax(out[0].data(), t.vocab());
   }
   vs_cpu.expect_within_bounds(preset + " " + dtype + " single sequence", test::flip_share(preset));
@@ -160,6 +168,15 @@ TEST_P(ModelCuda, SingleSequenceDecodeMatchesCpuAndUnfolded) {
   else
     EXPECT_EQ(f->folded_post_norms(), 0);
   EXPECT_EQ(u->folded_post_norms(), 0);
+  vs_plain.expect_within_bounds(preset + " " + dtype + " input norm folded vs not",
+                                test::flip_share(preset));
+  if (dtype == "nvfp4" && cfg.attention != AttentionKind::MLA) {
+    EXPECT_GT(f->folded_input_norms(), 0);
+    EXPECT_GT(u->folded_input_norms(), 0);  // by the combine without the post-norm fold
+  } else {
+    EXPECT_EQ(f->folded_input_norms(), 0);
+  }
+  EXPECT_EQ(p->folded_input_norms(), 0);
 }
 
 TEST_P(ModelCuda, GraphReplayEqualsEager) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/error.h"
 #include "core/half.h"
 #include "moe/router.h"
 #include "moe/token_layout.h"
@@ -563,6 +564,99 @@ TEST(MoeOpsCuda, CombineWithAddRmsNormMatchesCpu) {
   EXPECT_FALSE(cuda::combine_add_rms_norm_fits(4098, DType::F32));  // not whole 16-byte loads
   EXPECT_FALSE(cuda::combine_add_rms_norm_fits(4096, DType::BF16));
   EXPECT_FALSE(cuda::combine_add_rms_norm_fits(32772, DType::F32));
+}
+
+// The combine with the add + RMSNorm folded into the next linear (AddRmsNormStep::fold): out and
+// the residual bit-identical to the CPU twin, gx = bf16(residual * g) bit-identical (one f32
+// product, rounded once), each block's sum of squares within f32 summation error of the double
+// sum over its 256 elements, and the reader's inv_rms (norm_fold_inv_rms) within 1e-6 of the
+// double reference. H from one part to kNormFoldMaxParts (the last part partial at 2052); a
+// mismatched part count is refused.
+TEST(MoeOpsCuda, CombineWithFoldedNormMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(22);
+  std::normal_distribution<float> nd;
+  std::uniform_real_distribution<float> uw(0.0f, 1.0f);
+  const float eps = 1e-5f;
+  for (int H : {4096, 2052, 100, 8192, 5120}) {
+    const int parts = cuda::combine_norm_fold_parts(H);
+    ASSERT_EQ(parts, (H + 255) / 256) << H;
+    for (int T : {1, 3, 8, 19}) {
+      const int K = 8, E = 64;
+      const std::vector<int32_t> ids = random_ids(T, K, E, rng, false);
+      MaskedLayout m = build_masked_cpu(ids.data(), T, K, E, T);
+      m.slot_of[0] = -1;
+      const int shared_first = m.num_rows();
+      std::vector<float> rows_f((size_t(shared_first) + T) * H);
+      for (float& v : rows_f) v = nd(rng);
+      std::vector<uint16_t> resid(size_t(T) * H), gain(H), shared_b(size_t(T) * H);
+      for (uint16_t& v : resid) v = float_to_bf16(8.0f * nd(rng));
+      for (uint16_t& v : gain) v = float_to_bf16(1.0f + 0.5f * nd(rng));
+      for (size_t i = 0; i < shared_b.size(); ++i)
+        shared_b[i] = float_to_bf16(rows_f[(size_t(shared_first) * H) + i]);
+      std::vector<float> w(ids.size());
+      for (float& v : w) v = 2.5f * uw(rng);
+      DevBuf<float> d_rows(rows_f.size()), d_w(w.size()), d_sums(size_t(T) * parts);
+      DevBuf<int32_t> d_slot(m.slot_of.size()), d_first(1);
+      DevBuf<uint16_t> d_gain(gain.size()), d_out(size_t(T) * H), d_res(resid.size()),
+          d_gx(size_t(T) * H);
+      d_rows.upload(rows_f);
+      d_w.upload(w);
+      d_slot.upload(m.slot_of);
+      d_first.upload({shared_first});
+      d_gain.upload(gain);
+      d_res.upload(resid);
+      SCOPED_TRACE(str("H=", H, " T=", T));
+      std::vector<uint16_t> want_out(size_t(T) * H), want_res = resid;
+      combine_bf16_cpu(rows_f.data(), DType::F32, T, H, K, m.slot_of.data(), w.data(),
+                       shared_b.data(), nullptr, want_out.data());
+      for (size_t i = 0; i < want_res.size(); ++i)  // the add of fused_add_rms_norm_cpu
+        want_res[i] = float_to_bf16(bf16_to_float(want_out[i]) + bf16_to_float(want_res[i]));
+      const NormFold fold{d_sums.get(), parts, H, eps};
+      const AddRmsNormStep step{d_res.get(), d_gain.get(), eps, d_gx.get(), &fold};
+      cuda::CombineOptions co;
+      co.shared_first_row = d_first.get();
+      co.pdl = true;
+      co.routing_ready = true;
+      co.add_norm = &step;
+      ASSERT_EQ(cuda::combine_bf16(d_rows.get(), DType::F32, T, H, K, d_slot.get(), d_w.get(),
+                                   nullptr, nullptr, d_out.get(), nullptr, co),
+                cudaSuccess);
+      device_sync();
+      EXPECT_TRUE(bytes_equal(d_out.download(), want_out));
+      EXPECT_TRUE(bytes_equal(d_res.download(), want_res));
+      std::vector<uint16_t> want_gx(want_res.size());
+      for (size_t i = 0; i < want_gx.size(); ++i)
+        want_gx[i] = float_to_bf16(bf16_to_float(want_res[i]) * bf16_to_float(gain[i % H]));
+      EXPECT_TRUE(bytes_equal(d_gx.download(), want_gx));
+      const std::vector<float> sums = d_sums.download();
+      for (int t = 0; t < T; ++t) {
+        double row = 0;
+        for (int p = 0; p < parts; ++p) {
+          double part = 0;
+          for (int h = p * 256; h < std::min(H, (p + 1) * 256); ++h) {
+            const double v = bf16_to_float(want_res[size_t(t) * H + h]);
+            part += v * v;
+          }
+          row += part;
+          EXPECT_NEAR(sums[size_t(t) * parts + p], part, 1e-5 * part) << "t=" << t << " p=" << p;
+        }
+        const double inv = 1.0 / std::sqrt(row / H + eps);
+        EXPECT_NEAR(norm_fold_inv_rms(&sums[size_t(t) * parts], parts, H, eps), inv, 1e-6 * inv)
+            << "t=" << t;
+      }
+      EXPECT_TRUE(d_out.guards_intact() && d_res.guards_intact() && d_gx.guards_intact() &&
+                  d_sums.guards_intact());
+      const NormFold wrong{d_sums.get(), parts + 1, H, eps};
+      const AddRmsNormStep bad{d_res.get(), d_gain.get(), eps, d_gx.get(), &wrong};
+      co.add_norm = &bad;
+      EXPECT_THROW(cuda::combine_bf16(d_rows.get(), DType::F32, T, H, K, d_slot.get(), d_w.get(),
+                                      nullptr, nullptr, d_out.get(), nullptr, co),
+                   Error);
+    }
+  }
+  EXPECT_EQ(cuda::combine_norm_fold_parts(8196), 0);  // 33 parts
+  EXPECT_EQ(cuda::combine_norm_fold_parts(4098), 0);  // not whole 16-byte loads
 }
 
 TEST(MoeOpsCuda, GraphCapturedTokenPathReplaysCorrectly) {

@@ -30,6 +30,7 @@
 #include "ops/attention/paged_extend_attention.h"
 #include "ops/elementwise/elementwise_cuda.h"
 #include "ops/linear/linear_cuda.h"
+#include "ops/moe/moe_ops_cuda.h"
 #include "ops/norm/rms_norm_cuda.h"
 #include "ops/rope/rope_cuda.h"
 #include "ops/rope/rope_kv_cuda.h"
@@ -203,6 +204,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   int graphs_captured() const override { return int(graphs_.size()); }
   int64_t folded_post_norms() const override { return folded_post_norms_; }
   int64_t folded_routers() const override { return folded_routers_; }
+  int64_t folded_input_norms() const override { return folded_input_norms_; }
   void* stream() const override { return stream_; }
 
   void prepare(const ModelWeights& w, const OpsLimits& lim) override { setup(w, lim, false, 0); }
@@ -213,6 +215,7 @@ class CudaModelOps final : public CudaModelOpsApi {
   void begin_step(const StepBatch& step) override {
     TETRA_CHECK(stream_ != nullptr, "cuda model ops used before prepare()");
     step_ = &step;
+    folded_norm_layer_ = -1;
     S_ = step.num_seqs();
     R_ = step.num_logit_rows();
     mode_ = Mode::Eager;
@@ -269,30 +272,42 @@ class CudaModelOps final : public CudaModelOpsApi {
   }
   void linear(LinearId which, int layer, Buf in, Buf out) override {
     if (skip()) return;
+    expect_normalised(in);
     const DevLinear* l = get_linear(layers_.at(size_t(layer)), which);
     TETRA_CHECK(l != nullptr, "layer ", layer, " has no ", linear_id_name(which));
     run_linear(*l, buf(in), T_, buf(out), DType::BF16);
   }
   // NVFP4 q/k/v: one launch writes all three with their biases (the GEMVs up to 64 rows, the
   // wgmma kernel from lin::kNvfp4WgmmaOutputsMinRows).
+  // With the layer's input norm folded into the MoE combine before it (input_norm_fold), `in`
+  // holds gx and the GEMV applies 1/rms.
   void qkv(int layer, Buf in, Buf q, Buf k, Buf v) override {
     if (skip()) return;
     DevLayer& L = layers_.at(size_t(layer));
-    if (!L.q || !L.k || !L.v || !L.q->nvfp4 || !L.k->nvfp4 || !L.v->nvfp4)
+    if (!nvfp4_qkv(L)) {
+      expect_normalised(in);
       return ModelOps::qkv(layer, in, q, k, v);
-    const lin::Nvfp4GemvOutput outs[3] = {{&L.q->q.view(), bias_of(*L.q), buf(q)},
-                                          {&L.k->q.view(), bias_of(*L.k), buf(k)},
-                                          {&L.v->q.view(), bias_of(*L.v), buf(v)}};
-    if (!x_wgmma_.empty() && lin::nvfp4_wgmma_outputs_unsupported_reason(outs, 3, T_).empty())
-      return ck(lin::linear_nvfp4_wgmma(outs, 3, buf(in), T_, *rows_, x_wgmma_.as<uint16_t>(),
-                                        stream_));
-    if (lin::nvfp4_gemv_unsupported_reason(outs, 3, T_).empty())
-      return ck(lin::linear_nvfp4_gemv(outs, 3, buf(in), T_, stream_));
+    }
+    const std::array<lin::Nvfp4GemvOutput, 3> outs = qkv_outputs(L, buf(q), buf(k), buf(v));
+    if (folded_norm_layer_ >= 0) {
+      TETRA_CHECK(folded_norm_layer_ == layer && in == Buf::Normed, "q/k/v of layer ", layer,
+                  " after the input norm of layer ", folded_norm_layer_, " was folded");
+      folded_norm_layer_ = -1;
+      const std::optional<moe::NormFold> f = input_norm_fold(layer);
+      TETRA_CHECK(f.has_value(), "layer ", layer, ": the folded input norm has no reader");
+      return ck(lin::linear_nvfp4_gemv_norm_folded(outs.data(), 3, buf(in), T_, *f, stream_));
+    }
+    if (!x_wgmma_.empty() && lin::nvfp4_wgmma_outputs_unsupported_reason(outs.data(), 3, T_).empty())
+      return ck(lin::linear_nvfp4_wgmma(outs.data(), 3, buf(in), T_, *rows_,
+                                        x_wgmma_.as<uint16_t>(), stream_));
+    if (lin::nvfp4_gemv_unsupported_reason(outs.data(), 3, T_).empty())
+      return ck(lin::linear_nvfp4_gemv(outs.data(), 3, buf(in), T_, stream_));
     ModelOps::qkv(layer, in, q, k, v);
   }
   // A fused NVFP4 gate/up matrix: one launch writes silu(gate) * up into `gate`.
   void dense_gate_up(int layer, Buf in, Buf gate, Buf up, int64_t width) override {
     if (skip()) return;
+    expect_normalised(in);
     DevLayer& L = layers_.at(size_t(layer));
     if (!L.gate_up) return ModelOps::dense_gate_up(layer, in, gate, up, width);
     TETRA_CHECK(width == buf_width(gate, c_), "dense_gate_up over a part of a row (width ",
@@ -463,9 +478,13 @@ class CudaModelOps final : public CudaModelOpsApi {
     if (skip()) return;
     DevLayer& L = layers_.at(size_t(layer));
     if (!all_reduce_ && L.moe != nullptr && L.moe->on_device() && T_ <= L.moe->max_tokens()) {
+      const std::optional<moe::NormFold> fold = norm_fold_for(which, norm_layer, normed);
       const moe::AddRmsNormStep n{buf(residual), norm_weight(which, norm_layer), eps(),
-                                  buf(normed)};
-      if (L.moe->forward_add_rms_norm(buf(in), T_, buf(out), n, stream_)) return;
+                                  buf(normed), fold ? &*fold : nullptr};
+      if (L.moe->forward_add_rms_norm(buf(in), T_, buf(out), n, stream_)) {
+        if (fold) note_norm_folded(norm_layer);
+        return;
+      }
     }
     ModelOps::moe_add_rms_norm(layer, in, out, which, norm_layer, residual, normed);
   }
@@ -491,10 +510,12 @@ class CudaModelOps final : public CudaModelOpsApi {
     }
     const moe::PreRmsNormStep pre{norm_weight(NormId::PostAttention, layer), eps(),
                                   buf(Buf::Normed), fold.has_value()};
+    const std::optional<moe::NormFold> next = norm_fold_for(which, norm_layer, Buf::Normed);
     const moe::AddRmsNormStep n{buf(Buf::Residual), norm_weight(which, norm_layer), eps(),
-                                buf(Buf::Normed)};
+                                buf(Buf::Normed), next ? &*next : nullptr};
     TETRA_CHECK(L.moe->forward_add_rms_norm(buf(Buf::Residual), T_, buf(Buf::Out), n, stream_, &pre),
                 "layer ", layer, ": the MoE block refused the folded post-attention norm");
+    if (next) note_norm_folded(norm_layer);
     return true;
   }
   void logits(Buf in) override {
@@ -503,6 +524,7 @@ class CudaModelOps final : public CudaModelOpsApi {
       return;
     }
     // Gather the logit rows of `in`, then lm_head -> f32 logits.
+    expect_normalised(in);
     ck(lin::embedding_gather(buf(in), T_, H_, d_rows(), R_run_, logit_in_.as<uint16_t>(), stream_));
     run_linear(*lm_head_, logit_in_.as<uint16_t>(), R_run_, logits_.as(), DType::F32);
     if (mode_ == Mode::Capture) {
@@ -677,6 +699,7 @@ class CudaModelOps final : public CudaModelOpsApi {
     for (int b = 0; b < int(Buf::Count); ++b)
       bufs_[size_t(b)] = DeviceMem(size_t(lim.max_tokens) * size_t(buf_width(Buf(b), c_)) * 2);
     logits_ = DeviceMem(size_t(lim.max_tokens) * size_t(c_.vocab_size) * 4);
+    norm_fold_sums_ = DeviceMem(size_t(lin::kNvfp4GemvKernelRows) * moe::kNormFoldMaxParts * 4);
     logit_in_ = DeviceMem(size_t(lim.max_tokens) * H_ * 2);
     rows_ = std::make_unique<lin::RowCountTable>(lim.max_tokens);
     ops::PagedKv kv;
@@ -823,6 +846,50 @@ class CudaModelOps final : public CudaModelOpsApi {
     const lin::Nvfp4GemvOutput out{&o->q.view(), bias_of(*o)};
     return lin::nvfp4_gemv_unsupported_reason(&out, 1, T_).empty() && L.moe->takes_pre_norm(T_);
   }
+  bool nvfp4_qkv(const DevLayer& L) const {
+    return L.q && L.k && L.v && L.q->nvfp4 && L.k->nvfp4 && L.v->nvfp4;
+  }
+  std::array<lin::Nvfp4GemvOutput, 3> qkv_outputs(const DevLayer& L, uint16_t* q, uint16_t* k,
+                                                  uint16_t* v) const {
+    return {{{&L.q->q.view(), bias_of(*L.q), q},
+             {&L.k->q.view(), bias_of(*L.k), k},
+             {&L.v->q.view(), bias_of(*L.v), v}}};
+  }
+  // The input norm of `layer` left to its q/k/v GEMV (moe/add_rms_norm_step.h NormFold), or none:
+  // a function of the layer and T_ (a captured step and its replays decide alike). Up to
+  // kNvfp4GemvKernelRows tokens without an all-reduce hook, GQA layers whose NVFP4 q/k/v are all
+  // that reads the normalised row. TETRA_FOLD_INPUT_NORM=0 turns it off (A/B runs).
+  std::optional<moe::NormFold> input_norm_fold(int layer) const {
+    static const bool off = [] {
+      const char* e = std::getenv("TETRA_FOLD_INPUT_NORM");
+      return e != nullptr && e[0] == '0';
+    }();
+    if (off || !opt_.fold_input_norm || all_reduce_ || mla_ || T_ > lin::kNvfp4GemvKernelRows)
+      return std::nullopt;
+    const DevLayer& L = layers_.at(size_t(layer));
+    if (!nvfp4_qkv(L)) return std::nullopt;
+    const moe::NormFold f{norm_fold_sums_.as<float>(), moe::cuda::combine_norm_fold_parts(H_), H_,
+                          eps()};
+    const std::array<lin::Nvfp4GemvOutput, 3> outs = qkv_outputs(L, nullptr, nullptr, nullptr);
+    if (!lin::nvfp4_gemv_norm_folded_unsupported_reason(outs.data(), 3, T_, f).empty())
+      return std::nullopt;
+    return f;
+  }
+  // The fold for the add + RMSNorm `which` of `norm_layer` writing `normed`, where it is the next
+  // layer's input norm into the step's Buf::Normed.
+  std::optional<moe::NormFold> norm_fold_for(NormId which, int norm_layer, Buf normed) const {
+    if (which != NormId::Input || normed != Buf::Normed) return std::nullopt;
+    return input_norm_fold(norm_layer);
+  }
+  void note_norm_folded(int layer) {
+    folded_norm_layer_ = layer;
+    ++folded_input_norms_;
+  }
+  // Buf::Normed holds gx between a folded input norm and its q/k/v: nothing else may read it.
+  void expect_normalised(Buf in) const {
+    TETRA_CHECK(in != Buf::Normed || folded_norm_layer_ < 0, "the input norm of layer ",
+                folded_norm_layer_, " is folded into its q/k/v; another op reads it");
+  }
   // The router fold o_proj_folded_norm_moe runs with o_proj's output `out` (its gx:
   // Buf::Normed), or none (a function of the layer and T_).
   std::optional<moe::RouterFold> router_fold_of(const DevLayer& L,
@@ -907,6 +974,9 @@ class CudaModelOps final : public CudaModelOpsApi {
   CudaOpsOptions opt_;
   int64_t folded_post_norms_ = 0;
   int64_t folded_routers_ = 0;
+  int64_t folded_input_norms_ = 0;
+  int folded_norm_layer_ = -1;  // whose input norm the last combine folded (its q/k/v is next)
+  DeviceMem norm_fold_sums_;    // [kNvfp4GemvKernelRows, kNormFoldMaxParts] f32 (NormFold)
   AllReduceHook all_reduce_;  // tensor parallel sum, or empty
   ModelConfig c_;
   OpsLimits lim_;

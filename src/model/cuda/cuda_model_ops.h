@@ -44,6 +44,11 @@ struct CudaOpsOptions {
   // unfolded path at the bf16 rounding of the normalised row (routing only at near ties).
   // TETRA_ROUTER_FOLD=0 in the environment turns it off as well.
   bool router_fold = true;
+  // Up to 8 tokens, the next layer's input RMSNorm left to its NVFP4 q/k/v GEMV (the MoE
+  // combine writes g * h and per-block sums of squares, no cluster; moe/add_rms_norm_step.h
+  // NormFold) where both take it. Results differ from the unfolded path at the bf16 rounding of
+  // the normalised row. TETRA_FOLD_INPUT_NORM=0 in the environment turns it off as well.
+  bool fold_input_norm = true;
 };
 
 class CudaModelOpsApi : public ModelOps {
@@ -66,6 +71,8 @@ class CudaModelOpsApi : public ModelOps {
   virtual int64_t folded_post_norms() const = 0;
   // Of those, the layers whose o_proj also folded the router (CudaOpsOptions::router_fold).
   virtual int64_t folded_routers() const = 0;
+  // Layers whose input norm a MoE combine left to their q/k/v (CudaOpsOptions::fold_input_norm).
+  virtual int64_t folded_input_norms() const = 0;
   virtual void* stream() const = 0;  // cudaStream_t
   // Tensor parallel: all_reduce(Buf) calls this with the buffer's first T rows (count bf16
   // elements) on the backend's stream, while recording or running eagerly (a replayed graph

@@ -152,6 +152,7 @@ class ParallelModelOps final : public cuda::CudaModelOpsApi {
   int graphs_captured() const override { return cuda_rank(0).graphs_captured(); }
   int64_t folded_post_norms() const override { return cuda_rank(0).folded_post_norms(); }
   int64_t folded_routers() const override { return cuda_rank(0).folded_routers(); }
+  int64_t folded_input_norms() const override { return cuda_rank(0).folded_input_norms(); }
   void* stream() const override { return cuda_rank(0).stream(); }
   void set_all_reduce_hook(AllReduceHook) override {
     TETRA_FAIL("the parallel model backend owns its all-reduce; it takes no hook");

@@ -17,6 +17,7 @@
 
 #include "core/dtype.h"
 #include "moe/expert_weights.h"
+#include "moe/add_rms_norm_step.h"
 #include "moe/router_fold.h"
 
 namespace tetra::ops::cuda {
@@ -148,6 +149,18 @@ struct Nvfp4GemvStreamConfig {
 cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
                               cudaStream_t stream, Nvfp4GemvKernel kernel = Nvfp4GemvKernel::Auto,
                               const Nvfp4GemvStreamConfig* stream_cfg = nullptr);
+
+// The same outputs over gx [M, k] = bf16(h * g), the input RMSNorm's 1/rms folded in
+// (moe/add_rms_norm_step.h NormFold, written by the MoE combine before this launch): every
+// output row r is y = bf16(W gx * alpha * inv_rms(r)) (+ bias). 1..kNvfp4GemvKernelRows rows,
+// no residual outputs, f.H == k; Auto picks Rolling or Batched as linear_nvfp4_gemv does (never
+// Stream: no fold epilogue).
+std::string nvfp4_gemv_norm_folded_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs,
+                                                      int M, const moe::NormFold& f);
+cudaError_t linear_nvfp4_gemv_norm_folded(const Nvfp4GemvOutput* outs, int n_outs,
+                                          const uint16_t* gx, int M, const moe::NormFold& f,
+                                          cudaStream_t stream,
+                                          Nvfp4GemvKernel kernel = Nvfp4GemvKernel::Auto);
 
 // o_proj at one token with the MoE router folded into its epilogue (moe/router_fold.h): one plain
 // output whose residual add writes h, run on the streaming kernel with one tile per block (the

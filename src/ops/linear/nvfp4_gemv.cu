@@ -41,7 +41,26 @@ struct GemvArgs : Nvfp4OutputsArg {
   int m, k;
   unsigned long long* stamps = nullptr;  // perf/block_stamps.h (nullptr: none)
   int stamp_launch = 0;
+  // The input's RMSNorm folded (moe/add_rms_norm_step.h NormFold; kernels built with kFold):
+  // x is gx, each row's outputs are scaled by its inv_rms before the bf16 rounding.
+  const float* fold_sums = nullptr;  // [m, fold_parts]
+  int fold_parts = 0, fold_h = 0;
+  float fold_eps = 0.0f;
 };
+
+// The fold's staging: thread i < m * fold_parts loads sums[i] once the kernel that writes them is
+// complete (after griddepcontrol.wait) and stores it to fold_s[i] with its first tile's partial
+// sums, so the load's latency hides behind the weight stream.
+__device__ __forceinline__ float load_fold_part(const GemvArgs& a) {
+  return int(threadIdx.x) < a.m * a.fold_parts ? a.fold_sums[threadIdx.x] : 0.0f;
+}
+// Row `row`'s inv_rms from the staged sums, added in part order (NormFold; the host twin
+// norm_fold_inv_rms): the same bits in every thread and block.
+__device__ __forceinline__ float fold_inv_rms(const GemvArgs& a, const float* fold_s, int row) {
+  float s = 0.0f;
+  for (int p = 0; p < a.fold_parts; ++p) s += fold_s[row * a.fold_parts + p];
+  return rsqrtf(s / float(a.fold_h) + a.fold_eps);
+}
 
 // Tile u of the launch (all outputs' tiles in order) as output o's tile `tile`.
 struct OutputTile {
@@ -89,8 +108,11 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[4], const uint4& w, uint3
 // Batches of kBatch chunks, all loads of a batch issued before its first MMA. (Two register sets
 // with the next half-batch in flight while one computes measured slower on the H200, even at
 // o_proj's k = 12288: 15.5 vs 14.1 us at M = 1, bench/results/2026-11-30-decode-air-h200.md.)
+// kFold: the input norm folded (GemvArgs::fold_sums).
+template <bool kFold>
 __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs a) {
   __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
+  __shared__ float fold_s[kFold ? kWarps * 32 : 1];
   // The next kernel (RoPE + KV write, a norm) may be scheduled now; it waits for this grid.
   asm volatile("griddepcontrol.launch_dependents;");
   const auto [o, tile] = output_tile(a, int(blockIdx.x));
@@ -122,13 +144,17 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
       }
     // Launched as a programmatic dependent, the block starts while the kernel that writes x
     // still runs: the first weights are in flight when it waits for x (a no-op otherwise).
-    if (c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (c == c_begin) {
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      if (kFold) fold_s[threadIdx.x] = load_fold_part(a);  // a register less than holding it
+    }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
       if (c + u < c_end) chunk_mma(acc, wv[u], sv[u], xp + size_t(c + u) * kChunkK);
   }
   // Warps without chunks (k < 8 chunks) waited nowhere yet; y may still be read by the primary.
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (kFold && c_begin >= c_end) fold_s[threadIdx.x] = load_fold_part(a);
 #pragma unroll
   for (int r = 0; r < 4; ++r) red[warp][r][lane] = acc[r];
   __syncthreads();
@@ -141,7 +167,8 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += red[w][r][l];
       // Rounded to bf16 before the bias, as the unfused linear + add_bias pair does.
-      float y = __bfloat162float(__float2bfloat16_rn(sum * alpha));
+      const float scale = kFold ? alpha * fold_inv_rms(a, fold_s, row) : alpha;
+      float y = __bfloat162float(__float2bfloat16_rn(sum * scale));
       if (a.bias[o] != nullptr) y += bias;
       store_output(a, o, row, col, y);
     }
@@ -159,7 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
 // (4 blocks), 5..7 fit 80 (3 blocks). One rule for the kernel's register bound and the grid.
 constexpr int rolling_blocks_per_sm(int slots) { return slots == 4 ? 4 : 3; }
 
-template <int S>
+template <int S, bool kFold>
 __global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
     nvfp4_gemv_rolling_kernel(const GemvArgs a, int tiles) {
   // Per-warp partial sums, lane fastest, in two buffers used by alternate tiles: a warp writes
@@ -167,6 +194,7 @@ __global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
   // threads pass only once they have read b. So a tile costs one block barrier, not two (the
   // others' warps no longer wait for the reducing warps before rolling on).
   __shared__ float red[2][kWarps][4][32];
+  __shared__ float fold_s[kFold ? kWarps * 32 : 1];
   const uint64_t t_start = perf::stamp_time();
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -193,6 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
   const uint64_t t_waited = perf::stamp_time();
+  float fold_part = kFold ? load_fold_part(a) : 0.0f;  // staged with the first tile's sums
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   while (u < tiles) {
     // The next batch: of this tile, or batch 0 of the block's next tile (none past the end).
@@ -216,6 +245,7 @@ __global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
     if (nbi == 0) {  // tile u is complete: reduce over the warps and store
 #pragma unroll
       for (int r = 0; r < 4; ++r) red[buf][warp][r][lane] = acc[r], acc[r] = 0.0f;
+      if (kFold && u == int(blockIdx.x)) fold_s[threadIdx.x] = fold_part;
       __syncthreads();
       if (threadIdx.x < 128) {
         const auto [o, tile] = output_tile(a, u);
@@ -226,7 +256,8 @@ __global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
           float sum = 0.0f;
 #pragma unroll
           for (int w = 0; w < kWarps; ++w) sum += red[buf][w][r][l];
-          float y = __bfloat162float(__float2bfloat16_rn(sum * a.alpha[o][0]));
+          const float scale = kFold ? a.alpha[o][0] * fold_inv_rms(a, fold_s, row) : a.alpha[o][0];
+          float y = __bfloat162float(__float2bfloat16_rn(sum * scale));
           if (a.bias[o] != nullptr) y += __bfloat162float(__ushort_as_bfloat16(a.bias[o][col]));
           store_output(a, o, row, col, y);
         }
@@ -414,14 +445,24 @@ cudaError_t linear_nvfp4_gemv_router_fold(const Nvfp4GemvOutput& out, const uint
       work, c.stages, c.blocks_per_sm, true, stream);
 }
 
-cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
-                              cudaStream_t stream, Nvfp4GemvKernel kernel,
-                              const Nvfp4GemvStreamConfig* stream_cfg) {
-  const std::string why = nvfp4_gemv_unsupported_reason(outs, n_outs, M);
-  if (!why.empty()) TETRA_FAIL("NVFP4 GEMV: ", why);
-  // 9..64 rows: x staged in shared memory once per block and reused by its weight tiles
-  // (nvfp4_small_m.cu); the kernels below read x per tile, which pays off only up to 8 rows.
-  if (M > kNvfp4GemvKernelRows) return linear_nvfp4_small_m(outs, n_outs, x, M, stream, nullptr);
+namespace {
+
+template <bool kFold>
+cudaError_t launch_rolling(const KernelLaunch& launch, const GemvArgs& a, int tiles, int slots) {
+  switch (slots) {
+    case 4: return launch(nvfp4_gemv_rolling_kernel<4, kFold>, a, tiles);
+    case 5: return launch(nvfp4_gemv_rolling_kernel<5, kFold>, a, tiles);
+    case 6: return launch(nvfp4_gemv_rolling_kernel<6, kFold>, a, tiles);
+    case 7: return launch(nvfp4_gemv_rolling_kernel<7, kFold>, a, tiles);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// linear_nvfp4_gemv up to kNvfp4GemvKernelRows rows; with `fold` (checked by the caller) the
+// input norm folded, on Rolling or Batched (the streaming kernel has no fold epilogue).
+cudaError_t run_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
+                     cudaStream_t stream, Nvfp4GemvKernel kernel,
+                     const Nvfp4GemvStreamConfig* stream_cfg, const moe::NormFold* fold) {
   GemvArgs a{};
   static_cast<Nvfp4OutputsArg&>(a) = outputs_arg(outs, n_outs, "NVFP4 GEMV");
   int tiles = 0;
@@ -434,6 +475,12 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   a.k = outs[0].w->k;
   a.stamps = perf::block_stamp_buffer();
   if (a.stamps) a.stamp_launch = perf::next_block_stamp_launch();
+  if (fold) {
+    a.fold_sums = fold->sums;
+    a.fold_parts = fold->parts;
+    a.fold_h = fold->H;
+    a.fold_eps = fold->eps;
+  }
   // Auto: the streaming kernel (two blocks of 16 consumer warps per SM) when every block of its
   // grid gets at most one tile, i.e. few long tiles (Air o_proj: 256 tiles of k = 12288, 11.5 vs
   // 14.1 us at M = 1, 12.2 vs 16.0 at M = 8, H200 graph-timed); with several tiles per block it
@@ -445,24 +492,21 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   // fewer tiles than its grid (Qwen3-30B-A3B, 320) it was +2.5% against Batched
   // (bench/results/2026-12-01-session17-h200.md). Else Batched.
   const Nvfp4GemvRollingShape rolling = nvfp4_gemv_rolling_shape(a.k);
+  const int sms = current_device_sm_count();
   if (kernel == Nvfp4GemvKernel::Auto) {
     const Nvfp4GemvStreamConfig c{};
-    const int sms = current_device_sm_count();
-    kernel = tiles <= c.blocks_per_sm * sms ? Nvfp4GemvKernel::Stream
+    kernel = !fold && tiles <= c.blocks_per_sm * sms ? Nvfp4GemvKernel::Stream
              : rolling.slots > 0 && tiles > rolling.blocks_per_sm * sms
                  ? Nvfp4GemvKernel::Rolling
                  : Nvfp4GemvKernel::Batched;
   }
+  if (fold && kernel == Nvfp4GemvKernel::Stream)
+    TETRA_FAIL("NVFP4 GEMV: the streaming kernel has no folded input norm");
   if (kernel == Nvfp4GemvKernel::Rolling) {
-    const int grid = std::min(tiles, rolling.blocks_per_sm * current_device_sm_count());
+    const int grid = std::min(tiles, rolling.blocks_per_sm * sms);
     const KernelLaunch launch(dim3(unsigned(grid)), dim3(kWarps * 32), stream);
-    switch (rolling.slots) {
-      case 4: return launch(nvfp4_gemv_rolling_kernel<4>, a, tiles);
-      case 5: return launch(nvfp4_gemv_rolling_kernel<5>, a, tiles);
-      case 6: return launch(nvfp4_gemv_rolling_kernel<6>, a, tiles);
-      case 7: return launch(nvfp4_gemv_rolling_kernel<7>, a, tiles);
-      default: return cudaErrorInvalidValue;
-    }
+    return fold ? launch_rolling<true>(launch, a, tiles, rolling.slots)
+                : launch_rolling<false>(launch, a, tiles, rolling.slots);
   }
   if (kernel == Nvfp4GemvKernel::Stream) {
     for (int i = 0; i < n_outs; ++i)
@@ -484,7 +528,43 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
   // Programmatic dependent launch: this grid may begin before the previous kernel in the stream
   // ends (the kernel waits for it before reading x), overlapping the weight stream with its tail.
   const KernelLaunch launch(dim3(unsigned(tiles)), dim3(kWarps * 32), stream);
-  return launch(nvfp4_gemv_kernel, a);
+  return fold ? launch(nvfp4_gemv_kernel<true>, a) : launch(nvfp4_gemv_kernel<false>, a);
+}
+
+}  // namespace
+
+cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
+                              cudaStream_t stream, Nvfp4GemvKernel kernel,
+                              const Nvfp4GemvStreamConfig* stream_cfg) {
+  const std::string why = nvfp4_gemv_unsupported_reason(outs, n_outs, M);
+  if (!why.empty()) TETRA_FAIL("NVFP4 GEMV: ", why);
+  // 9..64 rows: x staged in shared memory once per block and reused by its weight tiles
+  // (nvfp4_small_m.cu); the kernels below read x per tile, which pays off only up to 8 rows.
+  if (M > kNvfp4GemvKernelRows) return linear_nvfp4_small_m(outs, n_outs, x, M, stream, nullptr);
+  return run_gemv(outs, n_outs, x, M, stream, kernel, stream_cfg, nullptr);
+}
+
+std::string nvfp4_gemv_norm_folded_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs,
+                                                      int M, const moe::NormFold& f) {
+  if (M < 1 || M > kNvfp4GemvKernelRows)
+    return str("M=", M, " (the folded norm takes 1..", kNvfp4GemvKernelRows, " rows)");
+  const std::string why = nvfp4_gemv_unsupported_reason(outs, n_outs, M);
+  if (!why.empty()) return why;
+  for (int i = 0; i < n_outs; ++i)
+    if (outs[i].residual != nullptr) return str("output ", i, ": a residual add");
+  if (f.sums == nullptr) return "no sums";
+  if (f.parts < 1 || f.parts > moe::kNormFoldMaxParts || M * f.parts > kWarps * 32)
+    return str(f.parts, " parts at M=", M);
+  if (f.H != outs[0].w->k) return str("H ", f.H, " != k ", outs[0].w->k);
+  return "";
+}
+
+cudaError_t linear_nvfp4_gemv_norm_folded(const Nvfp4GemvOutput* outs, int n_outs,
+                                          const uint16_t* gx, int M, const moe::NormFold& f,
+                                          cudaStream_t stream, Nvfp4GemvKernel kernel) {
+  const std::string why = nvfp4_gemv_norm_folded_unsupported_reason(outs, n_outs, M, f);
+  if (!why.empty()) TETRA_FAIL("NVFP4 GEMV with the folded norm: ", why);
+  return run_gemv(outs, n_outs, gx, M, stream, kernel, nullptr, &f);
 }
 
 }  // namespace tetra::ops::cuda

@@ -73,12 +73,17 @@ __device__ __forceinline__ void store(const float* acc, uint16_t* out) {
 constexpr int kMaxPairs = kMaxTopK;
 constexpr int kBatch = 8;  // row loads in flight per thread
 
+// The add + RMSNorm after the combine: none, fused with a cluster per row reducing the sum of
+// squares (AddRmsNormStep), or folded into the reader (NormFold: per-block sums, no cluster).
+enum class NormMode { None, Cluster, Fold };
+
 // AddRmsNormStep as a kernel argument.
 struct AddNormArgs {
   uint16_t* residual;      // [T, H] bf16, in place
   const uint16_t* weight;  // [H] bf16
   float eps;
-  uint16_t* normed;  // [T, H] bf16
+  uint16_t* normed;  // [T, H] bf16 (Fold: gx)
+  float* fold_sums;  // Fold: [T, gridDim.y] sums of squares
   double* clear;     // [clear_count] zeroed by block (0, 0) after the wait (CombineOptions)
   int clear_count;
 };
@@ -89,19 +94,26 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The sum of a cluster's per-thread values, the same bits in every thread of every block (each
-// block's part is summed in a fixed order and every block reads all parts in rank order).
-__device__ float cluster_sum(float v) {
+// The sum of a block's per-thread values in a fixed order, stored to *dst by thread 0 (every
+// thread of the block calls it).
+__device__ void block_sum_to(float v, float* dst) {
   __shared__ float warp_part[32];
-  __shared__ float block_part;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   v = warp_sum(v);
   if (lane == 0) warp_part[warp] = v;
   __syncthreads();
   if (warp == 0) {
     const float b = warp_sum(lane < int(blockDim.x / 32) ? warp_part[lane] : 0.0f);
-    if (lane == 0) block_part = b;
+    if (lane == 0) *dst = b;
   }
+}
+
+// The sum of a cluster's per-thread values, the same bits in every thread of every block (each
+// block's part is summed in a fixed order and every block reads all parts in rank order).
+__device__ float cluster_sum(float v) {
+  __shared__ float block_part;
+  const int lane = threadIdx.x % 32;
+  block_sum_to(v, &block_part);
   cg::cluster_group cluster = cg::this_cluster();
   cluster.sync();
   const float* part = lane < int(cluster.num_blocks()) ? cluster.map_shared_rank(&block_part, lane)
@@ -111,15 +123,15 @@ __device__ float cluster_sum(float v) {
   return total;
 }
 
-// One block's slice of token t = blockIdx.x: kVec elements per thread from h. Without kNorm the
-// grid is (T, ceil(H / (kVec * blockDim.x))), blockDim.x = kThreads or kFewThreads (> kMaxPairs);
-// with kNorm a cluster of gridDim.y blocks covers the row (blockDim.x > kMaxPairs too). kVec
-// elements per thread: one 16-byte load per row (8 bf16 or 4 f32), or 1 (unaligned H, no kNorm).
+// One block's slice of token t = blockIdx.x: kVec elements per thread from h. The grid is
+// (T, ceil(H / (kVec * blockDim.x))), blockDim.x = kThreads or kFewThreads (> kMaxPairs); with
+// NormMode::Cluster a cluster of gridDim.y blocks covers the row. kVec elements per thread: one
+// 16-byte load per row (8 bf16 or 4 f32), or 1 (unaligned H, NormMode::None).
 // shared_first (F32 rows only): the shared expert's output is rows[*shared_first + t], rounded to
 // bf16 before it is added (the numerics of a bf16 shared output). routing_ready: slot_of,
 // weights, shared_first, residual and the norm's residual are read before the PDL wait
 // (CombineOptions).
-template <int kVec, typename R, bool kNorm>
+template <int kVec, typename R, NormMode kMode>
 __device__ __forceinline__ void combine_slice(const R* __restrict__ rows, int H, int top_k,
                                               const int32_t* __restrict__ slot_of,
                                               const float* __restrict__ weights,
@@ -131,6 +143,7 @@ __device__ __forceinline__ void combine_slice(const R* __restrict__ rows, int H,
   __shared__ int32_t row_s[kMaxPairs];  // [top_k] row of pair j of this token, -1 if dropped
   __shared__ float w_s[kMaxPairs];      // [top_k] its weight
   __shared__ int32_t shared_row;
+  constexpr bool kNorm = kMode != NormMode::None;
   // The next kernel (the decode step's add + RMSNorm, or with kNorm its q/k/v GEMV) may be
   // scheduled now: it reads this kernel's output only after its own wait, and its programmatic
   // dependent (the q/k/v GEMV) starts streaming weights sooner.
@@ -199,11 +212,20 @@ __device__ __forceinline__ void combine_slice(const R* __restrict__ rows, int H,
       }
       store<kVec>(carried, norm.residual + o);
     }
-    const float inv_rms = rsqrtf(cluster_sum(ss) / float(H) + norm.eps);
-    if (in_row) {
-      float y[kVec];
-      for (int i = 0; i < kVec; ++i) y[i] = carried[i] * inv_rms * gain[i];
-      store<kVec>(y, norm.normed + o);
+    if constexpr (kMode == NormMode::Fold) {  // gx = bf16(h * g); the reader applies 1/rms
+      block_sum_to(ss, norm.fold_sums + size_t(t) * gridDim.y + blockIdx.y);
+      if (in_row) {
+        float y[kVec];
+        for (int i = 0; i < kVec; ++i) y[i] = carried[i] * gain[i];
+        store<kVec>(y, norm.normed + o);
+      }
+    } else {
+      const float inv_rms = rsqrtf(cluster_sum(ss) / float(H) + norm.eps);
+      if (in_row) {
+        float y[kVec];
+        for (int i = 0; i < kVec; ++i) y[i] = carried[i] * inv_rms * gain[i];
+        store<kVec>(y, norm.normed + o);
+      }
     }
   }
 }
@@ -215,14 +237,14 @@ __global__ void __launch_bounds__(kThreads)
                    const uint16_t* __restrict__ shared, const int32_t* __restrict__ shared_first,
                    const uint16_t* __restrict__ residual, uint16_t* __restrict__ out,
                    bool routing_ready) {
-  combine_slice<kVec, R, false>(rows, H, top_k, slot_of, weights, shared, shared_first, residual,
+  combine_slice<kVec, R, NormMode::None>(rows, H, top_k, slot_of, weights, shared, shared_first, residual,
                                 out, routing_ready, AddNormArgs{});
 }
 
 constexpr int kNormCluster = 8;      // blocks per row (the portable cluster size)
 constexpr int kNormMaxThreads = 1024;
 
-template <int kVec, typename R>
+template <int kVec, typename R, NormMode kMode>
 __global__ void __launch_bounds__(kNormMaxThreads)
     combine_add_norm_kernel(const R* __restrict__ rows, int H, int top_k,
                             const int32_t* __restrict__ slot_of, const float* __restrict__ weights,
@@ -230,7 +252,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
                             const int32_t* __restrict__ shared_first,
                             const uint16_t* __restrict__ residual, uint16_t* __restrict__ out,
                             bool routing_ready, const AddNormArgs norm) {
-  combine_slice<kVec, R, true>(rows, H, top_k, slot_of, weights, shared, shared_first, residual,
+  combine_slice<kVec, R, kMode>(rows, H, top_k, slot_of, weights, shared, shared_first, residual,
                                out, routing_ready, norm);
 }
 
@@ -255,8 +277,9 @@ cudaError_t launch(const R* rows, int T, int H, int top_k, const int32_t* slot_o
                 opt.shared_first_row, residual, out, opt.pdl && opt.routing_ready);
 }
 
-// The fused add + RMSNorm (F32 rows): a cluster of up to kNormCluster blocks per token, at least
-// kFewThreads threads each (> kMaxPairs), four elements per thread.
+// The fused add + RMSNorm (F32 rows), four elements per thread. NormMode::Cluster: a cluster of
+// up to kNormCluster blocks per token, at least kFewThreads threads each (> kMaxPairs). Fold:
+// fold->parts blocks of kFewThreads threads per token (combine_norm_fold_parts), no cluster.
 cudaError_t launch_add_norm(const float* rows, int T, int H, int top_k, const int32_t* slot_of,
                             const float* weights, const uint16_t* shared, const uint16_t* residual,
                             uint16_t* out, cudaStream_t stream, const CombineOptions& opt) {
@@ -267,6 +290,20 @@ cudaError_t launch_add_norm(const float* rows, int T, int H, int top_k, const in
     if (p != nullptr && !aligned16(p)) TETRA_FAIL("cuda combine + add_rms_norm: a pointer is not 16-byte aligned");
   if (n.residual == nullptr || n.weight == nullptr || n.normed == nullptr)
     TETRA_FAIL("cuda combine + add_rms_norm: residual, weight and normed are required");
+  const AddNormArgs a{n.residual, n.weight, n.eps, n.normed, n.fold ? n.fold->sums : nullptr,
+                      opt.clear, opt.clear_count};
+  const bool ready = opt.pdl && opt.routing_ready;
+  if (n.fold != nullptr) {
+    const NormFold& f = *n.fold;
+    if (f.sums == nullptr || f.H != H || f.parts != combine_norm_fold_parts(H))
+      TETRA_FAIL("cuda combine + folded norm: sums ", f.sums == nullptr ? "missing" : "set",
+                 ", H ", f.H, " (rows: ", H, "), ", f.parts, " parts (the combine's: ",
+                 combine_norm_fold_parts(H), ")");
+    const KernelLaunch launch(dim3(unsigned(T), unsigned(f.parts)), dim3(kFewThreads), stream,
+                              opt.pdl);
+    return launch(combine_add_norm_kernel<kWide, float, NormMode::Fold>, rows, H, top_k, slot_of,
+                  weights, shared, opt.shared_first_row, residual, out, ready, a);
+  }
   const int need = (H + kNormCluster * kWide - 1) / (kNormCluster * kWide);  // threads per block
   const int threads = std::max(kFewThreads, (need + 31) / 32 * 32);
   const int blocks = (H + threads * kWide - 1) / (threads * kWide);  // the cluster: <= 8
@@ -283,13 +320,18 @@ cudaError_t launch_add_norm(const float* rows, int T, int H, int top_k, const in
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = opt.pdl ? 2 : 1;
-  const AddNormArgs a{n.residual, n.weight, n.eps, n.normed, opt.clear, opt.clear_count};
-  return cudaLaunchKernelEx(&cfg, combine_add_norm_kernel<kWide, float>, rows, H, top_k, slot_of,
-                            weights, shared, opt.shared_first_row, residual, out,
-                            opt.pdl && opt.routing_ready, a);
+  return cudaLaunchKernelEx(&cfg, combine_add_norm_kernel<kWide, float, NormMode::Cluster>, rows,
+                            H, top_k, slot_of, weights, shared, opt.shared_first_row, residual,
+                            out, ready, a);
 }
 
 }  // namespace
+
+int combine_norm_fold_parts(int H) {
+  constexpr int per_block = kFewThreads * 4;
+  const int parts = (H + per_block - 1) / per_block;
+  return H > 0 && H % 4 == 0 && parts <= kNormFoldMaxParts ? parts : 0;
+}
 
 bool combine_add_rms_norm_fits(int H, DType rows_dtype) {
   return rows_dtype == DType::F32 && H > 0 && H % 4 == 0 && H <= kNormCluster * kNormMaxThreads * 4;

@@ -442,6 +442,7 @@ bool CudaMoeLayer::forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out,
       !cuda::combine_add_rms_norm_fits(H_, DType::F32))
     return false;
   if (pre != nullptr && !takes_pre_norm(T)) return false;
+  if (norm.fold != nullptr && norm.fold->parts != cuda::combine_norm_fold_parts(H_)) return false;
   run(x, T, out, nullptr, stream, nullptr, &norm, pre);
   return true;
 }

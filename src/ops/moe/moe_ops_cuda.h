@@ -97,6 +97,10 @@ cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int t
 // shared memory. F32 rows, H % 4 == 0 and H <= 32768 (combine_add_rms_norm_fits), 16-byte aligned
 // pointers.
 bool combine_add_rms_norm_fits(int H, DType rows_dtype);
+// With AddRmsNormStep::fold the combine runs this many blocks of 64 threads per token and writes
+// one sum of squares per block (moe/add_rms_norm_step.h NormFold), no cluster: ceil(H / 256), or 0
+// where H does not take the fold (H % 4 != 0, or more than kNormFoldMaxParts parts).
+int combine_norm_fold_parts(int H);
 
 // What the layer runner adds to combine_bf16.
 struct CombineOptions {
