@@ -18,9 +18,11 @@
 #include "core/cuda_check.h"
 #include "core/half.h"
 #include "cpu/moe_layer_fixture.h"
+#include "guarded_device_array.h"
 #include "moe/moe_layer.h"
 #include "moe/router.h"
 #include "ops/moe/moe_layer_cuda.h"
+#include "ops/moe/moe_ops_cuda.h"
 #include "ops/moe/w4a16_launch.h"
 #include "ops/norm/rms_norm_cuda.h"
 
@@ -638,7 +640,9 @@ size_t differ_within_one_bf16_step(const std::vector<uint16_t>& got,
 // forward_add_rms_norm (the decoder's add + RMSNorm in the combine's launch) against forward then
 // the separate fused_add_rms_norm kernel: out and the residual bit-identical, normed within one
 // bf16 step (its sum of squares runs in another order), written over the layer's own input as
-// the model does; the persistent layer declines it and writes nothing.
+// the model does; the persistent layer declines it and writes nothing. With the norm folded into
+// the next linear (NormFold): out and residual the same bits, gx = bf16(residual * g) exactly,
+// the sums' inv_rms within 1e-5 of the double reference; a fold of another part count declined.
 TEST_F(MoeLayerGpu, ForwardAddRmsNormEqualsForwardThenNorm) {
   const ModelConfig c = preset_config("tiny-glm5");
   moe::CudaTokenPath serial;
@@ -679,6 +683,37 @@ TEST_F(MoeLayerGpu, ForwardAddRmsNormEqualsForwardThenNorm) {
         EXPECT_EQ(dres2.body(), dres.body());
         EXPECT_LE(differ_within_one_bf16_step(dx2.body(), dnorm.body()), n / 20);
         EXPECT_EQ(dx2.guards_lost() + dout2.guards_lost() + dres2.guards_lost(), 0u);
+        // Folded (NormFold): the same out and residual, gx = bf16(residual * g) exactly, and the
+        // sums give the row's inv_rms.
+        GuardedBf16 dx3(n), dout3(n), dres3(n);
+        dx3.upload(x), dres3.upload(res);
+        const int parts = moe::cuda::combine_norm_fold_parts(H);
+        test::GuardedDeviceArray<float> dsums(size_t(T) * parts);
+        const moe::NormFold fold{dsums.ptr(), parts, H, eps};
+        const moe::AddRmsNormStep folded{dres3.ptr(), dgain.ptr(), eps, dx3.ptr(), &fold};
+        ASSERT_TRUE(gpu.forward_add_rms_norm(dx3.ptr(), T, dout3.ptr(), folded, nullptr));
+        TETRA_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(dout3.body(), dout.body());
+        const std::vector<uint16_t> h = dres.body(), gx = dx3.body();
+        EXPECT_EQ(dres3.body(), h);
+        const std::vector<float> sums = dsums.download();
+        for (int t = 0; t < T; ++t) {
+          double ss = 0;
+          for (int i = 0; i < H; ++i) {
+            const size_t e = size_t(t) * H + i;
+            const float v = bf16_to_float(h[e]);
+            ss += double(v) * v;
+            EXPECT_EQ(gx[e], float_to_bf16(v * bf16_to_float(gain[size_t(i)]))) << "t=" << t << " i=" << i;
+          }
+          const double inv = 1.0 / std::sqrt(ss / H + eps);
+          EXPECT_NEAR(moe::norm_fold_inv_rms(&sums[size_t(t) * parts], parts, H, eps), inv, 1e-5 * inv);
+        }
+        EXPECT_EQ(dx3.guards_lost() + dout3.guards_lost() + dres3.guards_lost(), 0u);
+        EXPECT_TRUE(dsums.guards_intact());
+        // A fold of another part count is declined, nothing written.
+        const moe::NormFold other{dsums.ptr(), parts + 1, H, eps};
+        const moe::AddRmsNormStep refused{dres3.ptr(), dgain.ptr(), eps, dx3.ptr(), &other};
+        EXPECT_FALSE(gpu.forward_add_rms_norm(dx3.ptr(), T, dout3.ptr(), refused, nullptr));
       }
     }
   }
