@@ -486,6 +486,62 @@ TEST(MoeOpsCuda, CombineIsExact) {
   }
 }
 
+// A combine + norm case on the host and the device: T tokens of top-8 pairs over 64 experts
+// (pair 0 dropped), F32 expert rows with the shared expert's output past the routed ones, the
+// residual, the norm weight, and the CPU combine's output and new residual.
+struct NormCombineCase {
+  static constexpr int K = 8, E = 64;
+  int T, H, shared_first = 0;
+  MaskedLayout m;
+  std::vector<float> rows_f, w;
+  std::vector<uint16_t> resid, gain, want_out, want_res;
+  DevBuf<float> d_rows, d_w;
+  DevBuf<int32_t> d_slot, d_first{1};
+  DevBuf<uint16_t> d_gain;
+
+  NormCombineCase(int T_, int H_, std::mt19937& rng)
+      : T(T_), H(H_), m(make_layout(T_, rng)), rows_f((size_t(m.num_rows()) + T_) * H_),
+        w(size_t(T_) * K), resid(size_t(T_) * H_), gain(H_), d_rows(rows_f.size()),
+        d_w(w.size()), d_slot(m.slot_of.size()), d_gain(gain.size()) {
+    std::normal_distribution<float> nd;
+    std::uniform_real_distribution<float> uw(0.0f, 1.0f);
+    shared_first = m.num_rows();
+    for (float& v : rows_f) v = nd(rng);
+    for (uint16_t& v : resid) v = float_to_bf16(8.0f * nd(rng));
+    for (uint16_t& v : gain) v = float_to_bf16(1.0f + 0.5f * nd(rng));
+    for (float& v : w) v = 2.5f * uw(rng);
+    std::vector<uint16_t> shared_b(size_t(T) * H);  // the bf16 rounding of shared_first_row
+    for (size_t i = 0; i < shared_b.size(); ++i)
+      shared_b[i] = float_to_bf16(rows_f[(size_t(shared_first) * H) + i]);
+    want_out.resize(size_t(T) * H);
+    combine_bf16_cpu(rows_f.data(), DType::F32, T, H, K, m.slot_of.data(), w.data(),
+                     shared_b.data(), nullptr, want_out.data());
+    want_res = resid;  // the add of fused_add_rms_norm_cpu
+    for (size_t i = 0; i < want_res.size(); ++i)
+      want_res[i] = float_to_bf16(bf16_to_float(want_out[i]) + bf16_to_float(want_res[i]));
+    d_rows.upload(rows_f);
+    d_w.upload(w);
+    d_slot.upload(m.slot_of);
+    d_first.upload({shared_first});
+    d_gain.upload(gain);
+  }
+  static MaskedLayout make_layout(int T, std::mt19937& rng) {
+    const std::vector<int32_t> ids = random_ids(T, K, E, rng, false);
+    MaskedLayout layout = build_masked_cpu(ids.data(), T, K, E, T);
+    layout.slot_of[0] = -1;  // a dropped pair contributes nothing
+    return layout;
+  }
+  cudaError_t run(uint16_t* out, const AddRmsNormStep& step, bool pdl) {
+    cuda::CombineOptions co;
+    co.shared_first_row = d_first.get();
+    co.pdl = pdl;
+    co.routing_ready = pdl;
+    co.add_norm = &step;
+    return cuda::combine_bf16(d_rows.get(), DType::F32, T, H, K, d_slot.get(), d_w.get(), nullptr,
+                              nullptr, out, nullptr, co);
+  }
+};
+
 // The combine with the decoder's add + RMSNorm fused (CombineOptions::add_norm) against its CPU
 // twin, combine_bf16_cpu then fused_add_rms_norm_cpu: out and the residual bit-identical, normed
 // within one bf16 step (the cluster sums the squares in another order than the CPU, so the
@@ -493,57 +549,22 @@ TEST(MoeOpsCuda, CombineIsExact) {
 TEST(MoeOpsCuda, CombineWithAddRmsNormMatchesCpu) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(21);
-  std::normal_distribution<float> nd;
-  std::uniform_real_distribution<float> uw(0.0f, 1.0f);
   const float eps = 1e-5f;
   for (int H : {4096, 6144, 2052, 100}) {
     for (int T : {1, 3, 19, 70}) {
-      const int K = 8, E = 64;
-      const std::vector<int32_t> ids = random_ids(T, K, E, rng, false);
-      MaskedLayout m = build_masked_cpu(ids.data(), T, K, E, T);
-      m.slot_of[0] = -1;  // a dropped pair contributes nothing
-      // One extra row past the routed ones: the shared expert's output in the rows.
-      const int shared_first = m.num_rows();
-      const size_t rows = size_t(shared_first) + T;
-      std::vector<float> rows_f(rows * H);
-      for (float& v : rows_f) v = nd(rng);
-      std::vector<uint16_t> resid(size_t(T) * H), gain(H), shared_b(size_t(T) * H);
-      for (uint16_t& v : resid) v = float_to_bf16(8.0f * nd(rng));
-      for (uint16_t& v : gain) v = float_to_bf16(1.0f + 0.5f * nd(rng));
-      for (size_t i = 0; i < shared_b.size(); ++i)
-        shared_b[i] = float_to_bf16(rows_f[(size_t(shared_first) * H) + i]);
-      std::vector<float> w(ids.size());
-      for (float& v : w) v = 2.5f * uw(rng);
-      DevBuf<float> d_rows(rows_f.size()), d_w(w.size());
-      DevBuf<int32_t> d_slot(m.slot_of.size()), d_first(1);
-      DevBuf<uint16_t> d_gain(gain.size());
-      d_rows.upload(rows_f);
-      d_w.upload(w);
-      d_slot.upload(m.slot_of);
-      d_first.upload({shared_first});
-      d_gain.upload(gain);
+      NormCombineCase c(T, H, rng);
+      // CPU: the combine, then the decoder's add + RMSNorm.
+      std::vector<uint16_t> want_res = c.resid, want_norm(size_t(T) * H);
+      ops::fused_add_rms_norm_cpu(c.want_out.data(), want_res.data(), c.gain.data(), T, H, eps,
+                                  want_norm.data());
       for (bool pdl : {false, true}) {
         SCOPED_TRACE(str("H=", H, " T=", T, " pdl=", pdl));
-        // CPU: the routed rows plus the shared row (the bf16 rounding of shared_first_row), then
-        // the decoder's add + RMSNorm.
-        std::vector<uint16_t> want_out(size_t(T) * H), want_res = resid, want_norm(size_t(T) * H);
-        combine_bf16_cpu(rows_f.data(), DType::F32, T, H, K, m.slot_of.data(), w.data(),
-                         shared_b.data(), nullptr, want_out.data());
-        ops::fused_add_rms_norm_cpu(want_out.data(), want_res.data(), gain.data(), T, H, eps,
-                                    want_norm.data());
-        DevBuf<uint16_t> d_out(size_t(T) * H), d_res(resid.size()), d_norm(size_t(T) * H);
-        d_res.upload(resid);
-        const AddRmsNormStep step{d_res.get(), d_gain.get(), eps, d_norm.get()};
-        cuda::CombineOptions co;
-        co.shared_first_row = d_first.get();
-        co.pdl = pdl;
-        co.routing_ready = pdl;
-        co.add_norm = &step;
-        ASSERT_EQ(cuda::combine_bf16(d_rows.get(), DType::F32, T, H, K, d_slot.get(), d_w.get(),
-                                     nullptr, nullptr, d_out.get(), nullptr, co),
+        DevBuf<uint16_t> d_out(size_t(T) * H), d_res(c.resid.size()), d_norm(size_t(T) * H);
+        d_res.upload(c.resid);
+        ASSERT_EQ(c.run(d_out.get(), {d_res.get(), c.d_gain.get(), eps, d_norm.get()}, pdl),
                   cudaSuccess);
         device_sync();
-        EXPECT_TRUE(bytes_equal(d_out.download(), want_out));
+        EXPECT_TRUE(bytes_equal(d_out.download(), c.want_out));
         EXPECT_TRUE(bytes_equal(d_res.download(), want_res));
         const std::vector<uint16_t> got = d_norm.download();
         size_t differ = 0, over_one_step = 0;
@@ -575,59 +596,25 @@ TEST(MoeOpsCuda, CombineWithAddRmsNormMatchesCpu) {
 TEST(MoeOpsCuda, CombineWithFoldedNormMatchesCpu) {
   SKIP_WITHOUT_GPU();
   std::mt19937 rng(22);
-  std::normal_distribution<float> nd;
-  std::uniform_real_distribution<float> uw(0.0f, 1.0f);
   const float eps = 1e-5f;
   for (int H : {4096, 2052, 100, 8192, 5120}) {
     const int parts = cuda::combine_norm_fold_parts(H);
     ASSERT_EQ(parts, (H + 255) / 256) << H;
     for (int T : {1, 3, 8, 19}) {
-      const int K = 8, E = 64;
-      const std::vector<int32_t> ids = random_ids(T, K, E, rng, false);
-      MaskedLayout m = build_masked_cpu(ids.data(), T, K, E, T);
-      m.slot_of[0] = -1;
-      const int shared_first = m.num_rows();
-      std::vector<float> rows_f((size_t(shared_first) + T) * H);
-      for (float& v : rows_f) v = nd(rng);
-      std::vector<uint16_t> resid(size_t(T) * H), gain(H), shared_b(size_t(T) * H);
-      for (uint16_t& v : resid) v = float_to_bf16(8.0f * nd(rng));
-      for (uint16_t& v : gain) v = float_to_bf16(1.0f + 0.5f * nd(rng));
-      for (size_t i = 0; i < shared_b.size(); ++i)
-        shared_b[i] = float_to_bf16(rows_f[(size_t(shared_first) * H) + i]);
-      std::vector<float> w(ids.size());
-      for (float& v : w) v = 2.5f * uw(rng);
-      DevBuf<float> d_rows(rows_f.size()), d_w(w.size()), d_sums(size_t(T) * parts);
-      DevBuf<int32_t> d_slot(m.slot_of.size()), d_first(1);
-      DevBuf<uint16_t> d_gain(gain.size()), d_out(size_t(T) * H), d_res(resid.size()),
-          d_gx(size_t(T) * H);
-      d_rows.upload(rows_f);
-      d_w.upload(w);
-      d_slot.upload(m.slot_of);
-      d_first.upload({shared_first});
-      d_gain.upload(gain);
-      d_res.upload(resid);
       SCOPED_TRACE(str("H=", H, " T=", T));
-      std::vector<uint16_t> want_out(size_t(T) * H), want_res = resid;
-      combine_bf16_cpu(rows_f.data(), DType::F32, T, H, K, m.slot_of.data(), w.data(),
-                       shared_b.data(), nullptr, want_out.data());
-      for (size_t i = 0; i < want_res.size(); ++i)  // the add of fused_add_rms_norm_cpu
-        want_res[i] = float_to_bf16(bf16_to_float(want_out[i]) + bf16_to_float(want_res[i]));
+      NormCombineCase c(T, H, rng);
+      DevBuf<uint16_t> d_out(size_t(T) * H), d_res(c.resid.size()), d_gx(size_t(T) * H);
+      DevBuf<float> d_sums(size_t(T) * parts);
+      d_res.upload(c.resid);
       const NormFold fold{d_sums.get(), parts, H, eps};
-      const AddRmsNormStep step{d_res.get(), d_gain.get(), eps, d_gx.get(), &fold};
-      cuda::CombineOptions co;
-      co.shared_first_row = d_first.get();
-      co.pdl = true;
-      co.routing_ready = true;
-      co.add_norm = &step;
-      ASSERT_EQ(cuda::combine_bf16(d_rows.get(), DType::F32, T, H, K, d_slot.get(), d_w.get(),
-                                   nullptr, nullptr, d_out.get(), nullptr, co),
+      ASSERT_EQ(c.run(d_out.get(), {d_res.get(), c.d_gain.get(), eps, d_gx.get(), &fold}, true),
                 cudaSuccess);
       device_sync();
-      EXPECT_TRUE(bytes_equal(d_out.download(), want_out));
-      EXPECT_TRUE(bytes_equal(d_res.download(), want_res));
-      std::vector<uint16_t> want_gx(want_res.size());
+      EXPECT_TRUE(bytes_equal(d_out.download(), c.want_out));
+      EXPECT_TRUE(bytes_equal(d_res.download(), c.want_res));
+      std::vector<uint16_t> want_gx(c.want_res.size());
       for (size_t i = 0; i < want_gx.size(); ++i)
-        want_gx[i] = float_to_bf16(bf16_to_float(want_res[i]) * bf16_to_float(gain[i % H]));
+        want_gx[i] = float_to_bf16(bf16_to_float(c.want_res[i]) * bf16_to_float(c.gain[i % H]));
       EXPECT_TRUE(bytes_equal(d_gx.download(), want_gx));
       const std::vector<float> sums = d_sums.download();
       for (int t = 0; t < T; ++t) {
@@ -635,7 +622,7 @@ TEST(MoeOpsCuda, CombineWithFoldedNormMatchesCpu) {
         for (int p = 0; p < parts; ++p) {
           double part = 0;
           for (int h = p * 256; h < std::min(H, (p + 1) * 256); ++h) {
-            const double v = bf16_to_float(want_res[size_t(t) * H + h]);
+            const double v = bf16_to_float(c.want_res[size_t(t) * H + h]);
             part += v * v;
           }
           row += part;
@@ -648,10 +635,7 @@ TEST(MoeOpsCuda, CombineWithFoldedNormMatchesCpu) {
       EXPECT_TRUE(d_out.guards_intact() && d_res.guards_intact() && d_gx.guards_intact() &&
                   d_sums.guards_intact());
       const NormFold wrong{d_sums.get(), parts + 1, H, eps};
-      const AddRmsNormStep bad{d_res.get(), d_gain.get(), eps, d_gx.get(), &wrong};
-      co.add_norm = &bad;
-      EXPECT_THROW(cuda::combine_bf16(d_rows.get(), DType::F32, T, H, K, d_slot.get(), d_w.get(),
-                                      nullptr, nullptr, d_out.get(), nullptr, co),
+      EXPECT_THROW(c.run(d_out.get(), {d_res.get(), c.d_gain.get(), eps, d_gx.get(), &wrong}, true),
                    Error);
     }
   }
