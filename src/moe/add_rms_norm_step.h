@@ -4,6 +4,7 @@
 //   residual [T, H] <- bf16(out + residual);  normed [T, H] = rms_norm(residual) * weight
 // with the arithmetic of ops::cuda::fused_add_rms_norm (its sum of squares in another order).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -27,23 +28,31 @@ struct PreRmsNormStep {
 // ops/linear/linear_cuda.h linear_nvfp4_gemv_norm_folded): the producer writes
 //   gx [T, H] = bf16(residual * weight)   (in place of normed)
 //   sums [T, parts]: part p's sum of squares of the new residual row t (f32, one block each)
-// and the reader takes inv_rms = rsqrt((sums[t, 0] + ... + sums[t, parts - 1]) / H + eps), in
-// that order, and scales its f32 dot products by it before rounding them to bf16. No cluster or
+// and the reader takes inv_rms = rsqrt(sum of sums[t, :] / H + eps), added in a fixed order
+// (norm_fold_inv_rms), and scales its f32 dot products by it before rounding them to bf16. No cluster or
 // grid-wide reduction in the producer, and the same bits for every reader of a row. It is the
 // reference's rms_norm + linear in another order of rounding (g * h is rounded instead of
 // h * inv_rms * g), as the router fold (moe/router_fold.h).
-inline constexpr int kNormFoldMaxParts = 32;
+// A reader stages a launch's sums at once: tokens * parts <= kNormFoldMaxSums.
+inline constexpr int kNormFoldMaxSums = 256;
 struct NormFold {
   float* sums = nullptr;  // [T, parts]
-  int parts = 0;          // 1..kNormFoldMaxParts, the producer's blocks per row
+  int parts = 0;          // the producer's blocks per row (MoeLayerRunner::norm_fold_parts)
   int H = 0;
   float eps = 0.0f;
 };
-// Host twin of the reader's inv_rms for one row's sums [parts].
+// Host twin of the reader's inv_rms for one row's sums [parts], in the GEMV's order: lane j of a
+// warp adds parts j, j + 32, ..., then a xor butterfly over the 32 lanes (every lane ends with
+// the same bits). The device's rsqrtf may differ from 1 / sqrt in the last bits.
 inline float norm_fold_inv_rms(const float* row_sums, int parts, int H, float eps) {
-  float s = 0.0f;
-  for (int p = 0; p < parts; ++p) s += row_sums[p];
-  return 1.0f / std::sqrt(s / float(H) + eps);
+  float lane[32] = {};
+  for (int p = 0; p < parts; ++p) lane[p % 32] += row_sums[p];
+  for (int off = 16; off >= 1; off /= 2) {
+    float next[32];
+    for (int j = 0; j < 32; ++j) next[j] = lane[j] + lane[j ^ off];
+    std::copy(next, next + 32, lane);
+  }
+  return 1.0f / std::sqrt(lane[0] / float(H) + eps);
 }
 
 struct AddRmsNormStep {

@@ -27,16 +27,15 @@ namespace tetra::model::test_twin {
 
 namespace fs = std::filesystem;
 
-// A tiny checkpoint of `preset` in dtype "bf16" or "nvfp4" from random weights of `seed`, made
-// once per process under the temp dir (tag names the test binary's folder).
-inline fs::path tiny_checkpoint(const std::string& tag, const std::string& preset,
-                                const std::string& dtype, uint64_t seed) {
+// A checkpoint of the model `cfg` (called `name`) in dtype "bf16" or "nvfp4" from random weights
+// of `seed`, made once per process under the temp dir (tag names the test binary's folder).
+inline fs::path checkpoint_of(const std::string& tag, const std::string& name,
+                              const ModelConfig& cfg, const std::string& dtype, uint64_t seed) {
   static std::map<std::string, fs::path> made;
-  const std::string key = tag + "/" + preset + "-" + dtype;
+  const std::string key = tag + "/" + name + "-" + dtype;
   if (auto it = made.find(key); it != made.end()) return it->second;
   const fs::path dir = fs::temp_directory_path() /
-                       ("tetra-" + tag + "-" + std::to_string(::getpid())) / (preset + "-" + dtype);
-  const ModelConfig cfg = preset_config(preset);
+                       ("tetra-" + tag + "-" + std::to_string(::getpid())) / (name + "-" + dtype);
   const bool quantized = dtype == "nvfp4";
   const ModelLayout layout = model_layout(cfg);
   RandomSource source(layout, cfg.num_layers, DType::BF16, seed);
@@ -50,6 +49,12 @@ inline fs::path tiny_checkpoint(const std::string& tag, const std::string& prese
   write_model_configs(dir, model_config_to_json(cfg), result, {}, quantized);
   made[key] = dir;
   return dir;
+}
+
+// The same for a tiny preset.
+inline fs::path tiny_checkpoint(const std::string& tag, const std::string& preset,
+                                const std::string& dtype, uint64_t seed) {
+  return checkpoint_of(tag, preset, preset_config(preset), dtype, seed);
 }
 
 inline OpsLimits twin_limits(const std::string& moe_backend = "auto") {

@@ -392,27 +392,26 @@ TEST_F(LinearCuda, Nvfp4GemvRouterFoldMatchesTwin) {
   }
 }
 
-// q/k/v over gx with the input norm's 1/rms folded in (linear_nvfp4_gemv_norm_folded): against
-// the CPU linear's f32 dot products of gx, scaled per row by the host twin's inv_rms, rounded,
-// plus the bias, as the epilogue does (NMSE <= 1e-5, the bound of the plain GEMV). The sums give
-// every row its own inv_rms (a row mix-up is an error of order 1). Batched, Rolling where k
-// allows, Auto; bit-identical on a second run; Stream, nine rows, a residual output, too many
-// parts and H != k refused.
+// q/k/v over gx with the input norm's 1/rms folded in (linear_nvfp4_gemv_norm_folded, the
+// Rolling kernel): against the CPU linear's f32 dot products of gx, scaled per row by the host
+// twin's inv_rms, rounded, plus the bias, as the epilogue does (NMSE <= 1e-5, the bound of the
+// plain GEMV). The sums give every row its own inv_rms (a row mix-up is an error of order 1);
+// part counts of the combine kernel (16, 12), of GEMM2's combine (H / 32) and the staging's
+// limit. Bit-identical on a second run; Batched and Stream, shapes Auto does not give to Rolling,
+// nine rows, a residual output, too many parts and H != k refused.
 TEST_F(LinearCuda, Nvfp4GemvNormFoldedMatchesTwin) {
   std::mt19937 rng(37);
   cuda::RowCountTable rows(8);
-  struct Case { int k; std::vector<GemvOut> outs; int parts; };
-  const Case cases[] = {{4096, {{12288, true}, {1024, true}, {1024, true}}, 16},  // GLM-4.5-Air
-                        {5120, {{6656, true}}, 20},                              // Rolling, 5 slots
-                        {2048, {{4096, true}, {512, true}, {512, true}}, 8},     // Qwen3-30B-A3B
-                        {192, {{96, true}, {32, false}}, 1},
-                        {1408, {{224, false}, {4096, true}}, 32}};
+  struct Case { int k; std::vector<GemvOut> outs; int parts; std::vector<int> ms; };
+  const std::vector<GemvOut> air_qkv = {{12288, true}, {1024, true}, {1024, true}};
+  const Case cases[] = {{4096, air_qkv, 16, {1, 3, 8}},     // GLM-4.5-Air, the combine's parts
+                        {4096, air_qkv, 128, {1, 2}},       // GEMM2's combine: H / 32
+                        {5120, {{6656, true}}, 160, {1}},    // 5 slots, GLM-4.7's H / 32
+                        {3072, {{6656, false}}, 12, {1, 8}},  // 6 slots
+                        {4096, air_qkv, 256, {1}}};          // the staging's limit
   std::uniform_real_distribution<float> part_sum(0.5f, 4.0f);
   for (const Case& c : cases)
-    for (int M : {1, 3, 8}) {
-      size_t n_total = 0;
-      for (const GemvOut& o : c.outs) n_total += size_t(o.n);
-      if (size_t(c.k) * n_total > (size_t(30) << 20) && M == 3) continue;  // CPU time
+    for (int M : c.ms) {
       GemvProblem pb(c.k, c.outs, M, rng, rows);
       const std::string what = pb.what + " parts=" + std::to_string(c.parts);
       std::vector<float> sums(size_t(M) * c.parts);
@@ -438,17 +437,14 @@ TEST_F(LinearCuda, Nvfp4GemvNormFoldedMatchesTwin) {
           }
         }
       }
-      ASSERT_EQ(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), int(pb.outs.size()), M, f), "")
+      const int n_outs = int(pb.outs.size());
+      ASSERT_EQ(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), n_outs, M, f), "")
           << what;
-      const cuda::Nvfp4GemvKernel kernels[] = {cuda::Nvfp4GemvKernel::Auto, cuda::Nvfp4GemvKernel::Batched,
-                                               cuda::Nvfp4GemvKernel::Rolling};
-      for (const cuda::Nvfp4GemvKernel kernel : kernels) {
-        if (kernel == cuda::Nvfp4GemvKernel::Rolling && cuda::nvfp4_gemv_rolling_shape(c.k).slots == 0)
-          continue;
+      for (const cuda::Nvfp4GemvKernel kernel : {cuda::Nvfp4GemvKernel::Auto, cuda::Nvfp4GemvKernel::Rolling}) {
         const std::string wk = what + " kernel " + std::to_string(int(kernel));
         auto launch = [&] {
-          sync_ok(cuda::linear_nvfp4_gemv_norm_folded(pb.outs.data(), int(pb.outs.size()),
-                                                      pb.dx.ptr(), M, f, nullptr, kernel));
+          sync_ok(cuda::linear_nvfp4_gemv_norm_folded(pb.outs.data(), n_outs, pb.dx.ptr(), M, f,
+                                                      nullptr, kernel));
         };
         pb.poison();
         launch();
@@ -462,23 +458,33 @@ TEST_F(LinearCuda, Nvfp4GemvNormFoldedMatchesTwin) {
         for (size_t i = 0; i < pb.outs.size(); ++i)
           EXPECT_EQ(pb.dy[i]->download(), first[i]) << wk << " output " << i << " second run differs";
       }
-      EXPECT_THROW(cuda::linear_nvfp4_gemv_norm_folded(pb.outs.data(), int(pb.outs.size()),
-                                                       pb.dx.ptr(), M, f, nullptr,
-                                                       cuda::Nvfp4GemvKernel::Stream),
-                   Error)
-          << what;
-      const moe::NormFold too_many{dsums.ptr(), moe::kNormFoldMaxParts + 1, c.k, 1e-5f};
-      EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), 1, M, too_many), "");
+      for (const cuda::Nvfp4GemvKernel kernel : {cuda::Nvfp4GemvKernel::Batched, cuda::Nvfp4GemvKernel::Stream})
+        EXPECT_THROW(cuda::linear_nvfp4_gemv_norm_folded(pb.outs.data(), n_outs, pb.dx.ptr(), M, f,
+                                                         nullptr, kernel),
+                     Error)
+            << what;
+      const moe::NormFold too_many{dsums.ptr(), moe::kNormFoldMaxSums / M + 1, c.k, 1e-5f};
+      EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), n_outs, M, too_many), "");
       const moe::NormFold other_h{dsums.ptr(), c.parts, c.k + 64, 1e-5f};
-      EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), 1, M, other_h), "");
-      cuda::Nvfp4GemvOutput with_residual = pb.outs[0];
-      with_residual.residual = with_residual.y;
-      EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(&with_residual, 1, M, f), "");
+      EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), n_outs, M, other_h), "");
+      std::vector<cuda::Nvfp4GemvOutput> with_residual = pb.outs;
+      with_residual[0].residual = with_residual[0].y;
+      EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(with_residual.data(), n_outs, M, f), "");
     }
+  // Shapes Auto gives another kernel (Qwen3-30B-A3B's q/k/v on Batched, a small one on Stream):
+  // refused, so the model keeps their norm unfolded.
+  for (const Case& c : {Case{2048, {{4096, true}, {512, true}, {512, true}}, 8, {1}},
+                        Case{192, {{96, true}, {32, false}}, 1, {1}}}) {
+    GemvProblem pb(c.k, c.outs, 1, rng, rows);
+    Dev<float> dsums(std::vector<float>(size_t(c.parts), 1.0f));
+    const moe::NormFold f{dsums.ptr(), c.parts, c.k, 1e-5f};
+    EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), int(pb.outs.size()), 1, f), "")
+        << pb.what;
+  }
   cuda::RowCountTable rows9(9);
-  GemvProblem pb(256, {{64, false}}, 9, rng, rows9);
+  GemvProblem pb(4096, {{6656, false}}, 9, rng, rows9);
   Dev<float> dsums(std::vector<float>(9, 1.0f));
-  const moe::NormFold f{dsums.ptr(), 1, 256, 1e-5f};
+  const moe::NormFold f{dsums.ptr(), 1, 4096, 1e-5f};
   EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), 1, 9, f), "");
 }
 

@@ -113,10 +113,8 @@ TEST_P(ModelCuda, ChunkedPrefillMatchesCpu) {
 // equal up to the norm's summation order: at most 1e-3 relative per row). The fold must happen
 // for nvfp4 and not for bf16. 40 steps: the CPU bound allows routing flips in 10% of the rows.
 // With the defaults the router folds into o_proj too (moe/router_fold.h) for NVFP4 models with
-// sigmoid routing: within the CPU bounds, and it must happen exactly there. Every CUDA backend
-// but `plain` folds the next layer's input norm into its q/k/v (CudaOpsOptions::fold_input_norm)
-// in NVFP4 GQA models (MLA and BF16: never): against `plain` within the CPU twin's bounds (it
-// rounds g * h instead of the normalised row).
+// sigmoid routing: within the CPU bounds, and it must happen exactly there. The input-norm fold
+// (CudaOpsOptions::fold_input_norm) must not: these q/k/v are too small for its kernel.
 TEST_P(ModelCuda, SingleSequenceDecodeMatchesCpuAndUnfolded) {
   const auto [preset, dtype] = GetParam();
   Twin t(tiny_checkpoint("model-cuda", preset, dtype, 11));
@@ -132,22 +130,17 @@ TEST_P(ModelCuda, SingleSequenceDecodeMatchesCpuAndUnfolded) {
   auto router = cuda::make_cuda_model_ops_api();  // the defaults: the router folded too
   cuda::CudaModelOpsApi* r = router.get();
   t.add(std::move(router));
-  auto plain = cuda::make_cuda_model_ops_api();  // the post-attention norm only, no input fold
-  plain->set_options({.router_fold = false, .fold_input_norm = false});
-  cuda::CudaModelOpsApi* p = plain.get();
-  t.add(std::move(plain));
   std::mt19937 rng(9);
   const std::vector<int64_t> ids = {4};
   auto out = t.run(t.prefill(ids, {prompt(21, t.vocab(), rng)}));
   std::vector<int32_t> next = {argmax(out[0].data(), t.vocab())};
-  test::LogitRowErrors vs_cpu, vs_unfolded, router_vs_cpu, vs_plain;
+  test::LogitRowErrors vs_cpu, vs_unfolded, router_vs_cpu;
   for (int step = 0; step < 40; ++step) {
     out = t.run(t.decode(ids, next));
     const std::string what = preset + " " + dtype + " decode " + std::to_string(step);
     vs_cpu.add(out[1], out[0], t.vocab(), what);
     vs_unfolded.add(out[1], out[2], t.vocab(), what + " vs unfolded");
     router_vs_cpu.add(out[3], out[0], t.vocab(), what + " router folded");
-    vs_plain.add(out[1], out[4], t.vocab(), what + " vs no input fold");
     next[0] = argmax(out[0].data(), t.vocab());
   }
   vs_cpu.expect_within_bounds(preset + " " + dtype + " single sequence", test::flip_share(preset));
@@ -168,15 +161,7 @@ TEST_P(ModelCuda, SingleSequenceDecodeMatchesCpuAndUnfolded) {
   else
     EXPECT_EQ(f->folded_post_norms(), 0);
   EXPECT_EQ(u->folded_post_norms(), 0);
-  vs_plain.expect_within_bounds(preset + " " + dtype + " input norm folded vs not",
-                                test::flip_share(preset));
-  if (dtype == "nvfp4" && cfg.attention != AttentionKind::MLA) {
-    EXPECT_GT(f->folded_input_norms(), 0);
-    EXPECT_GT(u->folded_input_norms(), 0);  // by the combine without the post-norm fold
-  } else {
-    EXPECT_EQ(f->folded_input_norms(), 0);
-  }
-  EXPECT_EQ(p->folded_input_norms(), 0);
+  EXPECT_EQ(r->folded_input_norms(), 0);  // ModelCudaWide covers the fold
 }
 
 TEST_P(ModelCuda, GraphReplayEqualsEager) {
@@ -360,6 +345,58 @@ TEST(ModelCudaSampling, DeviceSamplerMatchesCpuSampler) {
               std::string::npos)
         << e.what();
   }
+}
+
+// tiny-glm4.5-air widened until its q/k/v GEMV runs on the Rolling kernel (hidden 2048, 64
+// heads of 128 and 4 kv heads: 576 tiles of k 2048), the only one with the folded input norm:
+// the next layer's input norm folds into q/k/v (CudaOpsOptions::fold_input_norm) at 1 and 3
+// tokens, with GEMM2's last blocks running the combine (Gemm2Combine, the default) and with the
+// combine kernel (TETRA_MOE_TOKEN_PATH=g2combine=0). Each within the CPU twin's bounds over a
+// prefill and 12 decode steps of three sequences then of one; the folds must happen, and not
+// with fold_input_norm off.
+TEST(ModelCudaWide, InputNormFoldMatchesCpu) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  ModelConfig cfg = preset_config("tiny-glm4.5-air");
+  cfg.hidden_size = 2048;
+  cfg.num_attention_heads = 64;
+  cfg.num_key_value_heads = 4;
+  cfg.head_dim = 128;
+  Twin t(checkpoint_of("model-cuda", "wide-glm4.5-air", cfg, "nvfp4", 13));
+  t.add(make_model_ops("cpu"));
+  auto gemm2 = cuda::make_cuda_model_ops_api();
+  cuda::CudaModelOpsApi* g = gemm2.get();
+  t.add(std::move(gemm2));
+  ASSERT_EQ(setenv("TETRA_MOE_TOKEN_PATH", "g2combine=0", 1), 0);  // read when the layers are built
+  auto combine = cuda::make_cuda_model_ops_api();
+  cuda::CudaModelOpsApi* c = combine.get();
+  t.add(std::move(combine));
+  unsetenv("TETRA_MOE_TOKEN_PATH");
+  auto plain = cuda::make_cuda_model_ops_api();
+  plain->set_options({.fold_input_norm = false});
+  cuda::CudaModelOpsApi* p = plain.get();
+  t.add(std::move(plain));
+  std::mt19937 rng(14);
+  const std::vector<int64_t> ids = {1, 2, 3};
+  auto out = t.run(t.prefill(ids, {prompt(9, t.vocab(), rng), prompt(4, t.vocab(), rng),
+                                   prompt(15, t.vocab(), rng)}));
+  std::vector<int32_t> next(ids.size());
+  for (size_t s = 0; s < ids.size(); ++s) next[s] = argmax(out[0].data() + int64_t(s) * t.vocab(), t.vocab());
+  test::LogitRowErrors errors[3];
+  for (int step = 0; step < 12; ++step) {
+    const bool alone = step >= 6;  // then sequence 1 alone: one token
+    const std::vector<int64_t> in = alone ? std::vector<int64_t>{1} : ids;
+    next.resize(in.size());
+    out = t.run(t.decode(in, next));
+    for (int b = 0; b < 3; ++b)
+      errors[b].add(out[size_t(b) + 1], out[0], t.vocab(),
+                    str("wide decode ", step, " backend ", b));
+    for (size_t s = 0; s < in.size(); ++s) next[s] = argmax(out[0].data() + int64_t(s) * t.vocab(), t.vocab());
+  }
+  for (int b = 0; b < 3; ++b)
+    errors[b].expect_within_bounds(str("wide backend ", b), test::flip_share("tiny-glm4.5-air"));
+  EXPECT_GT(g->folded_input_norms(), 0);
+  EXPECT_GT(c->folded_input_norms(), 0);
+  EXPECT_EQ(p->folded_input_norms(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(

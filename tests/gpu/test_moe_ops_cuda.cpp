@@ -591,7 +591,7 @@ TEST(MoeOpsCuda, CombineWithAddRmsNormMatchesCpu) {
 // the residual bit-identical to the CPU twin, gx = bf16(residual * g) bit-identical (one f32
 // product, rounded once), each block's sum of squares within f32 summation error of the double
 // sum over its 256 elements, and the reader's inv_rms (norm_fold_inv_rms) within 1e-6 of the
-// double reference. H from one part to kNormFoldMaxParts (the last part partial at 2052); a
+// double reference. H from one part to 32 (the last part partial at 2052); a
 // mismatched part count is refused.
 TEST(MoeOpsCuda, CombineWithFoldedNormMatchesCpu) {
   SKIP_WITHOUT_GPU();

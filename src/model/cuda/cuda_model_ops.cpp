@@ -293,9 +293,8 @@ class CudaModelOps final : public CudaModelOpsApi {
       TETRA_CHECK(folded_norm_layer_ == layer && in == Buf::Normed, "q/k/v of layer ", layer,
                   " after the input norm of layer ", folded_norm_layer_, " was folded");
       folded_norm_layer_ = -1;
-      const std::optional<moe::NormFold> f = input_norm_fold(layer);
-      TETRA_CHECK(f.has_value(), "layer ", layer, ": the folded input norm has no reader");
-      return ck(lin::linear_nvfp4_gemv_norm_folded(outs.data(), 3, buf(in), T_, *f, stream_));
+      return ck(lin::linear_nvfp4_gemv_norm_folded(outs.data(), 3, buf(in), T_, folded_norm_,
+                                                   stream_));
     }
     if (!x_wgmma_.empty() && lin::nvfp4_wgmma_outputs_unsupported_reason(outs.data(), 3, T_).empty())
       return ck(lin::linear_nvfp4_wgmma(outs.data(), 3, buf(in), T_, *rows_,
@@ -478,11 +477,11 @@ class CudaModelOps final : public CudaModelOpsApi {
     if (skip()) return;
     DevLayer& L = layers_.at(size_t(layer));
     if (!all_reduce_ && L.moe != nullptr && L.moe->on_device() && T_ <= L.moe->max_tokens()) {
-      const std::optional<moe::NormFold> fold = norm_fold_for(which, norm_layer, normed);
+      const std::optional<moe::NormFold> fold = norm_fold_for(L, which, norm_layer, normed);
       const moe::AddRmsNormStep n{buf(residual), norm_weight(which, norm_layer), eps(),
                                   buf(normed), fold ? &*fold : nullptr};
       if (L.moe->forward_add_rms_norm(buf(in), T_, buf(out), n, stream_)) {
-        if (fold) note_norm_folded(norm_layer);
+        if (fold) note_norm_folded(norm_layer, *fold);
         return;
       }
     }
@@ -510,12 +509,12 @@ class CudaModelOps final : public CudaModelOpsApi {
     }
     const moe::PreRmsNormStep pre{norm_weight(NormId::PostAttention, layer), eps(),
                                   buf(Buf::Normed), fold.has_value()};
-    const std::optional<moe::NormFold> next = norm_fold_for(which, norm_layer, Buf::Normed);
+    const std::optional<moe::NormFold> next = norm_fold_for(L, which, norm_layer, Buf::Normed);
     const moe::AddRmsNormStep n{buf(Buf::Residual), norm_weight(which, norm_layer), eps(),
                                 buf(Buf::Normed), next ? &*next : nullptr};
     TETRA_CHECK(L.moe->forward_add_rms_norm(buf(Buf::Residual), T_, buf(Buf::Out), n, stream_, &pre),
                 "layer ", layer, ": the MoE block refused the folded post-attention norm");
-    if (next) note_norm_folded(norm_layer);
+    if (next) note_norm_folded(norm_layer, *next);
     return true;
   }
   void logits(Buf in) override {
@@ -699,7 +698,7 @@ class CudaModelOps final : public CudaModelOpsApi {
     for (int b = 0; b < int(Buf::Count); ++b)
       bufs_[size_t(b)] = DeviceMem(size_t(lim.max_tokens) * size_t(buf_width(Buf(b), c_)) * 2);
     logits_ = DeviceMem(size_t(lim.max_tokens) * size_t(c_.vocab_size) * 4);
-    norm_fold_sums_ = DeviceMem(size_t(lin::kNvfp4GemvKernelRows) * moe::kNormFoldMaxParts * 4);
+    norm_fold_sums_ = DeviceMem(size_t(moe::kNormFoldMaxSums) * 4);
     logit_in_ = DeviceMem(size_t(lim.max_tokens) * H_ * 2);
     rows_ = std::make_unique<lin::RowCountTable>(lim.max_tokens);
     ops::PagedKv kv;
@@ -855,34 +854,38 @@ class CudaModelOps final : public CudaModelOpsApi {
              {&L.k->q.view(), bias_of(*L.k), k},
              {&L.v->q.view(), bias_of(*L.v), v}}};
   }
-  // The input norm of `layer` left to its q/k/v GEMV (moe/add_rms_norm_step.h NormFold), or none:
-  // a function of the layer and T_ (a captured step and its replays decide alike). Up to
-  // kNvfp4GemvKernelRows tokens without an all-reduce hook, GQA layers whose NVFP4 q/k/v are all
-  // that reads the normalised row. TETRA_FOLD_INPUT_NORM=0 turns it off (A/B runs).
-  std::optional<moe::NormFold> input_norm_fold(int layer) const {
+  // The input norm of `layer` left to its q/k/v GEMV (moe/add_rms_norm_step.h NormFold) with the
+  // producer's `parts` per row, or none: a function of the layers and T_ (a captured step and
+  // its replays decide alike). Up to kNvfp4GemvKernelRows tokens without an all-reduce hook, GQA
+  // layers whose NVFP4 q/k/v are all that reads the normalised row. TETRA_FOLD_INPUT_NORM=0
+  // turns it off (A/B runs).
+  std::optional<moe::NormFold> input_norm_fold(int layer, int parts) const {
     static const bool off = [] {
       const char* e = std::getenv("TETRA_FOLD_INPUT_NORM");
       return e != nullptr && e[0] == '0';
     }();
-    if (off || !opt_.fold_input_norm || all_reduce_ || mla_ || T_ > lin::kNvfp4GemvKernelRows)
+    if (off || !opt_.fold_input_norm || all_reduce_ || mla_ || T_ > lin::kNvfp4GemvKernelRows ||
+        parts < 1)
       return std::nullopt;
     const DevLayer& L = layers_.at(size_t(layer));
     if (!nvfp4_qkv(L)) return std::nullopt;
-    const moe::NormFold f{norm_fold_sums_.as<float>(), moe::cuda::combine_norm_fold_parts(H_), H_,
-                          eps()};
+    const moe::NormFold f{norm_fold_sums_.as<float>(), parts, H_, eps()};
     const std::array<lin::Nvfp4GemvOutput, 3> outs = qkv_outputs(L, nullptr, nullptr, nullptr);
     if (!lin::nvfp4_gemv_norm_folded_unsupported_reason(outs.data(), 3, T_, f).empty())
       return std::nullopt;
     return f;
   }
-  // The fold for the add + RMSNorm `which` of `norm_layer` writing `normed`, where it is the next
-  // layer's input norm into the step's Buf::Normed.
-  std::optional<moe::NormFold> norm_fold_for(NormId which, int norm_layer, Buf normed) const {
-    if (which != NormId::Input || normed != Buf::Normed) return std::nullopt;
-    return input_norm_fold(norm_layer);
+  // The fold for the add + RMSNorm `which` of `norm_layer` writing `normed` after the MoE block
+  // of `producer`, where it is the next layer's input norm into the step's Buf::Normed.
+  std::optional<moe::NormFold> norm_fold_for(const DevLayer& producer, NormId which,
+                                             int norm_layer, Buf normed) const {
+    if (which != NormId::Input || normed != Buf::Normed || producer.moe == nullptr)
+      return std::nullopt;
+    return input_norm_fold(norm_layer, producer.moe->norm_fold_parts(T_));
   }
-  void note_norm_folded(int layer) {
+  void note_norm_folded(int layer, const moe::NormFold& fold) {
     folded_norm_layer_ = layer;
+    folded_norm_ = fold;
     ++folded_input_norms_;
   }
   // Buf::Normed holds gx between a folded input norm and its q/k/v: nothing else may read it.
@@ -976,7 +979,8 @@ class CudaModelOps final : public CudaModelOpsApi {
   int64_t folded_routers_ = 0;
   int64_t folded_input_norms_ = 0;
   int folded_norm_layer_ = -1;  // whose input norm the last combine folded (its q/k/v is next)
-  DeviceMem norm_fold_sums_;    // [kNvfp4GemvKernelRows, kNormFoldMaxParts] f32 (NormFold)
+  moe::NormFold folded_norm_;   // and how
+  DeviceMem norm_fold_sums_;    // [kNormFoldMaxSums] f32: a NormFold's [T, parts] sums
   AllReduceHook all_reduce_;  // tensor parallel sum, or empty
   ModelConfig c_;
   OpsLimits lim_;

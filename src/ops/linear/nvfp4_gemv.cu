@@ -49,17 +49,24 @@ struct GemvArgs : Nvfp4OutputsArg {
 };
 
 // The fold's staging: thread i < m * fold_parts loads sums[i] once the kernel that writes them is
-// complete (after griddepcontrol.wait) and stores it to fold_s[i] with its first tile's partial
-// sums, so the load's latency hides behind the weight stream.
+// complete (after griddepcontrol.wait) into fold_s[i] (shared memory, one value per thread).
 __device__ __forceinline__ float load_fold_part(const GemvArgs& a) {
   return int(threadIdx.x) < a.m * a.fold_parts ? a.fold_sums[threadIdx.x] : 0.0f;
 }
-// Row `row`'s inv_rms from the staged sums, added in part order (NormFold; the host twin
-// norm_fold_inv_rms): the same bits in every thread and block.
-__device__ __forceinline__ float fold_inv_rms(const GemvArgs& a, const float* fold_s, int row) {
-  float s = 0.0f;
-  for (int p = 0; p < a.fold_parts; ++p) s += fold_s[row * a.fold_parts + p];
-  return rsqrtf(s / float(a.fold_h) + a.fold_eps);
+// Once per block, after every thread stored its staged sum: a barrier, then warp r < m adds row
+// r's parts (lane j takes parts j, j + 32, ... in order, then a xor butterfly: the same bits in
+// every lane and block; the host twin norm_fold_inv_rms) into inv_s[r], which the epilogue reads
+// after its own barrier.
+__device__ __forceinline__ void fold_inv_rms(const GemvArgs& a, const float* fold_s,
+                                             float* inv_s) {
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp < a.m) {
+    float s = 0.0f;
+    for (int p = lane; p < a.fold_parts; p += 32) s += fold_s[warp * a.fold_parts + p];
+    for (int off = 16; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0) inv_s[warp] = rsqrtf(s / float(a.fold_h) + a.fold_eps);
+  }
 }
 
 // Tile u of the launch (all outputs' tiles in order) as output o's tile `tile`.
@@ -108,11 +115,8 @@ __device__ __forceinline__ void chunk_mma(float (&acc)[4], const uint4& w, uint3
 // Batches of kBatch chunks, all loads of a batch issued before its first MMA. (Two register sets
 // with the next half-batch in flight while one computes measured slower on the H200, even at
 // o_proj's k = 12288: 15.5 vs 14.1 us at M = 1, bench/results/2026-11-30-decode-air-h200.md.)
-// kFold: the input norm folded (GemvArgs::fold_sums).
-template <bool kFold>
 __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs a) {
   __shared__ float red[kWarps][4][32];  // per-warp partial sums, lane fastest
-  __shared__ float fold_s[kFold ? kWarps * 32 : 1];
   // The next kernel (RoPE + KV write, a norm) may be scheduled now; it waits for this grid.
   asm volatile("griddepcontrol.launch_dependents;");
   const auto [o, tile] = output_tile(a, int(blockIdx.x));
@@ -144,17 +148,13 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
       }
     // Launched as a programmatic dependent, the block starts while the kernel that writes x
     // still runs: the first weights are in flight when it waits for x (a no-op otherwise).
-    if (c == c_begin) {
-      asm volatile("griddepcontrol.wait;" ::: "memory");
-      if (kFold) fold_s[threadIdx.x] = load_fold_part(a);  // a register less than holding it
-    }
+    if (c == c_begin) asm volatile("griddepcontrol.wait;" ::: "memory");
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
       if (c + u < c_end) chunk_mma(acc, wv[u], sv[u], xp + size_t(c + u) * kChunkK);
   }
   // Warps without chunks (k < 8 chunks) waited nowhere yet; y may still be read by the primary.
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (kFold && c_begin >= c_end) fold_s[threadIdx.x] = load_fold_part(a);
 #pragma unroll
   for (int r = 0; r < 4; ++r) red[warp][r][lane] = acc[r];
   __syncthreads();
@@ -167,8 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32) nvfp4_gemv_kernel(const GemvArgs 
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) sum += red[w][r][l];
       // Rounded to bf16 before the bias, as the unfused linear + add_bias pair does.
-      const float scale = kFold ? alpha * fold_inv_rms(a, fold_s, row) : alpha;
-      float y = __bfloat162float(__float2bfloat16_rn(sum * scale));
+      float y = __bfloat162float(__float2bfloat16_rn(sum * alpha));
       if (a.bias[o] != nullptr) y += bias;
       store_output(a, o, row, col, y);
     }
@@ -194,7 +193,8 @@ __global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
   // threads pass only once they have read b. So a tile costs one block barrier, not two (the
   // others' warps no longer wait for the reducing warps before rolling on).
   __shared__ float red[2][kWarps][4][32];
-  __shared__ float fold_s[kFold ? kWarps * 32 : 1];
+  __shared__ float fold_s[kFold ? kWarps * 32 : 1];  // the fold's staged sums
+  __shared__ float inv_s[kFold ? kWarps : 1];        // and each row's inv_rms
   const uint64_t t_start = perf::stamp_time();
   asm volatile("griddepcontrol.launch_dependents;");
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -245,7 +245,10 @@ __global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
     if (nbi == 0) {  // tile u is complete: reduce over the warps and store
 #pragma unroll
       for (int r = 0; r < 4; ++r) red[buf][warp][r][lane] = acc[r], acc[r] = 0.0f;
-      if (kFold && u == int(blockIdx.x)) fold_s[threadIdx.x] = fold_part;
+      if (kFold && u == int(blockIdx.x)) {  // the block's first tile (uniform in the block)
+        fold_s[threadIdx.x] = fold_part;
+        fold_inv_rms(a, fold_s, inv_s);
+      }
       __syncthreads();
       if (threadIdx.x < 128) {
         const auto [o, tile] = output_tile(a, u);
@@ -256,7 +259,7 @@ __global__ void __launch_bounds__(kWarps * 32, rolling_blocks_per_sm(S))
           float sum = 0.0f;
 #pragma unroll
           for (int w = 0; w < kWarps; ++w) sum += red[buf][w][r][l];
-          const float scale = kFold ? a.alpha[o][0] * fold_inv_rms(a, fold_s, row) : a.alpha[o][0];
+          const float scale = kFold ? a.alpha[o][0] * inv_s[row] : a.alpha[o][0];
           float y = __bfloat162float(__float2bfloat16_rn(sum * scale));
           if (a.bias[o] != nullptr) y += __bfloat162float(__ushort_as_bfloat16(a.bias[o][col]));
           store_output(a, o, row, col, y);
@@ -458,8 +461,33 @@ cudaError_t launch_rolling(const KernelLaunch& launch, const GemvArgs& a, int ti
   }
 }
 
+// Auto's kernel for `tiles` 16-row tiles of k. The streaming kernel (two blocks of 16 consumer
+// warps per SM) when every block of its grid gets at most one tile, i.e. few long tiles (Air
+// o_proj: 256 tiles of k = 12288, 11.5 vs 14.1 us at M = 1, 12.2 vs 16.0 at M = 8, H200
+// graph-timed); with several tiles per block it lost (Air q/k/v, 896 tiles: 16.5 vs 13.5 us).
+// bench/results/2026-11-30-stream-gemv-h200.md. Otherwise the Rolling kernel where its grid is
+// too small for one tile per block (so blocks roll into further tiles) and k allows: batch 1
+// decode GLM-4.5-Air (896 tiles, then 8 slots at 3 blocks per SM) -2.2..-3.3% per step
+// (bench/results/2026-12-01-session16-h200.md), -1% more at 4 slots and 4 blocks per SM (session
+// 21), GLM-4.7 (896 tiles, 5 slots) -2.6%; with fewer tiles than its grid (Qwen3-30B-A3B, 320)
+// it was +2.5% against Batched (bench/results/2026-12-01-session17-h200.md). Else Batched.
+Nvfp4GemvKernel auto_gemv_kernel(int tiles, int k) {
+  const Nvfp4GemvRollingShape rolling = nvfp4_gemv_rolling_shape(k);
+  const int sms = current_device_sm_count();
+  if (tiles <= Nvfp4GemvStreamConfig{}.blocks_per_sm * sms) return Nvfp4GemvKernel::Stream;
+  if (rolling.slots > 0 && tiles > rolling.blocks_per_sm * sms) return Nvfp4GemvKernel::Rolling;
+  return Nvfp4GemvKernel::Batched;
+}
+
+int total_tiles(const Nvfp4GemvOutput* outs, int n_outs) {
+  int tiles = 0;
+  for (int i = 0; i < n_outs; ++i) tiles += outs[i].w->n / 16;
+  return tiles;
+}
+
 // linear_nvfp4_gemv up to kNvfp4GemvKernelRows rows; with `fold` (checked by the caller) the
-// input norm folded, on Rolling or Batched (the streaming kernel has no fold epilogue).
+// input norm folded, on the Rolling kernel only (its epilogue has the fold; the others' register
+// budgets had no room for it).
 cudaError_t run_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
                      cudaStream_t stream, Nvfp4GemvKernel kernel,
                      const Nvfp4GemvStreamConfig* stream_cfg, const moe::NormFold* fold) {
@@ -481,27 +509,11 @@ cudaError_t run_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x,
     a.fold_h = fold->H;
     a.fold_eps = fold->eps;
   }
-  // Auto: the streaming kernel (two blocks of 16 consumer warps per SM) when every block of its
-  // grid gets at most one tile, i.e. few long tiles (Air o_proj: 256 tiles of k = 12288, 11.5 vs
-  // 14.1 us at M = 1, 12.2 vs 16.0 at M = 8, H200 graph-timed); with several tiles per block it
-  // lost (Air q/k/v, 896 tiles: 16.5 vs 13.5 us). bench/results/2026-11-30-stream-gemv-h200.md.
-  // Otherwise the Rolling kernel where its grid is too small for one tile per block (so blocks
-  // roll into further tiles) and k allows: batch 1 decode GLM-4.5-Air (896 tiles, then 8 slots
-  // at 3 blocks per SM) -2.2..-3.3% per step (bench/results/2026-12-01-session16-h200.md), -1%
-  // more at 4 slots and 4 blocks per SM (session 21), GLM-4.7 (896 tiles, 5 slots) -2.6%; with
-  // fewer tiles than its grid (Qwen3-30B-A3B, 320) it was +2.5% against Batched
-  // (bench/results/2026-12-01-session17-h200.md). Else Batched.
   const Nvfp4GemvRollingShape rolling = nvfp4_gemv_rolling_shape(a.k);
   const int sms = current_device_sm_count();
-  if (kernel == Nvfp4GemvKernel::Auto) {
-    const Nvfp4GemvStreamConfig c{};
-    kernel = !fold && tiles <= c.blocks_per_sm * sms ? Nvfp4GemvKernel::Stream
-             : rolling.slots > 0 && tiles > rolling.blocks_per_sm * sms
-                 ? Nvfp4GemvKernel::Rolling
-                 : Nvfp4GemvKernel::Batched;
-  }
-  if (fold && kernel == Nvfp4GemvKernel::Stream)
-    TETRA_FAIL("NVFP4 GEMV: the streaming kernel has no folded input norm");
+  if (kernel == Nvfp4GemvKernel::Auto) kernel = auto_gemv_kernel(tiles, a.k);
+  if (fold && (kernel != Nvfp4GemvKernel::Rolling || rolling.slots == 0))
+    TETRA_FAIL("NVFP4 GEMV: the folded input norm runs on the Rolling kernel only");
   if (kernel == Nvfp4GemvKernel::Rolling) {
     const int grid = std::min(tiles, rolling.blocks_per_sm * sms);
     const KernelLaunch launch(dim3(unsigned(grid)), dim3(kWarps * 32), stream);
@@ -528,7 +540,7 @@ cudaError_t run_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x,
   // Programmatic dependent launch: this grid may begin before the previous kernel in the stream
   // ends (the kernel waits for it before reading x), overlapping the weight stream with its tail.
   const KernelLaunch launch(dim3(unsigned(tiles)), dim3(kWarps * 32), stream);
-  return fold ? launch(nvfp4_gemv_kernel<true>, a) : launch(nvfp4_gemv_kernel<false>, a);
+  return launch(nvfp4_gemv_kernel, a);
 }
 
 }  // namespace
@@ -553,9 +565,13 @@ std::string nvfp4_gemv_norm_folded_unsupported_reason(const Nvfp4GemvOutput* out
   for (int i = 0; i < n_outs; ++i)
     if (outs[i].residual != nullptr) return str("output ", i, ": a residual add");
   if (f.sums == nullptr) return "no sums";
-  if (f.parts < 1 || f.parts > moe::kNormFoldMaxParts || M * f.parts > kWarps * 32)
+  static_assert(moe::kNormFoldMaxSums == kWarps * 32, "one staged sum per thread");
+  if (f.parts < 1 || M * f.parts > moe::kNormFoldMaxSums)
     return str(f.parts, " parts at M=", M);
   if (f.H != outs[0].w->k) return str("H ", f.H, " != k ", outs[0].w->k);
+  if (auto_gemv_kernel(total_tiles(outs, n_outs), f.H) != Nvfp4GemvKernel::Rolling)
+    return str(total_tiles(outs, n_outs), " tiles of k ", f.H,
+               ": not the Rolling kernel's (the only one with the fold)");
   return "";
 }
 

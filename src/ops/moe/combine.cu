@@ -330,7 +330,7 @@ cudaError_t launch_add_norm(const float* rows, int T, int H, int top_k, const in
 int combine_norm_fold_parts(int H) {
   constexpr int per_block = kFewThreads * 4;
   const int parts = (H + per_block - 1) / per_block;
-  return H > 0 && H % 4 == 0 && parts <= kNormFoldMaxParts ? parts : 0;
+  return H > 0 && H % 4 == 0 && 8 * parts <= kNormFoldMaxSums ? parts : 0;  // 8 rows fit
 }
 
 bool combine_add_rms_norm_fits(int H, DType rows_dtype) {

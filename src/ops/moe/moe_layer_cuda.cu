@@ -205,6 +205,7 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
     dropped_ = c.take<int32_t>(1);
     counter_ = c.take<uint32_t>(1);
     pair_done_ = c.take<uint32_t>(2 * size_t(Ew));
+    tile_done_ = c.take<uint32_t>(size_t(H) / kGemm2CombineTile + 1);
     if (persist_T_ > 0) {
       slot_pair_ = c.take<int32_t>(size_t(std::min(E, persist_T_ * K)) * persist_T_);
       num_routed_ = c.take<int32_t>(1);
@@ -225,6 +226,7 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   TETRA_CUDA_CHECK(cudaMemset(dropped_, 0, sizeof(int32_t)));
   TETRA_CUDA_CHECK(cudaMemset(counter_, 0, sizeof(uint32_t)));
   TETRA_CUDA_CHECK(cudaMemset(pair_done_, 0, 2 * size_t(Ew) * sizeof(uint32_t)));
+  TETRA_CUDA_CHECK(cudaMemset(tile_done_, 0, (size_t(H) / kGemm2CombineTile + 1) * sizeof(uint32_t)));
   if (persist_sync_) TETRA_CUDA_CHECK(cudaMemset(persist_sync_, 0, persist_sync * sizeof(uint32_t)));
   TETRA_CUDA_CHECK(cudaMemset(row_token_, 0, rows_cap * sizeof(int32_t)));  // any valid token
   if (layout_ == TokenLayout::Masked) {
@@ -442,7 +444,7 @@ bool CudaMoeLayer::forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out,
       !cuda::combine_add_rms_norm_fits(H_, DType::F32))
     return false;
   if (pre != nullptr && !takes_pre_norm(T)) return false;
-  if (norm.fold != nullptr && norm.fold->parts != cuda::combine_norm_fold_parts(H_)) return false;
+  if (norm.fold != nullptr && norm.fold->parts != norm_fold_parts(T)) return false;
   run(x, T, out, nullptr, stream, nullptr, &norm, pre);
   return true;
 }
@@ -484,13 +486,47 @@ bool CudaMoeLayer::routes_in_gemm1(int T, bool marks) const {
       layout_ == TokenLayout::Masked || begin_ != 0 || E_ != E_global_ || routed_bf16_ ||
       routed_w4a4_)
     return false;
-  const bool slot = shared_in_slot_ && T <= path_.shared_slot_max_tokens;
+  const bool slot = shared_slot_at(T);
   if (Is_ > 0 && !slot) return false;  // the shared expert in its own launches
-  const MoeGemmProblem p = routed_problem(T);
-  const int active_slots = std::min(E_, T * router_.top_k) + (slot ? 1 : 0);
-  if (path_.gemm_pair == 2 || (path_.gemm_pair == 1 && moe_gemm_pair_preferred(p, active_slots)))
+  if (pair_wanted(T)) return false;
+  return *moe_gemm1_routed_unsupported(routed_problem(T), gemm1_routing(slot)) == '\0';
+}
+
+bool CudaMoeLayer::shared_slot_at(int T) const {
+  return shared_in_slot_ && T <= path_.shared_slot_max_tokens;
+}
+
+bool CudaMoeLayer::pair_wanted(int T) const {
+  const int active_slots = std::min(E_, T * router_.top_k) + (shared_slot_at(T) ? 1 : 0);
+  return path_.gemm_pair == 2 ||
+         (path_.gemm_pair == 1 && moe_gemm_pair_preferred(routed_problem(T), active_slots));
+}
+
+bool CudaMoeLayer::gemm_pair_at(int T) const {
+  const bool own = Is_ > 0 && !shared_slot_at(T);
+  return !routed_bf16_ && !routed_w4a4_ && !own && pair_wanted(T) &&
+         moe_gemm_pair_fits(routed_problem(T), gemm2_problem(T));
+}
+
+MoeGemmProblem CudaMoeLayer::gemm2_problem(int T) const {
+  MoeGemmProblem p2 = routed_problem(T);
+  p2.gemm2_pdl = true;
+  p2.gemm2_one_wave = path_.gemm2_one_wave;
+  p2.gemm2_wide = path_.gemm2_wide;
+  return p2;
+}
+
+bool CudaMoeLayer::gemm2_combines(int T) const {
+  constexpr int kTile = kGemm2CombineTile;
+  if (!path_.gemm2_combine || T < 1 || T > max_tokens_ || T <= persist_T_ || H_ % kTile != 0 ||
+      long(T) * (H_ / kTile) > kNormFoldMaxSums || routed_bf16_ || routed_w4a4_ ||
+      (Is_ > 0 && !shared_slot_at(T)) || gemm_pair_at(T))
     return false;
-  return *moe_gemm1_routed_unsupported(p, gemm1_routing(slot)) == '\0';
+  return moe_w4a16_gemm2_combine_unsupported(gemm2_problem(T)).empty();
+}
+
+int CudaMoeLayer::norm_fold_parts(int T) const {
+  return gemm2_combines(T) ? H_ / kGemm2CombineTile : cuda::combine_norm_fold_parts(H_);
 }
 
 const RouterFold* CudaMoeLayer::router_fold(int T) const {
@@ -604,9 +640,6 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   prep.shared_slot = slot;
   const bool fused_route = path_.fused_route_max_tokens >= T && cuda::small_token_path_fits(T, K);
   MoeGemmProblem p = routed_problem(T);
-  const int active_slots = std::min(E, T * K) + (slot ? 1 : 0);
-  const bool pair_wanted = path_.gemm_pair == 2 ||
-                           (path_.gemm_pair == 1 && moe_gemm_pair_preferred(p, active_slots));
   // One token: the token path computes the logits only and GEMM1 routes (gemm1_routing.h); with
   // the router folded into o_proj (moe/router_fold.h) no token path runs.
   const bool route_in_gemm1 = routes_in_gemm1(T, marks != nullptr);
@@ -702,10 +735,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   }
   // The routed GEMM2 prefetches its weights while the kernel before it (GEMM1, routed or shared)
   // finishes: it reads act_ only after griddepcontrol.wait, and nothing else it reads changes.
-  MoeGemmProblem p2 = p;
-  p2.gemm2_pdl = true;
-  p2.gemm2_one_wave = path_.gemm2_one_wave;
-  p2.gemm2_wide = path_.gemm2_wide;
+  MoeGemmProblem p2 = gemm2_problem(T);
+  p2.x_wgmma_order = p.x_wgmma_order;
   MoeRows sh;
   MoeGemmProblem ps;
   if (own) {
@@ -753,8 +784,28 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   // Taken from p here, after the wgmma choice above may have changed p.
   MoeGemmProblem p1 = p;
   p1.gemm1_pdl = fused_route && path_.gemm1_pdl;
-  const bool pair = !routed_bf16_ && !routed_w4a4_ && !own && !marks &&
-                    routed_kernel == MoeKernel::kAuto && moe_gemm_pair_fits(p, p2) && pair_wanted;
+  const bool pair = !marks && routed_kernel == MoeKernel::kAuto && gemm_pair_at(T);
+  // GEMM2's last blocks run the combine and the folded norm (Gemm2Combine): no combine launch.
+  const bool g2c = add_norm != nullptr && add_norm->fold != nullptr && residual == nullptr &&
+                   !marks && routed_kernel == MoeKernel::kAuto && gemm2_combines(T);
+  Gemm2Combine gc;
+  if (g2c) {
+    gc.slot_of = slot_of_;
+    gc.weights = weights_;
+    gc.shared_first = slot ? (masked ? row_start_ + E : offsets_ + E) : nullptr;
+    gc.tokens = T;
+    gc.top_k = K;
+    gc.out = out;
+    gc.residual = add_norm->residual;
+    gc.gain = add_norm->weight;
+    gc.gx = add_norm->normed;
+    gc.sums = add_norm->fold->sums;
+    gc.counters = tile_done_;
+    if (folded) {  // GEMM1 has read the router fold's sums: zero for the next step's o_proj
+      gc.clear = fold_.sums;
+      gc.clear_count = fold_.copies * (E_global_ + 1);
+    }
+  }
   if (pair) {
     check_launch(moe_w4a16_gemm_pair(p1, p2, w_, rows, x1, act_, y_, pair_done_, stream),
                  "GEMM1 + GEMM2", name_);
@@ -768,14 +819,16 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     if (own && !side) shared_gemm1(stream);
     mark(2);
     // (W4A4: GEMM2's PDL follows the in-place act quantizer; it still waits before reading act.)
-    check_launch(routed_bf16_   ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
+    check_launch(g2c            ? moe_w4a16_gemm2_combine(p2, w_, rows, act_, y_, gc, stream)
+                 : routed_bf16_ ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
                  : routed_w4a4_ ? moe_w4a4_gemm2(p2, w4, rows, act_, y_, true, stream, routed_kernel)
                                 : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream, routed_kernel),
-                 "GEMM2", name_);
+                 g2c ? "GEMM2 + combine" : "GEMM2", name_);
     if (own && !side) shared_gemm2(stream);
   }
   if (side) TETRA_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
   mark(3);
+  if (g2c) return;  // GEMM2 ran the combine (no marks there)
   cuda::CombineOptions co;
   co.shared_first_row = slot ? (masked ? row_start_ + E : offsets_ + E) : nullptr;
   // PDL only straight after the routed GEMM2 (a join or another GEMM2 in between: plain launch).
@@ -872,6 +925,8 @@ CudaTokenPath cuda_token_path_from_env() {
       p.gemm2_one_wave = v != 0;
     } else if (key == "g2wide") {
       p.gemm2_wide = v != 0;
+    } else if (key == "g2combine") {
+      p.gemm2_combine = v != 0;
     } else if (key == "rpdl") {
       p.route_pdl = v != 0;
     } else if (key == "pair") {
@@ -879,7 +934,8 @@ CudaTokenPath cuda_token_path_from_env() {
       p.gemm_pair = v;
     } else {
       TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key,
-                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1route, g1pdl, g2wave, g2wide, rpdl)");
+                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1route, g1pdl, g2wave, g2wide, ",
+                 "g2combine, rpdl)");
     }
   }
   return p;
@@ -893,6 +949,7 @@ std::string cuda_token_path_label(const CudaTokenPath& p) {
      << " pair=" << p.gemm_pair << " g1route=" << int(p.gemm1_routes)
      << " g1pdl=" << int(p.gemm1_pdl)
      << " g2wave=" << int(p.gemm2_one_wave) << " g2wide=" << int(p.gemm2_wide)
+     << " g2combine=" << int(p.gemm2_combine)
      << " rpdl=" << int(p.route_pdl);
   return os.str();
 }

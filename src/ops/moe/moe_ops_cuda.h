@@ -99,7 +99,8 @@ cudaError_t combine_bf16(const void* rows, DType rows_dtype, int T, int H, int t
 bool combine_add_rms_norm_fits(int H, DType rows_dtype);
 // With AddRmsNormStep::fold the combine runs this many blocks of 64 threads per token and writes
 // one sum of squares per block (moe/add_rms_norm_step.h NormFold), no cluster: ceil(H / 256), or 0
-// where H does not take the fold (H % 4 != 0, or more than kNormFoldMaxParts parts).
+// where H does not take the fold (H % 4 != 0, or more parts than 8 rows of them fit
+// kNormFoldMaxSums: H > 8192).
 int combine_norm_fold_parts(int H);
 
 // What the layer runner adds to combine_bf16.
