@@ -393,22 +393,26 @@ TEST_F(LinearCuda, Nvfp4GemvRouterFoldMatchesTwin) {
 }
 
 // q/k/v over gx with the input norm's 1/rms folded in (linear_nvfp4_gemv_norm_folded, the
-// Rolling kernel): against the CPU linear's f32 dot products of gx, scaled per row by the host
-// twin's inv_rms, rounded, plus the bias, as the epilogue does (NMSE <= 1e-5, the bound of the
-// plain GEMV). The sums give every row its own inv_rms (a row mix-up is an error of order 1);
-// part counts of the combine kernel (16, 12), of GEMM2's combine (H / 32) and the staging's
-// limit. Bit-identical on a second run; Batched and Stream, shapes Auto does not give to Rolling,
-// nine rows, a residual output, too many parts and H != k refused.
+// Rolling and streaming kernels): against the CPU linear's f32 dot products of gx, scaled per row
+// by the host twin's inv_rms, rounded, plus the bias, as the epilogue does (NMSE <= 1e-5, the
+// bound of the plain GEMV). The sums give every row its own inv_rms (a row mix-up is an error of
+// order 1); part counts of the combine kernel (16, 12, 1), of GEMM2's combine (H / 32) and the
+// staging's limit. Auto, Rolling where k allows and Stream; bit-identical on a second run;
+// Batched, shapes Auto gives to Batched, nine rows, a residual output, too many parts and H != k
+// refused.
 TEST_F(LinearCuda, Nvfp4GemvNormFoldedMatchesTwin) {
   std::mt19937 rng(37);
   cuda::RowCountTable rows(8);
   struct Case { int k; std::vector<GemvOut> outs; int parts; std::vector<int> ms; };
+  // (the last two: few tiles, Auto's streaming kernel, as the tiny presets' q/k/v)
   const std::vector<GemvOut> air_qkv = {{12288, true}, {1024, true}, {1024, true}};
   const Case cases[] = {{4096, air_qkv, 16, {1, 3, 8}},     // GLM-4.5-Air, the combine's parts
                         {4096, air_qkv, 128, {1, 2}},       // GEMM2's combine: H / 32
                         {5120, {{6656, true}}, 160, {1}},    // 5 slots, GLM-4.7's H / 32
                         {3072, {{6656, false}}, 12, {1, 8}},  // 6 slots
-                        {4096, air_qkv, 256, {1}}};          // the staging's limit
+                        {4096, air_qkv, 256, {1}},           // the staging's limit
+                        {64, {{256, true}, {128, true}, {128, true}}, 2, {1, 4}},
+                        {192, {{96, true}, {32, false}}, 1, {1, 3, 8}}};
   std::uniform_real_distribution<float> part_sum(0.5f, 4.0f);
   for (const Case& c : cases)
     for (int M : c.ms) {
@@ -440,7 +444,16 @@ TEST_F(LinearCuda, Nvfp4GemvNormFoldedMatchesTwin) {
       const int n_outs = int(pb.outs.size());
       ASSERT_EQ(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), n_outs, M, f), "")
           << what;
-      for (const cuda::Nvfp4GemvKernel kernel : {cuda::Nvfp4GemvKernel::Auto, cuda::Nvfp4GemvKernel::Rolling}) {
+      const bool rolls = cuda::nvfp4_gemv_rolling_shape(c.k).slots > 0;
+      for (const cuda::Nvfp4GemvKernel kernel : {cuda::Nvfp4GemvKernel::Auto, cuda::Nvfp4GemvKernel::Rolling,
+                                                 cuda::Nvfp4GemvKernel::Stream}) {
+        if (kernel == cuda::Nvfp4GemvKernel::Rolling && !rolls) {
+          EXPECT_THROW(cuda::linear_nvfp4_gemv_norm_folded(pb.outs.data(), n_outs, pb.dx.ptr(), M,
+                                                           f, nullptr, kernel),
+                       Error)
+              << what;
+          continue;
+        }
         const std::string wk = what + " kernel " + std::to_string(int(kernel));
         auto launch = [&] {
           sync_ok(cuda::linear_nvfp4_gemv_norm_folded(pb.outs.data(), n_outs, pb.dx.ptr(), M, f,
@@ -458,11 +471,10 @@ TEST_F(LinearCuda, Nvfp4GemvNormFoldedMatchesTwin) {
         for (size_t i = 0; i < pb.outs.size(); ++i)
           EXPECT_EQ(pb.dy[i]->download(), first[i]) << wk << " output " << i << " second run differs";
       }
-      for (const cuda::Nvfp4GemvKernel kernel : {cuda::Nvfp4GemvKernel::Batched, cuda::Nvfp4GemvKernel::Stream})
-        EXPECT_THROW(cuda::linear_nvfp4_gemv_norm_folded(pb.outs.data(), n_outs, pb.dx.ptr(), M, f,
-                                                         nullptr, kernel),
-                     Error)
-            << what;
+      EXPECT_THROW(cuda::linear_nvfp4_gemv_norm_folded(pb.outs.data(), n_outs, pb.dx.ptr(), M, f,
+                                                       nullptr, cuda::Nvfp4GemvKernel::Batched),
+                   Error)
+          << what;
       const moe::NormFold too_many{dsums.ptr(), moe::kNormFoldMaxSums / M + 1, c.k, 1e-5f};
       EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(pb.outs.data(), n_outs, M, too_many), "");
       const moe::NormFold other_h{dsums.ptr(), c.parts, c.k + 64, 1e-5f};
@@ -471,10 +483,10 @@ TEST_F(LinearCuda, Nvfp4GemvNormFoldedMatchesTwin) {
       with_residual[0].residual = with_residual[0].y;
       EXPECT_NE(cuda::nvfp4_gemv_norm_folded_unsupported_reason(with_residual.data(), n_outs, M, f), "");
     }
-  // Shapes Auto gives another kernel (Qwen3-30B-A3B's q/k/v on Batched, a small one on Stream):
-  // refused, so the model keeps their norm unfolded.
+  // Shapes Auto gives the Batched kernel (Qwen3-30B-A3B's q/k/v; 270 tiles of k 1408): refused,
+  // so the model keeps their norm unfolded.
   for (const Case& c : {Case{2048, {{4096, true}, {512, true}, {512, true}}, 8, {1}},
-                        Case{192, {{96, true}, {32, false}}, 1, {1}}}) {
+                        Case{1408, {{224, false}, {4096, true}}, 1, {1}}}) {
     GemvProblem pb(c.k, c.outs, 1, rng, rows);
     Dev<float> dsums(std::vector<float>(size_t(c.parts), 1.0f));
     const moe::NormFold f{dsums.ptr(), c.parts, c.k, 1e-5f};

@@ -113,8 +113,9 @@ TEST_P(ModelCuda, ChunkedPrefillMatchesCpu) {
 // equal up to the norm's summation order: at most 1e-3 relative per row). The fold must happen
 // for nvfp4 and not for bf16. 40 steps: the CPU bound allows routing flips in 10% of the rows.
 // With the defaults the router folds into o_proj too (moe/router_fold.h) for NVFP4 models with
-// sigmoid routing: within the CPU bounds, and it must happen exactly there. The input-norm fold
-// (CudaOpsOptions::fold_input_norm) must not: these q/k/v are too small for its kernel.
+// sigmoid routing: within the CPU bounds, and it must happen exactly there. The next layer's
+// input norm folds into q/k/v (CudaOpsOptions::fold_input_norm; here on the streaming GEMV) in
+// every CUDA backend of an NVFP4 GQA model, never for BF16 or MLA.
 TEST_P(ModelCuda, SingleSequenceDecodeMatchesCpuAndUnfolded) {
   const auto [preset, dtype] = GetParam();
   Twin t(tiny_checkpoint("model-cuda", preset, dtype, 11));
@@ -161,7 +162,9 @@ TEST_P(ModelCuda, SingleSequenceDecodeMatchesCpuAndUnfolded) {
   else
     EXPECT_EQ(f->folded_post_norms(), 0);
   EXPECT_EQ(u->folded_post_norms(), 0);
-  EXPECT_EQ(r->folded_input_norms(), 0);  // ModelCudaWide covers the fold
+  const bool input_folds = dtype == "nvfp4" && cfg.attention != AttentionKind::MLA;
+  for (const cuda::CudaModelOpsApi* b : {f, u, r})
+    EXPECT_EQ(b->folded_input_norms() > 0, input_folds);
 }
 
 TEST_P(ModelCuda, GraphReplayEqualsEager) {
@@ -348,7 +351,7 @@ TEST(ModelCudaSampling, DeviceSamplerMatchesCpuSampler) {
 }
 
 // tiny-glm4.5-air widened until its q/k/v GEMV runs on the Rolling kernel (hidden 2048, 64
-// heads of 128 and 4 kv heads: 576 tiles of k 2048), the only one with the folded input norm:
+// heads of 128 and 4 kv heads: 576 tiles of k 2048; the tiny presets' run on the streaming one):
 // the next layer's input norm folds into q/k/v (CudaOpsOptions::fold_input_norm) at 1 and 3
 // tokens, with GEMM2's last blocks running the combine (Gemm2Combine, the default) and with the
 // combine kernel (TETRA_MOE_TOKEN_PATH=g2combine=0). Each within the CPU twin's bounds over a

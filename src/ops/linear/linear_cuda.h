@@ -154,8 +154,8 @@ cudaError_t linear_nvfp4_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uin
 // (moe/add_rms_norm_step.h NormFold, written by the MoE combine before this launch): every
 // output row r is y = bf16(W gx * alpha * inv_rms(r)) (+ bias). 1..kNvfp4GemvKernelRows rows,
 // no residual outputs, f.H == k, rows * parts <= kNormFoldMaxSums, and shapes for which Auto
-// picks the Rolling kernel (the only one with the fold: the others' register budgets had no room
-// for it; Qwen3-30B-A3B's q/k/v run on Batched and keep the norm unfolded).
+// does not pick the Batched kernel (its register budget had no room for the fold: Qwen3-30B-A3B's
+// q/k/v keep the norm unfolded). Auto picks Rolling or, for few tiles, the streaming kernel.
 std::string nvfp4_gemv_norm_folded_unsupported_reason(const Nvfp4GemvOutput* outs, int n_outs,
                                                       int M, const moe::NormFold& f);
 cudaError_t linear_nvfp4_gemv_norm_folded(const Nvfp4GemvOutput* outs, int n_outs,

@@ -318,6 +318,19 @@ struct DenseStreamWork {
   }
 };
 
+// The same over gx with the input norm folded (NormFold): every element scaled by its row's
+// inv_rms. Auto gives this kernel few tiles (tiny q/k/v, whose H and part counts are small), so
+// the element's store adds its row's sums from global memory itself, in part order (after the
+// unit's multiplies, which waited for the kernel that wrote them). Its own kernel instance.
+struct DenseNormFoldStreamWork : DenseStreamWork {
+  __device__ void store(const Unit& un, int row, int col, const float (&v)[1]) const {
+    float s = 0.0f;
+    for (int p = 0; p < a.fold_parts; ++p) s += a.fold_sums[row * a.fold_parts + p];
+    const float scaled[1] = {v[0] * rsqrtf(s / float(a.fold_h) + a.fold_eps)};
+    stored(un, row, col, scaled);
+  }
+};
+
 // The same with the router fold (moe/router_fold.h) as the unit epilogue: one output, one row,
 // one tile per block. Its own kernel instance, so the plain o_proj keeps its register count.
 struct DenseFoldStreamWork : DenseStreamWork {
@@ -486,8 +499,8 @@ int total_tiles(const Nvfp4GemvOutput* outs, int n_outs) {
 }
 
 // linear_nvfp4_gemv up to kNvfp4GemvKernelRows rows; with `fold` (checked by the caller) the
-// input norm folded, on the Rolling kernel only (its epilogue has the fold; the others' register
-// budgets had no room for it).
+// input norm folded, on the Rolling or the streaming kernel (the Batched kernel's register budget
+// had no room for it).
 cudaError_t run_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x, int M,
                      cudaStream_t stream, Nvfp4GemvKernel kernel,
                      const Nvfp4GemvStreamConfig* stream_cfg, const moe::NormFold* fold) {
@@ -512,8 +525,9 @@ cudaError_t run_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x,
   const Nvfp4GemvRollingShape rolling = nvfp4_gemv_rolling_shape(a.k);
   const int sms = current_device_sm_count();
   if (kernel == Nvfp4GemvKernel::Auto) kernel = auto_gemv_kernel(tiles, a.k);
-  if (fold && (kernel != Nvfp4GemvKernel::Rolling || rolling.slots == 0))
-    TETRA_FAIL("NVFP4 GEMV: the folded input norm runs on the Rolling kernel only");
+  if (fold && (kernel == Nvfp4GemvKernel::Batched ||
+               (kernel == Nvfp4GemvKernel::Rolling && rolling.slots == 0)))
+    TETRA_FAIL("NVFP4 GEMV: the folded input norm runs on the Rolling and streaming kernels");
   if (kernel == Nvfp4GemvKernel::Rolling) {
     const int grid = std::min(tiles, rolling.blocks_per_sm * sms);
     const KernelLaunch launch(dim3(unsigned(grid)), dim3(kWarps * 32), stream);
@@ -527,6 +541,9 @@ cudaError_t run_gemv(const Nvfp4GemvOutput* outs, int n_outs, const uint16_t* x,
                   "NVFP4 GEMV output ", i, ": weights or scales not 16-byte aligned");
     const Nvfp4GemvStreamConfig c = stream_cfg ? *stream_cfg : Nvfp4GemvStreamConfig{};
     const DenseStreamWork work{a, tiles, a.k / kChunkK, x};
+    if (fold)
+      return moe_detail::launch_stream_work<DenseNormFoldStreamWork, 16, 1, moe_detail::kStreamFull>(
+          DenseNormFoldStreamWork{work}, c.stages, c.blocks_per_sm, true, stream);
     switch (c.consumer_warps * 100 + c.chunks_per_warp * 10 + c.mode) {
       case 420: return launch_dense_stream<4, 2>(work, c, stream);
       case 820: return launch_dense_stream<8, 2>(work, c, stream);
@@ -569,9 +586,9 @@ std::string nvfp4_gemv_norm_folded_unsupported_reason(const Nvfp4GemvOutput* out
   if (f.parts < 1 || M * f.parts > moe::kNormFoldMaxSums)
     return str(f.parts, " parts at M=", M);
   if (f.H != outs[0].w->k) return str("H ", f.H, " != k ", outs[0].w->k);
-  if (auto_gemv_kernel(total_tiles(outs, n_outs), f.H) != Nvfp4GemvKernel::Rolling)
+  if (auto_gemv_kernel(total_tiles(outs, n_outs), f.H) == Nvfp4GemvKernel::Batched)
     return str(total_tiles(outs, n_outs), " tiles of k ", f.H,
-               ": not the Rolling kernel's (the only one with the fold)");
+               ": the Batched kernel's (it has no fold)");
   return "";
 }
 
