@@ -586,8 +586,9 @@ std::string nvfp4_gemv_norm_folded_unsupported_reason(const Nvfp4GemvOutput* out
   if (f.parts < 1 || M * f.parts > moe::kNormFoldMaxSums)
     return str(f.parts, " parts at M=", M);
   if (f.H != outs[0].w->k) return str("H ", f.H, " != k ", outs[0].w->k);
-  if (auto_gemv_kernel(total_tiles(outs, n_outs), f.H) == Nvfp4GemvKernel::Batched)
-    return str(total_tiles(outs, n_outs), " tiles of k ", f.H,
+  const int tiles = total_tiles(outs, n_outs);
+  if (auto_gemv_kernel(tiles, f.H) == Nvfp4GemvKernel::Batched)
+    return str(tiles, " tiles of k ", f.H,
                ": the Batched kernel's (it has no fold)");
   return "";
 }
