@@ -397,24 +397,23 @@ DecodeBenchReport run_decode_bench(const DecodeBenchOptions& o) {
   std::mt19937 rng(uint32_t(o.seed));
   using clock = std::chrono::steady_clock;
   // A timed step is what the runtime runs per token: the forward, then greedy sampling of its
-  // logit rows on the GPU with the tokens copied to the host.
+  // logit rows on the GPU (with --logprobs each row's logprobs in the same call) with the tokens
+  // copied to the host.
   std::vector<ops::SamplingParams> greedy;
-  std::vector<int32_t> sampled;
-  std::vector<ops::LogprobQuery> queries;      // [rows] with --logprobs
-  std::vector<ops::PositionLogprobs> answers;  // [rows]
+  std::vector<int32_t> sampled, logprob_top;
+  std::vector<ops::PositionLogprobs> answers;  // [rows] with --logprobs
   auto timed_forward = [&](model::ModelOps& m, const model::StepBatch& st) {
     greedy.assign(st.logit_rows.size(), ops::SamplingParams{.temperature = 0.0f});
     sampled.resize(st.logit_rows.size());
+    model::SampleBatch batch{.rows = int(greedy.size()), .params = greedy.data()};
+    if (o.logprobs_top >= 0) {
+      logprob_top.assign(greedy.size(), o.logprobs_top);
+      answers.resize(greedy.size());
+      batch.logprob_top = logprob_top.data(), batch.logprobs = answers.data();
+    }
     const auto t0 = clock::now();
     model::run_forward(m, w, st);
-    m.sample(model::SampleBatch{.rows = int(greedy.size()), .params = greedy.data()}, sampled.data());
-    if (o.logprobs_top >= 0) {
-      queries.clear();
-      for (int i = 0; i < int(sampled.size()); ++i)
-        queries.push_back({i, std::max(sampled[size_t(i)], 0), o.logprobs_top});
-      answers.resize(queries.size());
-      m.logprobs(queries.data(), int(queries.size()), answers.data());
-    }
+    m.sample(batch, sampled.data());
     ops->synchronize();  // every GPU's stream
     return std::chrono::duration<double, std::micro>(clock::now() - t0).count();
   };

@@ -288,7 +288,7 @@ class CpuModelOps final : public ModelOps {
     if (s.logit_rows == nullptr) {
       TETRA_CHECK(s.rows <= R, "sample: ", s.rows, " rows of a step with ", R, " logit rows");
       ops::sample_cpu(logits_.data(), s.rows, int(V), s.params, s.history, tokens, s.bias);
-      return;
+      return logprobs_of_sampled(*this, s, tokens);
     }
     std::vector<float> picked(size_t(s.rows) * V);  // [rows, vocab] the sampled logit rows
     for (int i = 0; i < s.rows; ++i) {
@@ -297,6 +297,7 @@ class CpuModelOps final : public ModelOps {
       std::copy_n(logits_.data() + size_t(r) * V, V, picked.data() + size_t(i) * V);
     }
     ops::sample_cpu(picked.data(), s.rows, int(V), s.params, s.history, tokens, s.bias);
+    logprobs_of_sampled(*this, s, tokens);
   }
 
   void logprobs(const ops::LogprobQuery* queries, int n, ops::PositionLogprobs* out) override {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <map>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
@@ -118,6 +119,23 @@ std::unique_ptr<ModelOps> make_model_ops(std::string_view name) {
   if (resolved == "cuda" && !cuda_available())
     TETRA_FAIL("backend 'cuda' needs a CUDA GPU and none is available on this machine");
   return it->second();
+}
+
+void logprobs_of_sampled(ModelOps& ops, const SampleBatch& b, const int32_t* tokens) {
+  if (b.logprob_top == nullptr) return;
+  TETRA_CHECK(b.logprobs != nullptr, "sample: logprob_top without an output");
+  std::vector<ops::LogprobQuery> queries;
+  std::vector<int> asked;  // [queries] their rows
+  for (int i = 0; i < b.rows; ++i) {
+    b.logprobs[i] = {};
+    if (b.logprob_top[i] < 0 || tokens[i] < 0) continue;
+    queries.push_back({b.logit_rows ? b.logit_rows[i] : i, tokens[i], b.logprob_top[i]});
+    asked.push_back(i);
+  }
+  if (queries.empty()) return;
+  std::vector<ops::PositionLogprobs> answers(queries.size());
+  ops.logprobs(queries.data(), int(queries.size()), answers.data());
+  for (size_t q = 0; q < queries.size(); ++q) b.logprobs[asked[q]] = std::move(answers[q]);
 }
 
 }  // namespace tetra::model

@@ -28,13 +28,24 @@ namespace tetra::model {
 
 // One step's draws (ops/sampling/sampling.h): token i from logit row logit_rows[i] (null: row i)
 // with params[i] and row i of the histories and biases, all on the host.
+// With logprob_top, the draws' logprobs in the same call (one round trip on a device backend):
+// row i with logprob_top[i] >= 0 and a token >= 0 gets its token's logprob under the raw logit
+// row and its logprob_top[i] most likely alternatives in logprobs[i] (ops/sampling/logprobs.h);
+// the other rows' entries are left empty.
 struct SampleBatch {
   int rows = 0;
   const int32_t* logit_rows = nullptr;          // [rows] or null
   const ops::SamplingParams* params = nullptr;  // [rows]
   ops::TokenHistory history;
   ops::LogitBias bias;
+  const int32_t* logprob_top = nullptr;         // [rows] or null; -1: no logprobs for the row
+  ops::PositionLogprobs* logprobs = nullptr;    // [rows], written where logprob_top is set
 };
+
+// A backend's logprobs of the tokens it sampled (SampleBatch::logprob_top) through its
+// logprobs(): the queries of the asking rows, then their answers into batch.logprobs.
+class ModelOps;
+void logprobs_of_sampled(ModelOps& ops, const SampleBatch& batch, const int32_t* tokens);
 
 // Named activation buffers, bf16 row-major [max_tokens, width]:
 enum class Buf : int {
@@ -191,7 +202,8 @@ class ModelOps {
   virtual void logits(Buf in) = 0;
   // Copies the step's logits to host: out [R, vocab] f32.
   virtual void read_logits(float* out) = 0;
-  // Samples batch.rows tokens from the step's logits -> tokens [batch.rows] int32 on the host.
+  // Samples batch.rows tokens from the step's logits -> tokens [batch.rows] int32 on the host,
+  // and their logprobs where batch.logprob_top asks.
   virtual void sample(const SampleBatch& batch, int32_t* tokens) = 0;
   // Log-probabilities under the step's raw logits (ops/sampling/logprobs.h): queries [n] (rows
   // index the step's logit rows) -> out [n].

@@ -181,23 +181,22 @@ std::vector<TokenEvent> Engine::sample_and_record(const std::vector<Running*>& r
   batch.params = params.data();
   batch.history = {prompt_tokens.data(), prompt_off.data(), out_tokens.data(), out_off.data()};
   if (!bias_tokens.empty()) batch.bias = {bias_tokens.data(), bias_values.data(), bias_off.data()};
+  // Rows asking for logprobs get them with their draws, under the raw logits.
+  std::vector<int32_t> logprob_top(static_cast<size_t>(R));
+  std::vector<ops::PositionLogprobs> logprobs(static_cast<size_t>(R));
+  bool any_logprobs = false;
+  for (int i = 0; i < R; ++i) {
+    logprob_top[size_t(i)] = rows[size_t(i)]->logprobs.top;
+    any_logprobs = any_logprobs || logprob_top[size_t(i)] >= 0;
+  }
+  if (any_logprobs) batch.logprob_top = logprob_top.data(), batch.logprobs = logprobs.data();
   std::vector<int32_t> tokens(static_cast<size_t>(R));
   model_->ops().sample(batch, tokens.data());
 
   std::vector<TokenEvent> events(static_cast<size_t>(R));
-  std::vector<ops::LogprobQuery> queries;  // rows asking for logprobs, under the raw logits
-  std::vector<int> asked;                  // [queries] their rows
-  for (int i = 0; i < R; ++i) {
-    const int top = rows[size_t(i)]->logprobs.top;
-    if (top < 0 || tokens[size_t(i)] < 0) continue;
-    queries.push_back({logit_row.empty() ? i : logit_row[size_t(i)], tokens[size_t(i)], top});
-    asked.push_back(i);
-  }
-  if (!queries.empty()) {
-    std::vector<ops::PositionLogprobs> answers(queries.size());
-    model_->ops().logprobs(queries.data(), int(queries.size()), answers.data());
-    for (size_t q = 0; q < queries.size(); ++q) events[size_t(asked[q])].logprobs = std::move(answers[q]);
-  }
+  for (int i = 0; i < R; ++i)
+    if (logprob_top[size_t(i)] >= 0 && tokens[size_t(i)] >= 0)
+      events[size_t(i)].logprobs = std::move(logprobs[size_t(i)]);
   for (int i = 0; i < R; ++i) {
     Running& r = *rows[size_t(i)];
     TokenEvent& ev = events[size_t(i)];

@@ -339,6 +339,41 @@ TEST(ModelCudaSampling, DeviceSamplerMatchesCpuSampler) {
     }
   }
 
+  // The draws' logprobs in the sampling call (SampleBatch::logprob_top; the CUDA kernel reads the
+  // drawn tokens on the device): the same draws as without, each asking row's answer that of a
+  // logprobs() query of its drawn token on the same backend (the same kernel and logits), the
+  // row not asking left empty; against the CPU backend as above.
+  std::vector<int32_t> tops(static_cast<size_t>(P));
+  for (int i = 0; i < P; ++i) tops[size_t(i)] = i == 2 ? -1 : 3 * i;
+  std::vector<ops::PositionLogprobs> drawn_gpu(static_cast<size_t>(P)), drawn_cpu(static_cast<size_t>(P));
+  SampleBatch with_lp = sub;
+  with_lp.logprob_top = tops.data();
+  with_lp.logprobs = drawn_gpu.data();
+  std::vector<int32_t> lp_tokens_gpu(static_cast<size_t>(P), -2), lp_tokens_cpu(static_cast<size_t>(P), -3);
+  t.ops[0]->sample(with_lp, lp_tokens_gpu.data());
+  with_lp.logprobs = drawn_cpu.data();
+  t.ops[1]->sample(with_lp, lp_tokens_cpu.data());
+  EXPECT_EQ(lp_tokens_gpu, sub_gpu);
+  EXPECT_EQ(lp_tokens_cpu, sub_cpu);
+  for (int i = 0; i < P; ++i) {
+    if (tops[size_t(i)] < 0) {
+      EXPECT_TRUE(drawn_gpu[size_t(i)].top.empty() && drawn_cpu[size_t(i)].top.empty());
+      continue;
+    }
+    const ops::LogprobQuery q{pick[size_t(i)], lp_tokens_gpu[size_t(i)], tops[size_t(i)]};
+    ops::PositionLogprobs alone;
+    t.ops[0]->logprobs(&q, 1, &alone);
+    // (the kernel splits a row by the number of queries: sums in another order)
+    EXPECT_NEAR(drawn_gpu[size_t(i)].logprob, alone.logprob, 1e-5) << "pick " << i;
+    ASSERT_EQ(drawn_gpu[size_t(i)].top.size(), size_t(tops[size_t(i)])) << "pick " << i;
+    ASSERT_EQ(drawn_cpu[size_t(i)].top.size(), size_t(tops[size_t(i)])) << "pick " << i;
+    for (size_t j = 0; j < alone.top.size(); ++j) {
+      EXPECT_EQ(drawn_gpu[size_t(i)].top[j].token, alone.top[j].token) << "pick " << i;
+      EXPECT_NEAR(drawn_gpu[size_t(i)].top[j].logprob, alone.top[j].logprob, 1e-5) << "pick " << i;
+    }
+    EXPECT_NEAR(drawn_gpu[size_t(i)].logprob, drawn_cpu[size_t(i)].logprob, 2e-2) << "pick " << i;
+  }
+
   out_tokens.at(0) = V;  // row 1's first output token (row 0 has none)
   try {
     t.ops[0]->sample({.rows = R, .params = params.data(), .history = hist}, on_gpu.data());

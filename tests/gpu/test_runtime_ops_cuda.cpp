@@ -623,6 +623,36 @@ TEST_P(SamplingVocab, LogprobsMatchTheCpu) {
     const auto counters = ws.download();
     EXPECT_TRUE(std::all_of(counters.begin(), counters.begin() + 4 * n, [](unsigned char b) { return b == 0; }))
         << "counters not reset, " << n << " queries";
+
+    // The tokens read on the device (position_logprobs' `sampled`): query i's token field is an
+    // index into them, in reverse order; the same answers as the queries that name the tokens,
+    // and a drawn token outside the vocabulary (-1, V) gets -inf with its top list intact.
+    std::vector<int32_t> drawn(size_t(n) + 2);
+    std::vector<LogprobQuery> by_index(asked);
+    for (int i = 0; i < n; ++i) {
+      drawn[size_t(n - 1 - i)] = asked[size_t(i)].token;
+      by_index[size_t(i)].token = n - 1 - i;
+    }
+    drawn[size_t(n)] = -1, drawn[size_t(n) + 1] = V;
+    by_index[0].token = n, by_index[size_t(n) - 1].token = n + 1;
+    Dev<int32_t> ddrawn(drawn);
+    Dev<LogprobQuery> dq2(by_index);
+    sync_ok(cuda::position_logprobs(dlogits.ptr(), V, dq2.ptr(), n, ws.ptr(), ws.size(), dout.ptr(),
+                                    nullptr, ddrawn.ptr()));
+    const auto got2 = dout.download();
+    for (int i = 0; i < n; ++i) {
+      const bool outside = i == 0 || i == n - 1;
+      if (outside)
+        EXPECT_EQ(got2[size_t(i)].logprob, -INFINITY) << "query " << i;
+      else
+        EXPECT_EQ(got2[size_t(i)].logprob, got[size_t(i)].logprob) << "query " << i;
+      ASSERT_EQ(got2[size_t(i)].top_count, got[size_t(i)].top_count) << "query " << i;
+      for (int j = 0; j < got[size_t(i)].top_count; ++j) {
+        EXPECT_EQ(got2[size_t(i)].top_ids[j], got[size_t(i)].top_ids[j]) << "query " << i;
+        EXPECT_EQ(got2[size_t(i)].top_logprobs[j], got[size_t(i)].top_logprobs[j]) << "query " << i;
+      }
+    }
+    EXPECT_TRUE(ddrawn.guards_intact());
   }
 }
 

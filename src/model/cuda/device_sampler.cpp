@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include "core/error.h"
@@ -109,22 +110,37 @@ void DeviceSampler::sample(const float* logits, int logit_rows, int vocab, const
     TETRA_CUDA_CHECK(cudaMemset(workspace_.as(), 0, ws));  // the argmax kernel's keys, once
   }
   tokens_.reserve(size_t(rows) * sizeof(int32_t));
+  const auto* sampled = reinterpret_cast<const int32_t*>(tokens_.device());
   TETRA_CUDA_CHECK(ops::cuda::sample(lg, rows, vocab, b.params, dh, db, workspace_.as(),
-                                     workspace_.bytes(), reinterpret_cast<int32_t*>(tokens_.device()),
-                                     stream));
+                                     workspace_.bytes(), const_cast<int32_t*>(sampled), stream));
+  // The draws' logprobs in the same round trip: the kernel reads each asking row's token where
+  // the sampling kernel wrote it (its query's token is the row's index there).
+  std::vector<int> asked;  // rows asking for logprobs
+  if (b.logprob_top != nullptr) {
+    TETRA_CHECK(b.logprobs != nullptr, "sample: logprob_top without an output");
+    for (int i = 0; i < rows; ++i)
+      if (b.logprob_top[i] >= 0) {
+        ops::check_logprob_query({i, 0, b.logprob_top[i]}, rows, vocab);
+        asked.push_back(i);
+      }
+    queries_.reserve(asked.size() * sizeof(ops::LogprobQuery));
+    auto* q = reinterpret_cast<ops::LogprobQuery*>(queries_.host());
+    for (size_t k = 0; k < asked.size(); ++k) q[k] = {asked[k], asked[k], b.logprob_top[asked[k]]};
+    launch_logprobs(lg, vocab, int(asked.size()), sampled, stream);
+  }
   TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::memcpy(tokens, tokens_.host(), size_t(rows) * sizeof(int32_t));
+  if (b.logprob_top == nullptr) return;
+  for (int i = 0; i < rows; ++i) b.logprobs[i] = {};
+  const auto* answers = reinterpret_cast<const ops::cuda::PositionLogprobsOut*>(answers_.host());
+  for (size_t k = 0; k < asked.size(); ++k)
+    if (tokens[asked[k]] >= 0) b.logprobs[asked[k]] = ops::cuda::to_position_logprobs(answers[k]);
 }
 
-void DeviceSampler::logprobs(const float* logits, int logit_rows, int vocab,
-                             const ops::LogprobQuery* queries, int n, ops::PositionLogprobs* out,
-                             cudaStream_t stream) {
+void DeviceSampler::launch_logprobs(const float* logits, int vocab, int n, const int32_t* sampled,
+                                    cudaStream_t stream) {
   if (n <= 0) return;
-  for (int i = 0; i < n; ++i) ops::check_logprob_query(queries[i], logit_rows, vocab);
-  using Answer = ops::cuda::PositionLogprobsOut;
-  queries_.reserve(size_t(n) * sizeof(ops::LogprobQuery));
-  answers_.reserve(size_t(n) * sizeof(Answer));
-  std::memcpy(queries_.host(), queries, size_t(n) * sizeof(ops::LogprobQuery));
+  answers_.reserve(size_t(n) * sizeof(ops::cuda::PositionLogprobsOut));
   const size_t ws = ops::cuda::logprobs_workspace_bytes(n, vocab);
   if (logprobs_workspace_.bytes() < ws) {
     logprobs_workspace_ = DeviceMem(ws);
@@ -133,9 +149,19 @@ void DeviceSampler::logprobs(const float* logits, int logit_rows, int vocab,
   TETRA_CUDA_CHECK(ops::cuda::position_logprobs(
       logits, vocab, reinterpret_cast<const ops::LogprobQuery*>(queries_.device()), n,
       logprobs_workspace_.as(), logprobs_workspace_.bytes(),
-      reinterpret_cast<Answer*>(answers_.device()), stream));
+      reinterpret_cast<ops::cuda::PositionLogprobsOut*>(answers_.device()), stream, sampled));
+}
+
+void DeviceSampler::logprobs(const float* logits, int logit_rows, int vocab,
+                             const ops::LogprobQuery* queries, int n, ops::PositionLogprobs* out,
+                             cudaStream_t stream) {
+  if (n <= 0) return;
+  for (int i = 0; i < n; ++i) ops::check_logprob_query(queries[i], logit_rows, vocab);
+  queries_.reserve(size_t(n) * sizeof(ops::LogprobQuery));
+  std::memcpy(queries_.host(), queries, size_t(n) * sizeof(ops::LogprobQuery));
+  launch_logprobs(logits, vocab, n, nullptr, stream);
   TETRA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const auto* answers = reinterpret_cast<const Answer*>(answers_.host());
+  const auto* answers = reinterpret_cast<const ops::cuda::PositionLogprobsOut*>(answers_.host());
   for (int i = 0; i < n; ++i) out[i] = ops::cuda::to_position_logprobs(answers[i]);
 }
 

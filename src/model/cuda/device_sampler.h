@@ -39,7 +39,9 @@ class PinnedBuffer {
 class DeviceSampler {
  public:
   // logits [logit_rows, vocab] f32 on the device (the step's); the batch on the host (checked here
-  // as sample_cpu checks it) -> tokens [batch.rows] on the host. Synchronises `stream`.
+  // as sample_cpu checks it) -> tokens [batch.rows] on the host, and with batch.logprob_top their
+  // logprobs (the logprobs kernel reads the drawn tokens on the device: one synchronisation).
+  // Synchronises `stream`.
   void sample(const float* logits, int logit_rows, int vocab, const SampleBatch& batch,
               int32_t* tokens, cudaStream_t stream);
   // The same logits; queries [n] on the host (checked here) -> out [n]. Synchronises `stream`.
@@ -49,6 +51,11 @@ class DeviceSampler {
  private:
   // Host arrays staged into one pinned buffer and copied up at once: add() returns an array's
   // byte offset, upload() copies them all and returns the device base the offsets start from.
+  // The logprobs kernel over the n queries in queries_ (sampled: ops::cuda::position_logprobs)
+  // into answers_; no synchronisation.
+  void launch_logprobs(const float* logits, int vocab, int n, const int32_t* sampled,
+                       cudaStream_t stream);
+
   class Staging {
    public:
     size_t add(const void* host, size_t bytes);

@@ -87,9 +87,11 @@ __device__ double block_sum(double v, double* scratch) {
 }
 
 // Grid [parts, n]: block (p, q) takes slice p of query q's row; counters [n] start and end 0.
+// sampled: see position_logprobs.
 __global__ void __launch_bounds__(kThreads)
     logprobs_kernel(const float* __restrict__ logits, int64_t V, const LogprobQuery* queries,
-                    PartResult* parts_out, unsigned int* counters, PositionLogprobsOut* out) {
+                    const int32_t* sampled, PartResult* parts_out, unsigned int* counters,
+                    PositionLogprobsOut* out) {
   __shared__ Key cand[kWarps * kTop];
   __shared__ Key best[kTop];
   __shared__ double sums[kWarps];
@@ -179,7 +181,8 @@ __global__ void __launch_bounds__(kThreads)
     return float(double(x) - lse);
   };
   PositionLogprobsOut& o = out[qi];
-  o.logprob = logprob(value_of(row[q.token]));
+  const int token = sampled ? sampled[q.token] : q.token;
+  o.logprob = token >= 0 && token < V ? logprob(value_of(row[token])) : -INFINITY;
   o.top_count = int(q.top < V ? int64_t(q.top) : V);
   for (int j = 0; j < o.top_count; ++j) {
     const int id = id_of(best[j]);
@@ -202,7 +205,8 @@ size_t logprobs_workspace_bytes(int n, int64_t vocab) {
 
 cudaError_t position_logprobs(const float* logits, int64_t vocab, const LogprobQuery* queries,
                               int n, void* workspace, size_t workspace_bytes,
-                              PositionLogprobsOut* out, cudaStream_t stream) {
+                              PositionLogprobsOut* out, cudaStream_t stream,
+                              const int32_t* sampled) {
   if (n <= 0) return cudaSuccess;
   if (vocab <= 0 || vocab > int64_t(0x7fffffff) || n > 65535) return cudaErrorInvalidValue;
   if (workspace == nullptr || workspace_bytes < logprobs_workspace_bytes(n, vocab))
@@ -211,7 +215,8 @@ cudaError_t position_logprobs(const float* logits, int64_t vocab, const LogprobQ
   const size_t counter_bytes = (size_t(n) * sizeof(unsigned int) + 15) & ~size_t(15);
   auto* parts_out = reinterpret_cast<PartResult*>(static_cast<char*>(workspace) + counter_bytes);
   const dim3 grid(unsigned(logprobs_parts(n, vocab)), unsigned(n));
-  logprobs_kernel<<<grid, kThreads, 0, stream>>>(logits, vocab, queries, parts_out, counters, out);
+  logprobs_kernel<<<grid, kThreads, 0, stream>>>(logits, vocab, queries, sampled, parts_out,
+                                                 counters, out);
   return cudaGetLastError();
 }
 

@@ -26,9 +26,14 @@ size_t logprobs_workspace_bytes(int n, int64_t vocab);
 // logits [rows, vocab] f32 on the device; queries [n] (device or mapped host memory; checked by
 // the caller with check_logprob_query) -> out [n] (device or mapped host memory). Each query's
 // row is split over up to 256 blocks (about 512 in all); its last block writes the answer.
+// sampled (device or mapped host memory, or null): each query's token is sampled[q.token] (q.token
+// an index into it), e.g. the tokens a sampling kernel wrote earlier in the stream, so that a
+// step's draws and their logprobs need one round trip; a token outside [0, vocab) read there
+// gets logprob -inf (the top list is filled regardless).
 cudaError_t position_logprobs(const float* logits, int64_t vocab, const LogprobQuery* queries,
                               int n, void* workspace, size_t workspace_bytes,
-                              PositionLogprobsOut* out, cudaStream_t stream);
+                              PositionLogprobsOut* out, cudaStream_t stream,
+                              const int32_t* sampled = nullptr);
 
 // The host form of one answer.
 PositionLogprobs to_position_logprobs(const PositionLogprobsOut& o);
