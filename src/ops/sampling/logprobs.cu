@@ -39,6 +39,11 @@ __device__ __forceinline__ Key select_key(float x, int v) {
 }
 __device__ __forceinline__ int id_of(Key key) { return int(0xffffffffu - uint32_t(key)); }
 
+// The value of the best key (-inf when no key): the largest value of what it ranked.
+__device__ __forceinline__ float peak_of(const Key* best, const float* row) {
+  return best[0] == 0 ? -INFINITY : value_of(row[id_of(best[0])]);
+}
+
 // list [kTop] sorted descending (0: empty): k joins it if it beats the last entry.
 __device__ __forceinline__ void insert(Key (&list)[kTop], Key k) {
   if (k <= list[kTop - 1]) return;
@@ -122,7 +127,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   block_top(list, cand, best);
   // The slice's peak and its sum (rows re-read from L1/L2).
-  const float peak = best[0] == 0 ? -INFINITY : value_of(row[id_of(best[0])]);
+  const float peak = peak_of(best, row);
   const bool infinite = peak == INFINITY;
   double s = 0.0;
   if (peak != -INFINITY)
@@ -159,7 +164,7 @@ __global__ void __launch_bounds__(kThreads)
   // The row's peak (the best key's value), and the parts' sums rescaled to it: thread p takes
   // part p (parts <= kThreads), added in a fixed order.
   const PartResult* all = parts_out + int64_t(qi) * parts;
-  const float row_peak = best[0] == 0 ? -INFINITY : value_of(row[id_of(best[0])]);
+  const float row_peak = peak_of(best, row);
   const bool row_inf = row_peak == INFINITY;
   double contribution = 0.0;
   if (int(threadIdx.x) < parts) {
