@@ -75,8 +75,7 @@ const std::map<std::string, std::vector<KernelRule>>& rules() {
       {"src/ops/moe/combine.cu", {none("combine_kernel|combine_add_norm_kernel")}},
       {"src/ops/moe/moe_layer_cuda.cu", {none("fill_random_bytes|fill_random_bf16|fill_f32")}},
       {"src/ops/moe/w4a16_decode.cu",
-       {none("moe_decode_kernel|moe_decode_routed_kernel|moe_decode_routed_fold_kernel|moe_decode_pair_kernel|"
-             "moe_decode_combine_kernel")}},
+       {none("moe_decode_kernel|moe_decode_routed_kernel|moe_decode_routed_fold_kernel|moe_decode_pair_kernel")}},
       {"src/ops/moe/w4a16_tiled.cu",
        {{"moe_tiled_kernel", [](const std::smatch&) { return fixed(smem::kTiled); }}}},
       {"src/ops/moe/w4a16_wgmma.cu",

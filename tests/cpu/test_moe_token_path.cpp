@@ -53,7 +53,6 @@ void expect_defaults(const CudaTokenPath& p) {
   EXPECT_EQ(p.gemm1_pdl, d.gemm1_pdl);
   EXPECT_EQ(p.gemm2_one_wave, d.gemm2_one_wave);
   EXPECT_EQ(p.gemm2_wide, d.gemm2_wide);
-  EXPECT_EQ(p.gemm2_combine, d.gemm2_combine);
   EXPECT_EQ(p.route_pdl, d.route_pdl);
 }
 
@@ -69,7 +68,7 @@ TEST(CudaTokenPathEnv, UnsetOrEmptyGivesTheDefaults) {
 TEST(CudaTokenPathEnv, EachKeySetsItsField) {
   TokenPathEnv env(
       "persist=8,fused=4,slot=2,side=0,pdl=0,tpdl=0,warm=0,pair=2,g1route=0,g1pdl=0,g2wave=0,"
-      "g2wide=0,g2combine=0,rpdl=0");
+      "g2wide=0,rpdl=0");
   const CudaTokenPath p = cuda_token_path_from_env();
   EXPECT_EQ(p.persistent_max_tokens, 8);
   EXPECT_EQ(p.fused_route_max_tokens, 4);
@@ -83,11 +82,10 @@ TEST(CudaTokenPathEnv, EachKeySetsItsField) {
   EXPECT_FALSE(p.gemm1_pdl);  // on by default
   EXPECT_FALSE(p.gemm2_one_wave);  // on by default
   EXPECT_FALSE(p.gemm2_wide);      // on by default
-  EXPECT_FALSE(p.gemm2_combine);   // on by default
   EXPECT_FALSE(p.route_pdl);       // on by default
   EXPECT_EQ(cuda_token_path_label(p),
             "persist<=8 fused<=4 slot<=2 side=0 pdl=0 tpdl=0 warm=0 pair=2 g1route=0 g1pdl=0 "
-            "g2wave=0 g2wide=0 g2combine=0 rpdl=0");
+            "g2wave=0 g2wide=0 rpdl=0");
 }
 
 TEST(CudaTokenPathEnv, KeysLeftOutKeepTheirDefaults) {

@@ -642,16 +642,13 @@ size_t differ_within_one_bf16_step(const std::vector<uint16_t>& got,
 // bf16 step (its sum of squares runs in another order), written over the layer's own input as
 // the model does; the persistent layer declines it and writes nothing. With the norm folded into
 // the next linear (NormFold): out and residual the same bits, gx = bf16(residual * g) exactly,
-// the sums' inv_rms within 1e-5 of the double reference, by GEMM2's last blocks (one token,
-// Gemm2Combine) or by the combine kernel; a fold of another part count declined.
+// the sums' inv_rms within 1e-5 of the double reference; a fold of another part count declined.
 TEST_F(MoeLayerGpu, ForwardAddRmsNormEqualsForwardThenNorm) {
   const ModelConfig c = preset_config("tiny-glm5");
   moe::CudaTokenPath serial;
   serial.shared_side_stream = false;
   moe::CudaTokenPath persistent;
   persistent.persistent_max_tokens = 8;
-  moe::CudaTokenPath separate;  // the folded norm by the combine kernel, not GEMM2's last blocks
-  separate.gemm2_combine = false;
   const int H = 64;
   const float eps = 1e-5f;
   std::vector<uint16_t> gain(H);
@@ -660,7 +657,7 @@ TEST_F(MoeLayerGpu, ForwardAddRmsNormEqualsForwardThenNorm) {
   dgain.upload(gain);
   for (const std::string& backend : cuda_backends()) {
     const HostMoeLayer L = layer_for(backend, moe::router_params_of(c), 64, 64, 64, 17);
-    for (const moe::CudaTokenPath& path : {moe::CudaTokenPath{}, serial, persistent, separate}) {
+    for (const moe::CudaTokenPath& path : {moe::CudaTokenPath{}, serial, persistent}) {
       moe::CudaMoeLayer gpu(L.weights(), 32, TokenLayout::Masked, path, is_w4a4(backend));
       for (int T : {1, 19}) {
         const bool declines = path.persistent_max_tokens >= T && backend == "cuda-w4a16";
@@ -690,12 +687,8 @@ TEST_F(MoeLayerGpu, ForwardAddRmsNormEqualsForwardThenNorm) {
         // sums give the row's inv_rms.
         GuardedBf16 dx3(n), dout3(n), dres3(n);
         dx3.upload(x), dres3.upload(res);
-        // GEMM2's last blocks take the combine at one token (H / 32 parts), unless told not to.
         const int parts = gpu.norm_fold_parts(T);
-        if (T == 1 && path.gemm2_combine && backend == "cuda-w4a16")
-          EXPECT_EQ(parts, H / kGemm2CombineTile);
-        else if (!path.gemm2_combine)
-          EXPECT_EQ(parts, moe::cuda::combine_norm_fold_parts(H));
+        EXPECT_EQ(parts, moe::cuda::combine_norm_fold_parts(H));
         test::GuardedDeviceArray<float> dsums(size_t(T) * parts);
         const moe::NormFold fold{dsums.ptr(), parts, H, eps};
         const moe::AddRmsNormStep folded{dres3.ptr(), dgain.ptr(), eps, dx3.ptr(), &fold};

@@ -205,7 +205,6 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
     dropped_ = c.take<int32_t>(1);
     counter_ = c.take<uint32_t>(1);
     pair_done_ = c.take<uint32_t>(2 * size_t(Ew));
-    tile_done_ = c.take<uint32_t>(size_t(H) / kGemm2CombineTile + 1);
     if (persist_T_ > 0) {
       slot_pair_ = c.take<int32_t>(size_t(std::min(E, persist_T_ * K)) * persist_T_);
       num_routed_ = c.take<int32_t>(1);
@@ -226,7 +225,6 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   TETRA_CUDA_CHECK(cudaMemset(dropped_, 0, sizeof(int32_t)));
   TETRA_CUDA_CHECK(cudaMemset(counter_, 0, sizeof(uint32_t)));
   TETRA_CUDA_CHECK(cudaMemset(pair_done_, 0, 2 * size_t(Ew) * sizeof(uint32_t)));
-  TETRA_CUDA_CHECK(cudaMemset(tile_done_, 0, (size_t(H) / kGemm2CombineTile + 1) * sizeof(uint32_t)));
   if (persist_sync_) TETRA_CUDA_CHECK(cudaMemset(persist_sync_, 0, persist_sync * sizeof(uint32_t)));
   TETRA_CUDA_CHECK(cudaMemset(row_token_, 0, rows_cap * sizeof(int32_t)));  // any valid token
   if (layout_ == TokenLayout::Masked) {
@@ -516,17 +514,9 @@ MoeGemmProblem CudaMoeLayer::gemm2_problem(int T) const {
   return p2;
 }
 
-bool CudaMoeLayer::gemm2_combines(int T) const {
-  constexpr int kTile = kGemm2CombineTile;
-  if (!path_.gemm2_combine || T < 1 || T > max_tokens_ || T <= persist_T_ || H_ % kTile != 0 ||
-      long(T) * (H_ / kTile) > kNormFoldMaxSums || routed_bf16_ || routed_w4a4_ ||
-      (Is_ > 0 && !shared_slot_at(T)) || gemm_pair_at(T))
-    return false;
-  return moe_w4a16_gemm2_combine_unsupported(gemm2_problem(T)).empty();
-}
-
 int CudaMoeLayer::norm_fold_parts(int T) const {
-  return gemm2_combines(T) ? H_ / kGemm2CombineTile : cuda::combine_norm_fold_parts(H_);
+  (void)T;
+  return cuda::combine_norm_fold_parts(H_);
 }
 
 const RouterFold* CudaMoeLayer::router_fold(int T) const {
@@ -785,27 +775,6 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   MoeGemmProblem p1 = p;
   p1.gemm1_pdl = fused_route && path_.gemm1_pdl;
   const bool pair = !marks && routed_kernel == MoeKernel::kAuto && gemm_pair_at(T);
-  // GEMM2's last blocks run the combine and the folded norm (Gemm2Combine): no combine launch.
-  const bool g2c = add_norm != nullptr && add_norm->fold != nullptr && residual == nullptr &&
-                   !marks && routed_kernel == MoeKernel::kAuto && gemm2_combines(T);
-  Gemm2Combine gc;
-  if (g2c) {
-    gc.slot_of = slot_of_;
-    gc.weights = weights_;
-    gc.shared_first = slot ? (masked ? row_start_ + E : offsets_ + E) : nullptr;
-    gc.tokens = T;
-    gc.top_k = K;
-    gc.out = out;
-    gc.residual = add_norm->residual;
-    gc.gain = add_norm->weight;
-    gc.gx = add_norm->normed;
-    gc.sums = add_norm->fold->sums;
-    gc.counters = tile_done_;
-    if (folded) {  // GEMM1 has read the router fold's sums: zero for the next step's o_proj
-      gc.clear = fold_.sums;
-      gc.clear_count = fold_.copies * (E_global_ + 1);
-    }
-  }
   if (pair) {
     check_launch(moe_w4a16_gemm_pair(p1, p2, w_, rows, x1, act_, y_, pair_done_, stream),
                  "GEMM1 + GEMM2", name_);
@@ -819,16 +788,14 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
     if (own && !side) shared_gemm1(stream);
     mark(2);
     // (W4A4: GEMM2's PDL follows the in-place act quantizer; it still waits before reading act.)
-    check_launch(g2c            ? moe_w4a16_gemm2_combine(p2, w_, rows, act_, y_, gc, stream)
-                 : routed_bf16_ ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
+    check_launch(routed_bf16_   ? moe_bf16_gemm2(p, wb_, rows, act_, y_, true, stream)
                  : routed_w4a4_ ? moe_w4a4_gemm2(p2, w4, rows, act_, y_, true, stream, routed_kernel)
                                 : moe_w4a16_gemm2(p2, w_, rows, act_, y_, true, stream, routed_kernel),
-                 g2c ? "GEMM2 + combine" : "GEMM2", name_);
+                 "GEMM2", name_);
     if (own && !side) shared_gemm2(stream);
   }
   if (side) TETRA_CUDA_CHECK(cudaStreamWaitEvent(stream, join_, 0));
   mark(3);
-  if (g2c) return;  // GEMM2 ran the combine (no marks there)
   cuda::CombineOptions co;
   co.shared_first_row = slot ? (masked ? row_start_ + E : offsets_ + E) : nullptr;
   // PDL only straight after the routed GEMM2 (a join or another GEMM2 in between: plain launch).
@@ -925,8 +892,6 @@ CudaTokenPath cuda_token_path_from_env() {
       p.gemm2_one_wave = v != 0;
     } else if (key == "g2wide") {
       p.gemm2_wide = v != 0;
-    } else if (key == "g2combine") {
-      p.gemm2_combine = v != 0;
     } else if (key == "rpdl") {
       p.route_pdl = v != 0;
     } else if (key == "pair") {
@@ -934,8 +899,7 @@ CudaTokenPath cuda_token_path_from_env() {
       p.gemm_pair = v;
     } else {
       TETRA_FAIL("TETRA_MOE_TOKEN_PATH: unknown key '", key,
-                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1route, g1pdl, g2wave, g2wide, ",
-                 "g2combine, rpdl)");
+                 "' (persist, fused, slot, side, pdl, tpdl, warm, pair, g1route, g1pdl, g2wave, g2wide, rpdl)");
     }
   }
   return p;
@@ -949,7 +913,6 @@ std::string cuda_token_path_label(const CudaTokenPath& p) {
      << " pair=" << p.gemm_pair << " g1route=" << int(p.gemm1_routes)
      << " g1pdl=" << int(p.gemm1_pdl)
      << " g2wave=" << int(p.gemm2_one_wave) << " g2wide=" << int(p.gemm2_wide)
-     << " g2combine=" << int(p.gemm2_combine)
      << " rpdl=" << int(p.route_pdl);
   return os.str();
 }

@@ -95,11 +95,6 @@ struct CudaTokenPath {
   // block where blocks are few. Measured on the H200 (bench/results/2026-12-02-session35-h200.md):
   // Qwen3-30B-A3B batch 1 -1.5..-2.4% (512 blocks at one token); GLM-4.x grids are too large.
   bool gemm2_wide = true;
-  // With the decoder's norm folded into the next linear (AddRmsNormStep::fold), GEMM2's last
-  // block per 32-column tile runs the combine and the norm's part for it (Gemm2Combine): no
-  // combine launch, where T * H / 32 <= 256 (the reader's staging), GEMM2 is a late decode
-  // launch of its own (not the pair kernel) and the shared expert, if any, is a slot.
-  bool gemm2_combine = true;
   // Above fused_route_max_tokens, where the one-warp router kernel runs (T x E below
   // cuda::kRouterTiledMinLogits): the router logits, routing, layout and row bookkeeping as a
   // chain of programmatic dependent launches, each staged while the one before ends. Measured
@@ -109,7 +104,7 @@ struct CudaTokenPath {
 };
 
 // The defaults with TETRA_MOE_TOKEN_PATH="persist=N,fused=N,slot=N,side=0|1,pdl=0|1,tpdl=0|1,
-// warm=0|1,pair=0|1|2,g1route=0|1,g1pdl=0|1,g2wave=0|1,g2wide=0|1,g2combine=0|1,rpdl=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
+// warm=0|1,pair=0|1|2,g1route=0|1,g1pdl=0|1,g2wave=0|1,g2wide=0|1,rpdl=0|1" applied (keys optional; "old" = every fusion off), for A/B measurements:
 // the model's layers and `tetra bench moe` are built with it. Throws tetra::Error on a malformed value.
 CudaTokenPath cuda_token_path_from_env();
 // The setting as "persist<=8 fused<=16 slot<=8 side=1 pdl=0 tpdl=0 warm=1 pair=1 g1pdl=1 g2wave=1" (for
@@ -157,8 +152,8 @@ class CudaMoeLayer final : public MoeLayerRunner {
   // (not the persistent layer) run this T.
   bool forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out, const AddRmsNormStep& norm,
                             cudaStream_t stream, const PreRmsNormStep* pre = nullptr) override;
-  // The parts of a folded norm at T tokens: H / 32 where GEMM2 takes the combine
-  // (CudaTokenPath::gemm2_combine), else the combine kernel's (cuda::combine_norm_fold_parts).
+  // The parts of a folded norm: the combine kernel's blocks per token
+  // (cuda::combine_norm_fold_parts), whatever T.
   int norm_fold_parts(int T) const override;
   // At one token, where the tiny token path computes the logits and GEMM1 routes, with the shared
   // expert (if any) in GEMM1's slot: the token path normalises the row (SmallTokenPath::pre_norm_*).
@@ -214,8 +209,6 @@ class CudaMoeLayer final : public MoeLayerRunner {
   bool shared_slot_at(int T) const;
   bool pair_wanted(int T) const;  // moe_gemm_pair_preferred, or forced by CudaTokenPath::gemm_pair
   bool gemm_pair_at(int T) const;
-  // Whether GEMM2's last blocks run the combine with a folded norm at T (Gemm2Combine).
-  bool gemm2_combines(int T) const;
   // GEMM1's routing arguments over this layer's buffers (no fold).
   Gemm1Routing gemm1_routing(bool shared_slot) const;
   // The one-launch token path's arguments over x and prep (the caller sets the switches).
@@ -273,7 +266,6 @@ class CudaMoeLayer final : public MoeLayerRunner {
   int32_t* dropped_ = nullptr;       // [1]
   uint32_t* counter_ = nullptr;      // [1] the small token path's block counter (zero between launches)
   uint32_t* pair_done_ = nullptr;    // [2 * slots] moe_w4a16_gemm_pair's counters (zero between launches)
-  uint32_t* tile_done_ = nullptr;    // [H / 32] Gemm2Combine::counters (zero between launches)
   int32_t* sh_rows_ = nullptr;       // [2] shared problem: row_start 0, row_count T
   // The persistent layer's own bookkeeping (its rows are act_ / y_), for up to persist_T_ tokens.
   int persist_T_ = 0;

@@ -18,7 +18,6 @@
 #include "core/atomics.cuh"
 #include "core/cuda_check.h"
 #include "core/kernel_launch.h"
-#include "ops/moe/bf16_device.cuh"
 #include "ops/moe/gemm1_routing.h"
 #include "ops/moe/routing_device.cuh"
 #include "ops/moe/w4a16_fragment.cuh"
@@ -296,66 +295,6 @@ __global__ void __launch_bounds__(KW * 32, MINB > 0 ? MINB : 1)
   decode_block_stamp(a, GATED ? perf::kStampMoeGemm1 : perf::kStampMoeGemm2, t_start, t_mid);
 }
 
-
-// The combine of GEMM2's 32-column tile `tile` (Gemm2Combine, moe_w4a16_gemm2_combine), run by
-// the last block to finish it: every block of the tile's column of the grid counts itself in
-// after a fence (blocks of empty slots too), and the last one reads the tile's rows of y from L2.
-// One warp per token, one column per lane; the combine kernel's arithmetic and bf16 rounding
-// (ops/moe/combine.cu with NormMode::Fold), so out, residual and gx are the same bits.
-__device__ void combine_tail(const GroupedGemmArgs& a, const Gemm2Combine& c, int tile) {
-  using ::tetra::moe::cuda::bf16_to_f32;
-  using ::tetra::moe::cuda::f32_to_bf16;
-  __shared__ bool last;
-  __threadfence();  // this thread's y stores, before the block counts in
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&c.counters[tile], 1u) == gridDim.y - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // the other blocks' y stores are visible to the loads below
-  if (threadIdx.x == 0) c.counters[tile] = 0;  // for the next launch
-  // Every block with rows waited for GEMM1 before it counted in: GEMM1 (the reader of the
-  // router fold's sums and of x, which gx may overwrite) is complete here.
-  if (tile == 0)
-    for (int i = int(threadIdx.x); i < c.clear_count; i += int(blockDim.x)) c.clear[i] = 0.0;
-  const float* y = static_cast<const float*>(a.out);
-  const int H = a.n, warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const int col = tile * kGemm2CombineTile + lane;
-  const float g = bf16_to_f32(c.gain[col]);
-  const int shared_row = c.shared_first ? *c.shared_first : -1;
-  for (int t = warp; t < c.tokens; t += int(blockDim.x) / 32) {
-    const int32_t* slots = c.slot_of + size_t(t) * c.top_k;
-    const float* w = c.weights + size_t(t) * c.top_k;
-    float acc = 0.0f;
-    for (int j = 0; j < c.top_k; ++j) {  // fixed j order, as the combine
-      const int r = slots[j];
-      if (r >= 0) acc = fmaf(w[j], __ldcg(y + size_t(r) * H + col), acc);
-    }
-    if (shared_row >= 0)
-      acc = acc + bf16_to_f32(f32_to_bf16(__ldcg(y + size_t(shared_row + t) * H + col)));
-    const size_t o = size_t(t) * H + col;
-    const uint16_t ob = f32_to_bf16(acc);
-    c.out[o] = ob;
-    const float carried = bf16_to_f32(f32_to_bf16(bf16_to_f32(ob) + bf16_to_f32(c.residual[o])));
-    c.residual[o] = f32_to_bf16(carried);
-    c.gx[o] = f32_to_bf16(carried * g);
-    float ss = carried * carried;
-    for (int off = 16; off >= 1; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) c.sums[size_t(t) * (H / kGemm2CombineTile) + tile] = ss;
-  }
-}
-
-// GEMM2 of a late configuration (KW warps, MINB blocks per SM) with the combine tail.
-template <int KW, int MINB, bool SCALES_SMEM>
-__global__ void __launch_bounds__(KW * 32, MINB)
-    moe_decode_combine_kernel(const GroupedGemmArgs a, const Gemm2Combine c) {
-  const uint64_t t_start = perf::stamp_time();
-  uint64_t t_mid[kDecodeStamps] = {};
-  auto wait = [] { asm volatile("griddepcontrol.wait;" ::: "memory"); };
-  decode_block<1, KW, kLateChunks, true, false, true, kDecodeFull, false, decltype(wait),
-               SCALES_SMEM>(a, int(blockIdx.x), int(blockIdx.y), wait, t_mid);
-  combine_tail(a, c, int(blockIdx.x));
-  decode_block_stamp(a, perf::kStampMoeGemm2, t_start, t_mid);
-}
 
 // GEMM1 and GEMM2 of the default late configuration as one grid: blocks [0, B1) are GEMM1's
 // (tile pair, slot) blocks, the rest GEMM2's. A GEMM1 block counts itself in on its slot once
@@ -644,57 +583,7 @@ cudaError_t launch_late(const GroupedGemmArgs& a, const DecodeConfig& c, cudaStr
   }
 }
 
-template <int KW, int MINB>
-cudaError_t launch_combine_variant(const GroupedGemmArgs& args, const Gemm2Combine& c,
-                                   int scales_smem, cudaStream_t stream) {
-  GroupedGemmArgs a = args;
-  a.stamps = perf::block_stamp_buffer();
-  if (a.stamps) a.stamp_launch = perf::next_block_stamp_launch();
-  const dim3 grid{unsigned(a.n / 32), unsigned(a.num_slots), 1u};
-  const KernelLaunch launch(grid, dim3(KW * 32), stream, a.pdl);
-  if (scales_smem < 0)
-    scales_smem = decode_scales_in_smem(long(grid.x) * grid.y, MINB, current_device_sm_count(),
-                                        a.k, KW);
-  if (scales_smem > 0 && decode_warp_chunks(a.k, KW) > kScalesSmemMaxWarpChunks)
-    return cudaErrorInvalidValue;
-  return scales_smem > 0 ? launch(moe_decode_combine_kernel<KW, MINB, true>, a, c)
-                         : launch(moe_decode_combine_kernel<KW, MINB, false>, a, c);
-}
-
 }  // namespace
-
-bool late_combine_built(const DecodeConfig& c) {
-  if (!c.late_x || c.token_tiles != 1 || c.chunks_per_batch != kLateChunks || c.diag != kDecodeFull)
-    return false;
-  switch (key(1, c.k_warps, kLateChunks, c.min_blocks_per_sm)) {
-    case key(1, kLateKWarps, kLateChunks, kLateBlocksPerSm):
-    case key(1, kLateNarrowKWarps, kLateChunks, kLateNarrowMinBlocksPerSm):
-    case key(1, kLateNarrowKWarps, kLateChunks, kLateNarrowBlocksPerSm):
-    case key(1, kLateWideKWarps, kLateChunks, kLateWideBlocksPerSm): return true;
-    default: return false;
-  }
-}
-
-cudaError_t launch_late_combine(const GroupedGemmArgs& a, const DecodeConfig& cfg,
-                                const Gemm2Combine& c, cudaStream_t stream) {
-  if (!late_combine_built(cfg) || a.gated || !a.out_f32 || a.n % kGemm2CombineTile != 0)
-    return cudaErrorInvalidValue;
-  if (a.num_slots <= 0 || a.n <= 0) return cudaSuccess;
-  switch (cfg.k_warps * 100 + cfg.min_blocks_per_sm) {
-    case kLateKWarps * 100 + kLateBlocksPerSm:
-      return launch_combine_variant<kLateKWarps, kLateBlocksPerSm>(a, c, cfg.scales_smem, stream);
-    case kLateNarrowKWarps * 100 + kLateNarrowMinBlocksPerSm:
-      return launch_combine_variant<kLateNarrowKWarps, kLateNarrowMinBlocksPerSm>(
-          a, c, cfg.scales_smem, stream);
-    case kLateNarrowKWarps * 100 + kLateNarrowBlocksPerSm:
-      return launch_combine_variant<kLateNarrowKWarps, kLateNarrowBlocksPerSm>(
-          a, c, cfg.scales_smem, stream);
-    case kLateWideKWarps * 100 + kLateWideBlocksPerSm:
-      return launch_combine_variant<kLateWideKWarps, kLateWideBlocksPerSm>(a, c, cfg.scales_smem,
-                                                                           stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
 
 cudaError_t launch_decode_pair(const GroupedGemmArgs& a1, const GroupedGemmArgs& a2,
                                uint32_t* done, cudaStream_t stream) {

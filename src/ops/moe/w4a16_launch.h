@@ -145,11 +145,6 @@ inline bool is_default_late(const DecodeConfig& c) {
 }
 
 cudaError_t launch_decode(const GroupedGemmArgs& a, DecodeConfig cfg, cudaStream_t stream);
-// GEMM2 with the combine in its last blocks (moe_w4a16_gemm2_combine): the late configurations
-// a one-wave GEMM2 takes (default, 3-warp at 9 or 10 per SM, wide), built with the combine tail.
-bool late_combine_built(const DecodeConfig& cfg);
-cudaError_t launch_late_combine(const GroupedGemmArgs& a, const DecodeConfig& cfg,
-                                const Gemm2Combine& c, cudaStream_t stream);
 // The default late configuration c, or its 3-warp variant where only that one runs a's grid in
 // one wave on this device; with wide_small_grids, the wide shape (kLateWideKWarps at
 // kLateWideBlocksPerSm) where a's grid fits that many blocks per SM.

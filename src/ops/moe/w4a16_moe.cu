@@ -8,7 +8,6 @@
 #include "core/error.h"
 
 #include "moe/expert_weights.h"
-#include "moe/router.h"
 #include "ops/moe/gemm1_routing.h"
 #include "ops/moe/w4a16_launch.h"
 
@@ -133,21 +132,6 @@ moe_detail::GroupedGemmArgs gemm2_args(const MoeGemmProblem& p, const MoeWeights
   return a;
 }
 
-// The decode kernel's configuration for a (the problem p's launch) by the heuristic.
-moe_detail::DecodeConfig heuristic_decode_config(const MoeGemmProblem& p,
-                                                 const moe_detail::GroupedGemmArgs& a) {
-  moe_detail::DecodeConfig c = decode_config(p);
-  if (!c.late_x) c.k_warps = moe_detail::classic_decode_k_warps(a);
-  // A GEMM2 launched as a programmatic dependent has its first weights in registers when GEMM1
-  // ends and then streams the rest at full bandwidth, so a second wave of a few blocks costs it a
-  // whole block time: take 3-warp blocks where only they fit one wave (GLM-4.5-Air at 1 token:
-  // 1152 blocks on 132 SMs; decode step -0.5%, the MoE layer -1%, H200). GEMM1 starts cold and
-  // needs the bytes in flight of 4-warp blocks (3-warp blocks measured slower there).
-  if (c.late_x && a.pdl && !a.gated && p.gemm2_one_wave)
-    c = moe_detail::one_wave_late_config(a, c, p.gemm2_wide);
-  return c;
-}
-
 cudaError_t run(const MoeGemmProblem& p, moe_detail::GroupedGemmArgs a, MoeKernel kernel,
                 cudaStream_t stream, const moe_detail::DecodeConfig* cfg) {
   if (kernel == MoeKernel::kAuto) kernel = moe_pick_kernel(p);
@@ -155,7 +139,15 @@ cudaError_t run(const MoeGemmProblem& p, moe_detail::GroupedGemmArgs a, MoeKerne
   if (kernel != MoeKernel::kDecode && a.wait_first) a.pdl = a.wait_first = false;
   if (kernel == MoeKernel::kWgmma && !p.x_wgmma_order) return cudaErrorInvalidValue;
   if (kernel == MoeKernel::kWgmma && !moe_wgmma_available()) return cudaErrorInvalidDeviceFunction;
-  const moe_detail::DecodeConfig c = cfg ? *cfg : heuristic_decode_config(p, a);
+  moe_detail::DecodeConfig c = cfg ? *cfg : decode_config(p);
+  if (cfg == nullptr && !c.late_x) c.k_warps = moe_detail::classic_decode_k_warps(a);
+  // A GEMM2 launched as a programmatic dependent has its first weights in registers when GEMM1
+  // ends and then streams the rest at full bandwidth, so a second wave of a few blocks costs it a
+  // whole block time: take 3-warp blocks where only they fit one wave (GLM-4.5-Air at 1 token:
+  // 1152 blocks on 132 SMs; decode step -0.5%, the MoE layer -1%, H200). GEMM1 starts cold and
+  // needs the bytes in flight of 4-warp blocks (3-warp blocks measured slower there).
+  if (cfg == nullptr && c.late_x && a.pdl && !a.gated && p.gemm2_one_wave)
+    c = moe_detail::one_wave_late_config(a, c, p.gemm2_wide);
   if (kernel == MoeKernel::kTiled) return moe_detail::launch_tiled(a, c.tiled_blocks_per_sm, stream);
   if (kernel == MoeKernel::kWgmma) return moe_detail::launch_wgmma(a, stream, c.wgmma);
   return moe_detail::launch_decode(a, c, stream);
@@ -267,31 +259,6 @@ cudaError_t moe_w4a16_gemm1(const MoeGemmProblem& p, const MoeWeightsDevice& w,
                             const MoeRows& rows, const uint16_t* x, uint16_t* act,
                             cudaStream_t stream, MoeKernel kernel) {
   return moe_detail::gemm1_with(p, w, rows, x, act, stream, kernel, nullptr);
-}
-
-std::string moe_w4a16_gemm2_combine_unsupported(const MoeGemmProblem& p2) {
-  const std::string why = moe_gemm_unsupported_reason(p2);
-  if (!why.empty()) return why;
-  if (moe_pick_kernel(p2) != MoeKernel::kDecode) return "not the decode kernel";
-  if (p2.hidden % kGemm2CombineTile != 0) return "H % 32 != 0";
-  MoeRows rows;  // the configuration depends on shapes only
-  const moe_detail::GroupedGemmArgs a = gemm2_args(p2, MoeWeightsDevice{}, rows, nullptr, nullptr, true);
-  if (!moe_detail::late_combine_built(heuristic_decode_config(p2, a)))
-    return "a decode configuration without the combine";
-  return "";
-}
-
-cudaError_t moe_w4a16_gemm2_combine(const MoeGemmProblem& p2, const MoeWeightsDevice& w,
-                                    const MoeRows& rows, const uint16_t* act, float* y,
-                                    const Gemm2Combine& c, cudaStream_t stream) {
-  if (!moe_w4a16_gemm2_combine_unsupported(p2).empty() || !gemm2_weights_ok(w, rows))
-    return cudaErrorInvalidValue;
-  if (c.slot_of == nullptr || c.weights == nullptr || c.out == nullptr || c.residual == nullptr ||
-      c.gain == nullptr || c.gx == nullptr || c.sums == nullptr || c.counters == nullptr ||
-      c.tokens < 1 || c.top_k < 1 || c.top_k > moe::kMaxTopK || (c.clear_count > 0 && !c.clear))
-    return cudaErrorInvalidValue;
-  const moe_detail::GroupedGemmArgs a = gemm2_args(p2, w, rows, act, y, true);
-  return moe_detail::launch_late_combine(a, heuristic_decode_config(p2, a), c, stream);
 }
 
 cudaError_t moe_w4a16_gemm2(const MoeGemmProblem& p, const MoeWeightsDevice& w,

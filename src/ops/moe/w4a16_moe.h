@@ -98,38 +98,6 @@ cudaError_t moe_w4a16_gemm2(const MoeGemmProblem& p, const MoeWeightsDevice& w,
                             cudaStream_t stream,
                             MoeKernel kernel = MoeKernel::kAuto);
 
-// GEMM2 (f32 y, the decode kernel's late configurations) whose last block to finish each
-// 32-column tile also runs the combine and the decoder's add + RMSNorm folded into the next
-// linear (moe/add_rms_norm_step.h NormFold) for that tile, so no combine launch follows:
-//   out[t]      = bf16(sum_j weights[t, j] * y[slot_of[t, j]] (+ bf16(y[*shared_first + t])))
-//   residual[t] = bf16(out[t] + residual[t]);  gx[t] = bf16(residual[t] * gain)
-//   sums[t, tile] = the tile's sum of squares of residual[t] (H / 32 parts per row)
-// the arithmetic of the combine kernel with AddRmsNormStep::fold (the same bits in out, residual
-// and gx; its sums are per 256 columns). Blocks count themselves in per tile on counters[tile]
-// after a fence; the last one (gridDim.y arrivals) reads the tile's rows from L2, resets the
-// counter, and for tile 0 zeroes clear[0 .. clear_count) (CombineOptions::clear).
-struct Gemm2Combine {
-  const int32_t* slot_of = nullptr;       // [tokens, top_k] row of y, -1: dropped
-  const float* weights = nullptr;         // [tokens, top_k]
-  const int32_t* shared_first = nullptr;  // [1] the shared expert's first row in y, or null
-  int tokens = 0, top_k = 0;
-  uint16_t* out = nullptr;             // [tokens, H] bf16
-  uint16_t* residual = nullptr;        // [tokens, H] bf16, in place
-  const uint16_t* gain = nullptr;      // [H] bf16, the norm weight
-  uint16_t* gx = nullptr;              // [tokens, H] bf16
-  float* sums = nullptr;               // [tokens, H / 32]
-  unsigned int* counters = nullptr;    // [H / 32], zero before the first launch
-  double* clear = nullptr;
-  int clear_count = 0;
-};
-inline constexpr int kGemm2CombineTile = 32;  // columns per GEMM2 block (a tile pair)
-// Why p2 (GEMM2's problem as for moe_w4a16_gemm2 with f32 y) cannot take the combine ("" when
-// it can): the decode kernel's late configurations only.
-std::string moe_w4a16_gemm2_combine_unsupported(const MoeGemmProblem& p2);
-cudaError_t moe_w4a16_gemm2_combine(const MoeGemmProblem& p2, const MoeWeightsDevice& w,
-                                    const MoeRows& rows, const uint16_t* act, float* y,
-                                    const Gemm2Combine& c, cudaStream_t stream);
-
 // GEMM1 and GEMM2 in one launch at decode sizes (both on the decode kernel's default
 // configuration): GEMM2's blocks wait per expert for GEMM1's instead of for its whole grid.
 // Same results as moe_w4a16_gemm1 + moe_w4a16_gemm2 (y f32), bit for bit. p1 / p2: the two
