@@ -200,8 +200,8 @@ void bench_random_layer(const Shape& s, const MoeBenchOptions& o, const GpuSpec&
     std::vector<uint16_t> host(n);
     for (int b = 0; b < nbuf; ++b) {
       uint16_t *x, *out;
-      TETRA_CUDA_CHECK(cudaMalloc(&x, n * 2));
-      TETRA_CUDA_CHECK(cudaMalloc(&out, n * 2));
+      TETRA_CUDA_MALLOC(&x, n * 2);
+      TETRA_CUDA_MALLOC(&out, n * 2);
       buf.x.push_back(x), buf.out.push_back(out);
       fill_x(host, uint32_t(1000 * T + b));
       TETRA_CUDA_CHECK(cudaMemcpy(x, host.data(), n * 2, cudaMemcpyHostToDevice));

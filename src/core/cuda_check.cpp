@@ -1,8 +1,40 @@
 #include "core/cuda_check.h"
 
 #include <atomic>
+#include <cstdio>
 
 namespace tetra {
+
+namespace detail {
+
+namespace {
+std::string mib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", double(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+}  // namespace
+
+std::string cuda_malloc_error(const char* what, size_t bytes, cudaError_t err, size_t free,
+                              size_t total) {
+  std::string msg = str("CUDA error in cudaMalloc(", what, ", ", mib(bytes), "): ", cudaGetErrorString(err));
+  if (err == cudaErrorMemoryAllocation && total > 0)
+    msg += str(" (the device has ", mib(free), " free of ", mib(total), ")");
+  return msg;
+}
+
+void cuda_malloc(void** ptr, size_t bytes, const char* what, const char* file, int line) {
+  const cudaError_t err = cudaMalloc(ptr, bytes);
+  if (err == cudaSuccess) return;
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    total = 0;
+  }
+  throw_error(file, line, cuda_malloc_error(what, bytes, err, free, total));
+}
+
+}  // namespace detail
 
 bool cuda_available() {
   int count = 0;

@@ -2,6 +2,9 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <string>
+
 #include "core/error.h"
 
 #define TETRA_CUDA_CHECK(expr)                                                          \
@@ -13,7 +16,20 @@
                                                 cudaGetErrorString(tetra_err_)));       \
   } while (0)
 
+// cudaMalloc(ptr, bytes), throwing tetra::Error with the size asked for and, when the device is
+// out of memory, how much it has free: "which allocation, and how far off" from the message alone.
+#define TETRA_CUDA_MALLOC(ptr, bytes) \
+  ::tetra::detail::cuda_malloc(reinterpret_cast<void**>(ptr), (bytes), #ptr, __FILE__, __LINE__)
+
 namespace tetra {
+namespace detail {
+void cuda_malloc(void** ptr, size_t bytes, const char* what, const char* file, int line);
+// The message of a failed cudaMalloc(what, bytes); free / total: the device's memory
+// (cudaMemGetInfo), or total == 0 where it could not be read.
+std::string cuda_malloc_error(const char* what, size_t bytes, cudaError_t err, size_t free,
+                              size_t total);
+}  // namespace detail
+
 // True when a CUDA device is present and usable; never throws (CPU-only machines answer false).
 bool cuda_available();
 // Multiprocessors of the current device, read once per device (launch shapes ask on every

@@ -139,8 +139,8 @@ AllReduceBenchReport run_allreduce_bench(const AllReduceBenchOptions& o) {
 
   run_on_ranks(devices, [&](int rank) {
     uint16_t *in = nullptr, *out = nullptr;
-    TETRA_CUDA_CHECK(cudaMalloc(&in, max_bytes));
-    TETRA_CUDA_CHECK(cudaMalloc(&out, max_bytes));
+    TETRA_CUDA_MALLOC(&in, max_bytes);
+    TETRA_CUDA_MALLOC(&out, max_bytes);
     cudaStream_t s;
     TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaEvent_t e0, e1;

@@ -202,9 +202,9 @@ PeerAllReduce::PeerAllReduce(std::vector<int> devices, PeerAllReduceOptions opti
     TETRA_CUDA_CHECK(cudaSetDevice(devices_[r]));
     Rank& k = ranks_[r];
     const size_t slots = options_.push ? devices_.size() : 1;
-    TETRA_CUDA_CHECK(cudaMalloc(&k.data, 2 * slots * options_.max_bytes));
-    TETRA_CUDA_CHECK(cudaMalloc(&k.flags, sizeof(uint32_t) * kMaxOneShotBlocks * kMaxPeerRanks));
-    TETRA_CUDA_CHECK(cudaMalloc(&k.counters, sizeof(uint32_t) * kMaxOneShotBlocks));
+    TETRA_CUDA_MALLOC(&k.data, 2 * slots * options_.max_bytes);
+    TETRA_CUDA_MALLOC(&k.flags, sizeof(uint32_t) * kMaxOneShotBlocks * kMaxPeerRanks);
+    TETRA_CUDA_MALLOC(&k.counters, sizeof(uint32_t) * kMaxOneShotBlocks);
     TETRA_CUDA_CHECK(cudaMemset(k.flags, 0, sizeof(uint32_t) * kMaxOneShotBlocks * kMaxPeerRanks));
     TETRA_CUDA_CHECK(cudaMemset(k.counters, 0, sizeof(uint32_t) * kMaxOneShotBlocks));
     TETRA_CUDA_CHECK(cudaDeviceSynchronize());

@@ -28,7 +28,7 @@ void enable_block_stamps() {
   TETRA_CHECK(block_stamps_compiled(),
               "block stamps are not in this build: configure with -DTETRA_BLOCK_STAMPS=ON");
   if (g_buffer != nullptr) return;
-  TETRA_CUDA_CHECK(cudaMalloc(&g_buffer, (8 + kBlockStampCapacity * kBlockStampWords) * 8));
+  TETRA_CUDA_MALLOC(&g_buffer, (8 + kBlockStampCapacity * kBlockStampWords) * 8);
   TETRA_CUDA_CHECK(cudaMemset(g_buffer, 0, 64));
 }
 

@@ -13,7 +13,7 @@ class DeviceMem {
  public:
   DeviceMem() = default;
   explicit DeviceMem(size_t bytes) : bytes_(bytes) {
-    if (bytes > 0) TETRA_CUDA_CHECK(cudaMalloc(&p_, bytes));
+    if (bytes > 0) TETRA_CUDA_MALLOC(&p_, bytes);
   }
   ~DeviceMem() { cudaFree(p_); }
   DeviceMem(DeviceMem&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}

@@ -43,7 +43,7 @@ cublasHandle_t handle_for(cudaStream_t stream) {
   if (per_device.size() <= size_t(device)) per_device.resize(size_t(device) + 1);
   DeviceHandle& d = per_device[size_t(device)];
   if (d.handle == nullptr) {
-    TETRA_CUDA_CHECK(cudaMalloc(&d.workspace, kWorkspaceBytes));
+    TETRA_CUDA_MALLOC(&d.workspace, kWorkspaceBytes);
     TETRA_CUBLAS_CHECK(cublasCreate(&d.handle));
   }
   TETRA_CUBLAS_CHECK(cublasSetStream(d.handle, stream));

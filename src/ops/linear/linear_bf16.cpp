@@ -46,7 +46,7 @@ Bf16Linear::Bf16Linear(bool small_m_gemv) {
   TETRA_LT_CHECK(cublasLtCreate(&h));
   handle_ = h;
   workspace_bytes_ = kWorkspaceBytes;
-  TETRA_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+  TETRA_CUDA_MALLOC(&workspace_, workspace_bytes_);
 }
 
 Bf16Linear::~Bf16Linear() {

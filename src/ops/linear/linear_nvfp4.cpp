@@ -14,7 +14,7 @@ RowCountTable::RowCountTable(int max_rows) : max_rows_(max_rows) {
   TETRA_CHECK(max_rows >= 0, "max_rows=", max_rows);
   std::vector<int> iota(size_t(max_rows) + 1);  // [max_rows + 1]
   for (size_t i = 0; i < iota.size(); ++i) iota[i] = int(i);
-  TETRA_CUDA_CHECK(cudaMalloc(&table_, iota.size() * sizeof(int)));
+  TETRA_CUDA_MALLOC(&table_, iota.size() * sizeof(int));
   TETRA_CUDA_CHECK(
       cudaMemcpy(table_, iota.data(), iota.size() * sizeof(int), cudaMemcpyHostToDevice));
 }
@@ -52,7 +52,7 @@ void Nvfp4LinearBuffer::allocate_storage(int n, int k, bool gated) {
   const int rows = gated ? 2 * n : n;
   const size_t wb = packed_weight_bytes(rows, k), sb = packed_scale_bytes(rows, k);
   bytes_ = align_up(wb) + align_up(sb) + kAlign;
-  TETRA_CUDA_CHECK(cudaMalloc(&mem_, bytes_));
+  TETRA_CUDA_MALLOC(&mem_, bytes_);
   uint8_t* base = static_cast<uint8_t*>(mem_);
   view_.w = base;
   view_.s = base + align_up(wb);

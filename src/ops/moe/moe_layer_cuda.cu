@@ -218,7 +218,7 @@ void CudaMoeLayer::allocate(int E, int H, int I, int Is, bool has_bias) {
   Carver sizing(nullptr);
   carve(sizing);
   bytes_ = sizing.used();
-  TETRA_CUDA_CHECK(cudaMalloc(&mem_, bytes_));
+  TETRA_CUDA_MALLOC(&mem_, bytes_);
   Carver placing(static_cast<uint8_t*>(mem_));
   carve(placing);
   if (workspace_bytes_ == 0) workspace_ = nullptr;
@@ -547,7 +547,7 @@ void CudaMoeLayer::prepare_router_fold(const uint16_t* norm_weight) {
   const size_t tb = router_fold_tile_bytes(E);
   const size_t tiles_bytes = (tb * size_t(H / kRouterFoldTile) + 255) / 256 * 256;
   const size_t sums = size_t(copies) * (E + 1);
-  TETRA_CUDA_CHECK(cudaMalloc(&fold_mem_, tiles_bytes + sums * sizeof(double)));
+  TETRA_CUDA_MALLOC(&fold_mem_, tiles_bytes + sums * sizeof(double));
   uint8_t* tiles = static_cast<uint8_t*>(fold_mem_);
   const int rows = H / kRouterFoldTile;
   constexpr size_t kPiece = kRouterFoldTile * 2;  // 16 bf16 of one row

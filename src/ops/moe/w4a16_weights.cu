@@ -16,7 +16,7 @@ MoeWeightsBuffer::MoeWeightsBuffer(const PackedMoeLayer& L) {
                          L.s2.data(),         L.alpha_gate.data(), L.alpha_up.data(),
                          L.alpha_down.data()};
   for (size_t s : sizes) bytes_ += align256(s);
-  TETRA_CUDA_CHECK(cudaMalloc(&mem_, bytes_));
+  TETRA_CUDA_MALLOC(&mem_, bytes_);
   uint8_t* p = static_cast<uint8_t*>(mem_);
   uint8_t* dst[7];
   for (int i = 0; i < 7; ++i) {

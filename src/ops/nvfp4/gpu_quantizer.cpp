@@ -10,8 +10,8 @@ namespace tetra::nvfp4 {
 GpuWeightQuantizer::GpuWeightQuantizer() {
   if (!cuda_available()) TETRA_FAIL("GPU NVFP4 quantizer: no usable CUDA device");
   TETRA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  TETRA_CUDA_CHECK(cudaMalloc(&d_amax_, sizeof(float)));
-  TETRA_CUDA_CHECK(cudaMalloc(&d_nonfinite_, sizeof(int)));
+  TETRA_CUDA_MALLOC(&d_amax_, sizeof(float));
+  TETRA_CUDA_MALLOC(&d_nonfinite_, sizeof(int));
   TETRA_CUDA_CHECK(cudaMallocHost(&h_amax_, sizeof(float)));
   TETRA_CUDA_CHECK(cudaMallocHost(&h_nonfinite_, sizeof(int)));
 }
@@ -37,7 +37,7 @@ void GpuWeightQuantizer::reserve(void** buf, size_t* capacity, size_t bytes) {
   *buf = nullptr;
   *capacity = 0;
   const size_t grown = bytes + bytes / 4;  // headroom: the next tensor is often a bit larger
-  TETRA_CUDA_CHECK(cudaMalloc(buf, grown));
+  TETRA_CUDA_MALLOC(buf, grown);
   *capacity = grown;
 }
 
