@@ -128,13 +128,9 @@ class MoeLayerRunner {
     (void)x, (void)T, (void)out, (void)norm, (void)stream, (void)pre;
     return false;
   }
-  // The part count a folded norm (AddRmsNormStep::fold, moe/add_rms_norm_step.h) must have at T
-  // tokens for forward_add_rms_norm to take it: fixed by how the backend splits a row; 0: it does
-  // not fold.
-  virtual int norm_fold_parts(int T) const {
-    (void)T;
-    return 0;
-  }
+  // The part count a folded norm (AddRmsNormStep::fold, moe/add_rms_norm_step.h) must have for
+  // forward_add_rms_norm to take it: fixed by how the backend splits a row; 0: it does not fold.
+  virtual int norm_fold_parts() const { return 0; }
   // Whether forward_add_rms_norm takes a PreRmsNormStep at T tokens (known before the launches
   // that precede the block, whose epilogue must then add the residual).
   virtual bool takes_pre_norm(int T) const {

@@ -687,7 +687,7 @@ TEST_F(MoeLayerGpu, ForwardAddRmsNormEqualsForwardThenNorm) {
         // sums give the row's inv_rms.
         GuardedBf16 dx3(n), dout3(n), dres3(n);
         dx3.upload(x), dres3.upload(res);
-        const int parts = gpu.norm_fold_parts(T);
+        const int parts = gpu.norm_fold_parts();
         EXPECT_EQ(parts, moe::cuda::combine_norm_fold_parts(H));
         test::GuardedDeviceArray<float> dsums(size_t(T) * parts);
         const moe::NormFold fold{dsums.ptr(), parts, H, eps};

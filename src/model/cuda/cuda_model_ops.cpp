@@ -881,7 +881,7 @@ class CudaModelOps final : public CudaModelOpsApi {
                                              int norm_layer, Buf normed) const {
     if (which != NormId::Input || normed != Buf::Normed || producer.moe == nullptr)
       return std::nullopt;
-    return input_norm_fold(norm_layer, producer.moe->norm_fold_parts(T_));
+    return input_norm_fold(norm_layer, producer.moe->norm_fold_parts());
   }
   void note_norm_folded(int layer, const moe::NormFold& fold) {
     folded_norm_layer_ = layer;

@@ -442,7 +442,7 @@ bool CudaMoeLayer::forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out,
       !cuda::combine_add_rms_norm_fits(H_, DType::F32))
     return false;
   if (pre != nullptr && !takes_pre_norm(T)) return false;
-  if (norm.fold != nullptr && norm.fold->parts != norm_fold_parts(T)) return false;
+  if (norm.fold != nullptr && norm.fold->parts != norm_fold_parts()) return false;
   run(x, T, out, nullptr, stream, nullptr, &norm, pre);
   return true;
 }
@@ -463,7 +463,7 @@ bool CudaMoeLayer::takes_pre_norm(int T) const {
 
 MoeGemmProblem CudaMoeLayer::routed_problem(int T) const {
   const int K = router_.top_k, pairs = T * K, num_slots = std::min(E_, pairs);
-  const bool slot = shared_in_slot_ && T <= path_.shared_slot_max_tokens;
+  const bool slot = shared_slot_at(T);
   const int experts = E_ + (shared_in_slot_ ? 1 : 0);
   const int total_rows =
       layout_ == TokenLayout::Masked ? experts * max_tokens_ : pairs + (slot ? T : 0);
@@ -500,22 +500,8 @@ bool CudaMoeLayer::pair_wanted(int T) const {
          (path_.gemm_pair == 1 && moe_gemm_pair_preferred(routed_problem(T), active_slots));
 }
 
-bool CudaMoeLayer::gemm_pair_at(int T) const {
-  const bool own = Is_ > 0 && !shared_slot_at(T);
-  return !routed_bf16_ && !routed_w4a4_ && !own && pair_wanted(T) &&
-         moe_gemm_pair_fits(routed_problem(T), gemm2_problem(T));
-}
 
-MoeGemmProblem CudaMoeLayer::gemm2_problem(int T) const {
-  MoeGemmProblem p2 = routed_problem(T);
-  p2.gemm2_pdl = true;
-  p2.gemm2_one_wave = path_.gemm2_one_wave;
-  p2.gemm2_wide = path_.gemm2_wide;
-  return p2;
-}
-
-int CudaMoeLayer::norm_fold_parts(int T) const {
-  (void)T;
+int CudaMoeLayer::norm_fold_parts() const {
   return cuda::combine_norm_fold_parts(H_);
 }
 
@@ -526,7 +512,7 @@ const RouterFold* CudaMoeLayer::router_fold(int T) const {
   }();
   if (off || fold_mem_ == nullptr || !takes_pre_norm(T) || !routes_in_gemm1(T, false))
     return nullptr;
-  const Gemm1Routing r = gemm1_routing(shared_in_slot_ && T <= path_.shared_slot_max_tokens);
+  const Gemm1Routing r = gemm1_routing(shared_slot_at(T));
   const Gemm1Fold fold{fold_.sums, fold_.copies};
   return *moe_gemm1_routed_unsupported(routed_problem(T), r, &fold) == '\0' ? &fold_ : nullptr;
 }
@@ -612,7 +598,7 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   const bool masked = layout_ == TokenLayout::Masked;
   // The shared expert: absent, a slot of the routed launches, or its own launches (on the side
   // stream or after the routed ones).
-  const bool slot = shared_in_slot_ && T <= path_.shared_slot_max_tokens;
+  const bool slot = shared_slot_at(T);
   const bool own = Is_ > 0 && !slot;
   const bool side = own && path_.shared_side_stream;
   const int num_slots = std::min(E, pairs);  // routed slots; the shared slot comes after them
@@ -725,8 +711,10 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   }
   // The routed GEMM2 prefetches its weights while the kernel before it (GEMM1, routed or shared)
   // finishes: it reads act_ only after griddepcontrol.wait, and nothing else it reads changes.
-  MoeGemmProblem p2 = gemm2_problem(T);
-  p2.x_wgmma_order = p.x_wgmma_order;
+  MoeGemmProblem p2 = p;
+  p2.gemm2_pdl = true;
+  p2.gemm2_one_wave = path_.gemm2_one_wave;
+  p2.gemm2_wide = path_.gemm2_wide;
   MoeRows sh;
   MoeGemmProblem ps;
   if (own) {
@@ -774,7 +762,8 @@ void CudaMoeLayer::run(const uint16_t* x, int T, uint16_t* out, const uint16_t* 
   // Taken from p here, after the wgmma choice above may have changed p.
   MoeGemmProblem p1 = p;
   p1.gemm1_pdl = fused_route && path_.gemm1_pdl;
-  const bool pair = !marks && routed_kernel == MoeKernel::kAuto && gemm_pair_at(T);
+  const bool pair = !routed_bf16_ && !routed_w4a4_ && !own && !marks &&
+                    routed_kernel == MoeKernel::kAuto && moe_gemm_pair_fits(p, p2) && pair_wanted(T);
   if (pair) {
     check_launch(moe_w4a16_gemm_pair(p1, p2, w_, rows, x1, act_, y_, pair_done_, stream),
                  "GEMM1 + GEMM2", name_);

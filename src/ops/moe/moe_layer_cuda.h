@@ -153,8 +153,8 @@ class CudaMoeLayer final : public MoeLayerRunner {
   bool forward_add_rms_norm(const uint16_t* x, int T, uint16_t* out, const AddRmsNormStep& norm,
                             cudaStream_t stream, const PreRmsNormStep* pre = nullptr) override;
   // The parts of a folded norm: the combine kernel's blocks per token
-  // (cuda::combine_norm_fold_parts), whatever T.
-  int norm_fold_parts(int T) const override;
+  // (cuda::combine_norm_fold_parts).
+  int norm_fold_parts() const override;
   // At one token, where the tiny token path computes the logits and GEMM1 routes, with the shared
   // expert (if any) in GEMM1's slot: the token path normalises the row (SmallTokenPath::pre_norm_*).
   bool takes_pre_norm(int T) const override;
@@ -200,15 +200,12 @@ class CudaMoeLayer final : public MoeLayerRunner {
            const PreRmsNormStep* pre = nullptr);
   // Whether GEMM1 routes the token itself at T (gemm1_routing.h), as run() decides it.
   bool routes_in_gemm1(int T, bool marks) const;
-  // The routed GEMMs' problem at T (it does not depend on the routing), and GEMM2's as run()
-  // launches it (a programmatic dependent in its one-wave shapes).
+  // The routed GEMMs' problem at T (it does not depend on the routing).
   MoeGemmProblem routed_problem(int T) const;
-  MoeGemmProblem gemm2_problem(int T) const;
   // Whether the shared expert runs as a slot of the routed launches at T; whether GEMM1 and GEMM2
-  // run as one launch (moe_w4a16_gemm_pair) at T without marks, where x stays in its order.
+  // should run as one launch (moe_w4a16_gemm_pair) at T where it fits.
   bool shared_slot_at(int T) const;
   bool pair_wanted(int T) const;  // moe_gemm_pair_preferred, or forced by CudaTokenPath::gemm_pair
-  bool gemm_pair_at(int T) const;
   // GEMM1's routing arguments over this layer's buffers (no fold).
   Gemm1Routing gemm1_routing(bool shared_slot) const;
   // The one-launch token path's arguments over x and prep (the caller sets the switches).
